@@ -1,0 +1,56 @@
+"""turncache's prefix cache: pure torch and data structures (no transformers, no asyncio).
+
+Public surface: :class:`PrefixCache` (insert / lookup / acquire / release / evict / stats / check_invariants), the
+layer-state types, media spans, namespaces and the error hierarchy. See ``cache/DESIGN.md``.
+"""
+
+from cache.errors import (
+    CacheError,
+    LayoutError,
+    LeaseError,
+    LengthError,
+    NamespaceError,
+    SpanError,
+    TokenError,
+)
+from cache.layers import (
+    LayerState,
+    NormalKV,
+    RecurrentSnapshot,
+    RecurrentState,
+    RestoredLayer,
+    RotatingKV,
+    Stateless,
+)
+from cache.media import ContentHash, MediaKind, MediaSpan
+from cache.namespace import Namespace
+from cache.prefix_cache import DEVICE, HOST, CacheStats, Lease, PrefixCache, PrefixMatch
+from cache.radix import EntryId
+
+__all__ = [
+    "DEVICE",
+    "HOST",
+    "CacheError",
+    "CacheStats",
+    "ContentHash",
+    "EntryId",
+    "LayerState",
+    "LayoutError",
+    "Lease",
+    "LeaseError",
+    "LengthError",
+    "MediaKind",
+    "MediaSpan",
+    "Namespace",
+    "NamespaceError",
+    "NormalKV",
+    "PrefixCache",
+    "PrefixMatch",
+    "RecurrentSnapshot",
+    "RecurrentState",
+    "RestoredLayer",
+    "RotatingKV",
+    "SpanError",
+    "Stateless",
+    "TokenError",
+]
