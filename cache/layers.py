@@ -37,8 +37,7 @@ def _check_kv(keys: object, values: object, what: str) -> None:
         raise LayoutError(f"{what}: K/V need at least 2 dims [..., tokens, head_dim], got {tuple(keys.shape)}")
     if keys.shape[:-1] != values.shape[:-1] or keys.dtype != values.dtype or keys.device != values.device:
         raise LayoutError(
-            f"{what}: keys {tuple(keys.shape)} {keys.dtype} and values {tuple(values.shape)} {values.dtype}"
-            " disagree"
+            f"{what}: keys {tuple(keys.shape)} {keys.dtype} and values {tuple(values.shape)} {values.dtype} disagree"
         )
 
 
@@ -149,11 +148,22 @@ def layer_length(state: LayerState) -> int | None:
 def signature(state: LayerState) -> tuple:
     """What must be equal between entries of one namespace: kind, shapes apart from length, dtypes."""
     if isinstance(state, NormalKV):
-        return ("normal", tuple(state.keys.shape[:-2]), state.keys.shape[-1], state.values.shape[-1],
-                state.keys.dtype)
+        return (
+            "normal",
+            tuple(state.keys.shape[:-2]),
+            state.keys.shape[-1],
+            state.values.shape[-1],
+            state.keys.dtype,
+        )
     if isinstance(state, RotatingKV):
-        return ("rotating", tuple(state.keys.shape[:-2]), state.keys.shape[-1], state.values.shape[-1],
-                state.keys.dtype, state.window)
+        return (
+            "rotating",
+            tuple(state.keys.shape[:-2]),
+            state.keys.shape[-1],
+            state.values.shape[-1],
+            state.keys.dtype,
+            state.window,
+        )
     if isinstance(state, RecurrentState):
         first = next(iter(state.snapshots.values()))
         return ("recurrent", tuple((tuple(t.shape), t.dtype) for t in first))

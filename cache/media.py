@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
@@ -82,7 +83,7 @@ def check_spans(spans: Iterable[MediaSpan], length: int) -> tuple[MediaSpan, ...
             raise SpanError(f"expected MediaSpan, got {type(span).__name__}")
         if span.end > length:
             raise SpanError(f"span [{span.start}, {span.end}) lies beyond the sequence length {length}")
-    for before, after in zip(ordered, ordered[1:], strict=False):
+    for before, after in itertools.pairwise(ordered):
         if after.start < before.end:
             raise SpanError(f"spans [{before.start}, {before.end}) and [{after.start}, {after.end}) overlap")
     return tuple(ordered)

@@ -21,6 +21,7 @@ dropped (or, if in use, dropped at its last release). A new entry that an existi
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -130,7 +131,7 @@ class CacheStats:
 class _Entry:
     eid: EntryId
     namespace: Namespace
-    tokens: list[int]  # the full token sequence
+    tokens: array  # the full token sequence (int64)
     layers: tuple[LayerState, ...]  # stored per-layer state
     media: tuple[MediaSpan, ...]  # sorted media spans
     extras: tuple[tuple[int, Any], ...]  # step function of adapter state
@@ -149,7 +150,10 @@ class PrefixCache:
         host_budget_bytes: int | None = 0,
         device: str | torch.device = "cpu",
     ) -> None:
-        for name, value in (("device_budget_bytes", device_budget_bytes), ("host_budget_bytes", host_budget_bytes)):
+        for name, value in (
+            ("device_budget_bytes", device_budget_bytes),
+            ("host_budget_bytes", host_budget_bytes),
+        ):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise LengthError(f"{name} must be a non-negative integer or None, got {value!r}")
         self._id = next(_cache_ids)  # stamps matches and leases
@@ -164,8 +168,18 @@ class PrefixCache:
         self._ids = itertools.count(1)  # entry ids
         self._clock = itertools.count(1)  # recency ticks
         self._counters: dict[str, int] = dict.fromkeys(
-            ("lookups", "hits", "query_tokens", "hit_tokens", "inserts", "redundant_inserts", "offloads",
-             "promotions", "evictions", "superseded"),
+            (
+                "lookups",
+                "hits",
+                "query_tokens",
+                "hit_tokens",
+                "inserts",
+                "redundant_inserts",
+                "offloads",
+                "promotions",
+                "evictions",
+                "superseded",
+            ),
             0,
         )
 
@@ -203,15 +217,15 @@ class PrefixCache:
         # -- validated: mutate from here on
         self._layouts.setdefault(namespace, tuple(signature(s) for s in layer_tuple))
         index = self._indexes.setdefault(namespace, RadixIndex())
-        eid = next(self._ids)
-        entry = _Entry(eid, namespace, token_list, layer_tuple, spans, extra_tuple, DEVICE)
-        index.add(eid, encode_keys(token_list, spans), lo, points, next(self._clock))
-        covering = index.covering(eid, floor)
+        keys = encode_keys(token_list, spans)
+        covering = index.covering(keys, lo, points, floor)
         if covering is not None:
-            index.remove(eid)
             self._counters["redundant_inserts"] += 1
             self._touch(self._entries[covering])
             return covering
+        eid = next(self._ids)
+        entry = _Entry(eid, namespace, array("q", token_list), layer_tuple, spans, extra_tuple, DEVICE)
+        index.add(eid, keys, lo, points, next(self._clock))
         self._entries[eid] = entry
         self._lru[eid] = None
         self._account(entry, +1)
@@ -227,7 +241,9 @@ class PrefixCache:
         self._enforce_budgets()
         return eid
 
-    def lookup(self, namespace: Namespace, tokens: Iterable[int], media: Iterable[MediaSpan] = ()) -> PrefixMatch | None:
+    def lookup(
+        self, namespace: Namespace, tokens: Iterable[int], media: Iterable[MediaSpan] = ()
+    ) -> PrefixMatch | None:
         """The longest cached prefix of ``tokens`` that can be restored, leaving at least one token to compute.
 
         Side effects: counts the lookup; on a hit the entry becomes the most recently used.
@@ -366,7 +382,8 @@ class PrefixCache:
             for eid in self._entries:
                 if self._entries[eid].namespace == ns:
                     assert eid in index, f"entry {eid} missing from its index"
-                    assert index.length_of(eid) == len(self._entries[eid].tokens)
+                    entry = self._entries[eid]
+                    assert index.path_keys(eid) == encode_keys(entry.tokens, entry.media), "path != tokens"
                     indexed.add(eid)
             assert len(index) == sum(1 for e in self._entries.values() if e.namespace == ns)
         assert indexed == set(self._entries), "entries and indexes disagree"
@@ -405,6 +422,8 @@ class PrefixCache:
             if isinstance(state, RecurrentState):
                 if own > length:
                     raise LengthError(f"layer {i}: snapshot at {own} is beyond the sequence length {length}")
+                if length not in state.snapshots:
+                    raise LengthError(f"layer {i}: recurrent layers need a snapshot at the entry's length {length}")
             elif own is not None and own != length:
                 raise LengthError(f"layer {i}: holds state for {own} tokens, the sequence has {length}")
             dtype = attention_dtype(state)

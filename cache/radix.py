@@ -3,8 +3,9 @@
 The tree knows nothing of tensors. For every entry it is told:
 
 - its keys (tokens, with media positions re-keyed: see :mod:`cache.media`);
-- what lengths it can serve: either an *interval* ``[lo, T]`` (entries without recurrent layers: every length from
-  ``lo`` up to its own length ``T``), or a set of *points* (entries with recurrent layers: exactly the snapshot lengths);
+- what lengths it can serve: either an *interval* ``[lo, T]`` (entries without recurrent layers: every length
+  from ``lo`` up to its own length ``T``), or a set of *points* (entries with recurrent layers: exactly the
+  snapshot lengths);
 - its recency (a counter that grows with every use).
 
 Layout. A node's ``edge`` holds the keys from its parent's depth to its own ``depth``. Nodes exist where an entry
@@ -153,7 +154,7 @@ class RadixIndex:
             if child.frontier:
                 p = floor(reached)
                 if p > start and child.frontier[0][0] <= p:
-                    lo, recency, eid = next(item for item in reversed(child.frontier) if item[0] <= p)
+                    _lo, recency, eid = next(item for item in reversed(child.frontier) if item[0] <= p)
                     if found is None or (p, recency) > found[:2]:
                         found = (p, recency, eid)
             if found is not None:
@@ -181,36 +182,52 @@ class RadixIndex:
 
         ``floor`` is the span floor of the shared media (lengths inside a span are served by neither).
         """
-        b, s = self._records[big], self._records[small]
-        if s.end.depth > b.end.depth:
-            return False
-        if s.lo is not None:
-            wanted: Iterator[int] = (n for n in range(max(s.lo, 1), s.end.depth + 1) if floor(n) == n)
-        else:
-            wanted = iter(s.points)
-        if b.lo is not None:
-            if s.lo is not None and b.lo <= max(s.lo, 1):
-                return True
-            return all(b.lo <= n for n in wanted)
-        have = set(b.points)
-        return all(n in have for n in wanted)
+        s = self._records[small]
+        return self._covers(self._records[big], s.lo, s.points, s.end.depth, floor)
 
-    def covering(self, eid: EntryId, floor: Callable[[int], int]) -> EntryId | None:
-        """Another entry, at or below ``eid``'s end, that serves every length ``eid`` serves (most recent first)."""
-        record = self._records[eid]
-        end = record.end
-        candidates: list[EntryId] = []
-        if record.lo is not None:
-            candidates = [item[2] for item in reversed(end.frontier) if item[2] != eid]
+    def covering(
+        self, keys: array, lo: int | None, points: tuple[int, ...], floor: Callable[[int], int]
+    ) -> EntryId | None:
+        """An indexed entry that passes through the end of ``keys`` and serves every length that an entry with
+        these keys and this ``lo`` / ``points`` would serve; the most recently used such entry, or None.
+
+        Point entries always have a point at their own length, so their candidates are the points there.
+        """
+        length = len(keys)
+        node, depth = self._root, 0
+        while depth < length:  # find the node whose edge holds position `length`
+            child = node.children.get(keys[depth])
+            if child is None:
+                return None
+            take = min(len(child.edge), length - depth)
+            if _common_prefix(child.edge, keys, depth, take) < take:
+                return None
+            node, depth = child, depth + take
+        if lo is not None:
+            candidates = [item[2] for item in reversed(node.frontier)]
+        elif node.depth == length:
+            candidates = list(reversed(node.points))
         else:
-            candidates = [other for other in reversed(end.points) if other != eid]
+            return None
         for other in candidates:
-            if self.covers(other, eid, floor):
+            if self._covers(self._records[other], lo, points, length, floor):
                 return other
         return None
 
     def length_of(self, eid: EntryId) -> int:
         return self._records[eid].end.depth
+
+    def path_keys(self, eid: EntryId) -> array:
+        """The keys from the root to ``eid``'s end (for invariant checks)."""
+        edges = []
+        node: _Node | None = self._records[eid].end
+        while node is not None:
+            edges.append(node.edge)
+            node = node.parent
+        out = array("q")
+        for edge in reversed(edges):
+            out.extend(edge)
+        return out
 
     def recency_of(self, eid: EntryId) -> int:
         return self._records[eid].recency
@@ -248,6 +265,24 @@ class RadixIndex:
             assert (record.lo is None) != (not record.points)
 
     # ---------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _covers(
+        big: _Record, lo: int | None, points: tuple[int, ...], length: int, floor: Callable[[int], int]
+    ) -> bool:
+        """Whether ``big`` serves every length served by an entry of ``length`` with ``lo`` / ``points``."""
+        if length > big.end.depth:
+            return False
+        if lo is not None:
+            wanted: Iterator[int] = (n for n in range(max(lo, 1), length + 1) if floor(n) == n)
+        else:
+            wanted = iter(points)
+        if big.lo is not None:
+            if lo is not None and big.lo <= max(lo, 1):
+                return True
+            return all(big.lo <= n for n in wanted)
+        have = set(big.points)
+        return all(n in have for n in wanted)
 
     def _node_at(self, keys: array, n: int) -> _Node:
         """The node at depth ``n`` on the path of ``keys[:n]``, creating and splitting nodes as needed."""

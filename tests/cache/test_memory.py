@@ -1,0 +1,157 @@
+"""Byte budgets, the exact offload and eviction order, in-use protection and supersession."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cache import DEVICE, HOST, LeaseError, Namespace, NormalKV, PrefixCache
+from tests.cache.helpers import nbytes, normal, recurrent
+
+NS = Namespace("model-a", "float32")
+ENTRY = nbytes([normal(4)])  # bytes of one 4-token entry
+
+
+def four(first: int) -> list[int]:
+    return [first, first + 1, first + 2, first + 3]
+
+
+def tiers(cache: PrefixCache) -> dict[int, str]:
+    return {eid: cache.entry_tier(eid) for eid in cache.entry_ids()}
+
+
+def test_over_device_budget_the_lru_entry_is_offloaded_not_dropped():
+    cache = PrefixCache(device_budget_bytes=2 * ENTRY, host_budget_bytes=10 * ENTRY)
+    a, b, c = (cache.insert(NS, four(10 * i), [normal(4)]) for i in (1, 2, 3))
+    assert tiers(cache) == {a: HOST, b: DEVICE, c: DEVICE}
+    cache.lookup(NS, [*four(20), 0])  # touch b
+    d = cache.insert(NS, four(40), [normal(4)])
+    assert tiers(cache) == {a: HOST, c: HOST, b: DEVICE, d: DEVICE}  # c was least recently used on device
+    assert cache.stats().offloads == 2 and cache.stats().evictions == 0
+    cache.check_invariants()
+
+
+def test_over_host_budget_the_lru_host_entry_is_dropped():
+    cache = PrefixCache(device_budget_bytes=ENTRY, host_budget_bytes=2 * ENTRY)
+    ids = [cache.insert(NS, four(10 * i), [normal(4)]) for i in range(1, 5)]
+    assert cache.entry_ids() == ids[1:]  # ids[0] went device -> host -> dropped
+    assert tiers(cache) == {ids[1]: HOST, ids[2]: HOST, ids[3]: DEVICE}
+    assert cache.stats().evictions == 1 and cache.stats().offloads == 3
+    assert cache.lookup(NS, [*four(10), 0]) is None
+    cache.check_invariants()
+
+
+def test_without_a_host_tier_the_device_lru_is_dropped():
+    cache = PrefixCache(device_budget_bytes=2 * ENTRY, host_budget_bytes=0)
+    a, b, c = (cache.insert(NS, four(10 * i), [normal(4)]) for i in (1, 2, 3))
+    assert cache.entry_ids() == [b, c] and cache.stats().offloads == 0 and cache.stats().evictions == 1
+    assert a not in cache.entry_ids()
+
+
+def test_acquire_promotes_a_host_entry_and_offloads_another():
+    cache = PrefixCache(device_budget_bytes=ENTRY, host_budget_bytes=10 * ENTRY)
+    a, b = (cache.insert(NS, four(10 * i), [normal(4)]) for i in (1, 2))
+    assert tiers(cache) == {a: HOST, b: DEVICE}
+    lease = cache.acquire(cache.lookup(NS, [*four(10), 0]), NS)
+    assert tiers(cache) == {a: DEVICE, b: HOST}
+    assert torch.equal(lease.layers[0].keys, normal(4).keys)
+    cache.release(lease)
+    assert cache.stats().promotions == 1
+    cache.check_invariants()
+
+
+def test_an_entry_in_use_is_never_evicted():
+    cache = PrefixCache(device_budget_bytes=ENTRY, host_budget_bytes=0)
+    a = cache.insert(NS, four(10), [normal(4)])
+    lease = cache.acquire(cache.lookup(NS, [*four(10), 0]), NS)
+    b = cache.insert(NS, four(20), [normal(4)])  # over budget, but a is in use: b (idle) goes instead
+    assert cache.entry_ids() == [a]
+    assert b not in cache.entry_ids()
+    cache.release(lease)
+    cache.check_invariants()
+    assert cache.evict() == 1 and cache.entry_ids() == []
+
+
+def test_evict_frees_lru_first_and_skips_entries_in_use():
+    cache = PrefixCache()
+    a, b, c = (cache.insert(NS, four(10 * i), [normal(4)]) for i in (1, 2, 3))
+    lease = cache.acquire(cache.lookup(NS, [*four(10), 0]), NS)  # a is in use and most recent
+    assert cache.entry_ids() == [b, c, a]
+    assert cache.evict(bytes_to_free=ENTRY) == 1 and cache.entry_ids() == [c, a]
+    assert cache.evict() == 1 and cache.entry_ids() == [a]
+    cache.release(lease)
+    cache.check_invariants()
+
+
+def test_a_conversation_keeps_about_one_copy_of_its_kv():
+    cache = PrefixCache()
+    tokens: list[int] = []
+    for turn in range(20):
+        tokens = tokens + [turn + 1] * 5  # the rendered prompt grows
+        cache.insert(NS, tokens, [normal(len(tokens))])
+        tokens = tokens + [100 + turn] * 7  # ... and the reply after it
+        cache.insert(NS, tokens, [normal(len(tokens))])
+    assert cache.stats().entries == 1
+    assert cache.stats().bytes_per_tier[DEVICE] == nbytes([normal(len(tokens))])
+    cache.check_invariants()
+
+
+def test_a_superseded_entry_in_use_is_dropped_at_its_last_release():
+    cache = PrefixCache()
+    old = cache.insert(NS, [1, 2, 3], [normal(3)])
+    lease = cache.acquire(cache.lookup(NS, [1, 2, 3, 4]), NS)
+    new = cache.insert(NS, [1, 2, 3, 4, 5], [normal(5)])
+    assert set(cache.entry_ids()) == {old, new}
+    cache.check_invariants()
+    cache.release(lease)
+    assert cache.entry_ids() == [new]
+    cache.check_invariants()
+
+
+def test_recurrent_entries_are_superseded_only_when_every_snapshot_is_kept():
+    cache = PrefixCache()
+    old = cache.insert(NS, [1, 2, 3, 4], [recurrent({2, 4})])
+    keeps_one = cache.insert(NS, [1, 2, 3, 4, 5, 6], [recurrent({4, 6})])
+    assert set(cache.entry_ids()) == {old, keeps_one}  # the snapshot at 2 is only in old
+    keeps_all = cache.insert(NS, [1, 2, 3, 4, 5, 6, 7], [recurrent({2, 4, 6, 7})])
+    assert cache.entry_ids() == [keeps_all]
+    cache.check_invariants()
+
+
+def test_inserting_what_is_already_served_adds_nothing():
+    cache = PrefixCache()
+    long = cache.insert(NS, [1, 2, 3, 4, 5, 6], [normal(6)])
+    assert cache.insert(NS, [1, 2, 3], [normal(3)]) == long
+    assert cache.insert(NS, [1, 2, 3, 4, 5, 6], [normal(6)]) == long
+    stats = cache.stats()
+    assert stats.entries == 1 and stats.redundant_inserts == 2
+    cache.check_invariants()
+
+
+def test_bytes_of_shared_storage_are_counted_once_per_tier():
+    cache = PrefixCache()
+    buffer = torch.zeros(1, 1, 16, 2)  # one preallocated buffer, two entries viewing it
+    cache.insert(NS, [1, 2, 3, 4], [NormalKV(buffer[..., :4, :], buffer[..., :4, :])])
+    cache.insert(NS, [1, 2, 3, 9, 9], [NormalKV(buffer[..., :5, :], buffer[..., :5, :])])
+    assert cache.stats().entries == 2
+    assert cache.stats().bytes_per_tier[DEVICE] == buffer.untyped_storage().nbytes()
+    cache.check_invariants()
+
+
+def test_a_match_whose_entry_was_dropped_cannot_be_acquired():
+    cache = PrefixCache()
+    cache.insert(NS, [1, 2, 3], [normal(3)])
+    match = cache.lookup(NS, [1, 2, 3, 4])
+    cache.evict()
+    with pytest.raises(LeaseError):
+        cache.acquire(match, NS)
+
+
+def test_stats_count_lookups_hits_and_tokens():
+    cache = PrefixCache()
+    cache.insert(NS, [1, 2, 3, 4], [normal(4)])
+    cache.lookup(NS, [1, 2, 3, 4, 5])
+    cache.lookup(NS, [9, 9])
+    stats = cache.stats()
+    assert (stats.lookups, stats.hits, stats.query_tokens, stats.hit_tokens) == (2, 1, 7, 4)
+    assert stats.hit_rate == 0.5

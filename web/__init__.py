@@ -1,0 +1,1 @@
+"""Static files of the browser UI, shipped as package data."""
