@@ -1,0 +1,39 @@
+"""Errors of the turn engine::
+
+EngineError
+├── InvalidSamplingError   a sampling setting out of range (``.field`` names it)
+├── ContextOverflowError   the prompt does not fit the model's context window (raised before any compute)
+└── EngineClosedError      the engine was shut down
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class of the engine's errors."""
+
+    code = "internal"
+
+
+class InvalidSamplingError(EngineError, ValueError):
+    code = "invalid_sampling"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field  # name of the offending setting
+
+
+class ContextOverflowError(EngineError, ValueError):
+    code = "context_overflow"
+
+    def __init__(self, prompt_tokens: int, context_window: int) -> None:
+        super().__init__(
+            f"the prompt has {prompt_tokens} tokens; the model's context window is {context_window} "
+            "(at least one token must remain for the reply)"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_window = context_window
+
+
+class EngineClosedError(EngineError):
+    code = "engine_closed"

@@ -1,0 +1,142 @@
+"""A weightless model runtime for engine tests: a byte tokenizer and a "model" whose next token is a pure function
+of the tokens it has absorbed, so a wrongly restored state shows up as a different reply.
+
+- Tokens 0..255 are bytes; 256 = <|user|>, 257 = <|assistant|>, 258 = <|end|> (EOS), 259 = <|system|>.
+- The reply to a prompt spells ``script`` (a function of the prompt) and then <|end|>.
+- ``kind="normal"`` exports the absorbed tokens as a full-attention layer; ``kind="recurrent"`` as snapshots only,
+  which makes the engine's snapshot boundaries matter.
+- ``drift=True`` renders a finished assistant turn without its first ``<think>...</think>`` block, as many chat
+  templates do, so the next prompt differs from the generated tokens.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from cache import Lease, NormalKV, RecurrentState
+
+USER, ASSISTANT, END, SYSTEM = 256, 257, 258, 259
+VOCAB = 260
+MAX_LEN = 4096
+ROLE = {"user": USER, "assistant": ASSISTANT, "system": SYSTEM}
+
+
+def default_script(prompt: Sequence[int]) -> str:
+    return f"reply {sum(prompt) % 997} ünï"  # non-ASCII: multi-byte UTF-8 across tokens
+
+
+@dataclass
+class FakeRun:
+    tokens: list[int]
+    snapshots: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+class ByteDetokenizer:
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, token_id: int) -> str:
+        return self._decoder.decode(bytes([token_id])) if token_id < 256 else ""
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+class FakeRuntime:
+    name = "fake"
+    dtype = "float32"
+    eos_token_ids = frozenset({END})
+
+    def __init__(
+        self,
+        kind: str = "normal",
+        *,
+        script: Callable[[Sequence[int]], str] = default_script,
+        drift: bool = False,
+        context_window: int = MAX_LEN,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.kind = kind
+        self.fingerprint = f"fake-{kind}"
+        self.has_recurrent_state = kind == "recurrent"
+        self.context_window = context_window
+        self.script = script
+        self.drift = drift
+        self.forwarded = 0  # tokens run through forward(), to check that hits skip work
+        self.open_runs = 0  # runs not yet closed
+        self.delay_s = delay_s  # sleep per forward call, to make a long reply take real time
+
+    def render(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        out: list[int] = []
+        for m in messages:
+            content = m["content"]
+            if self.drift and m["role"] == "assistant":
+                content = re.sub(r"<think>.*?</think>", "", content, count=1, flags=re.S)
+            out += [ROLE[m["role"]], *content.encode(), END]
+        if add_generation_prompt:
+            out.append(ASSISTANT)
+        return out
+
+    def detokenizer(self) -> ByteDetokenizer:
+        return ByteDetokenizer()
+
+    def new_run(self, lease: Lease | None = None) -> FakeRun:
+        self.open_runs += 1
+        if lease is None:
+            return FakeRun([])
+        layer = lease.layers[0]
+        if self.kind == "normal":
+            tokens = [int(x) for x in layer.keys[0, 0, :, 0].tolist()]
+        else:
+            state = layer.tensors[0]
+            tokens = [int(x) for x in state[0, : int(state[0, -1])].tolist()]
+        assert len(tokens) == lease.length
+        run = FakeRun(tokens)
+        inherited = lease.snapshots_upto[0]
+        if inherited:
+            run.snapshots.update(inherited)
+        return run
+
+    def _next_token(self, tokens: Sequence[int]) -> int:
+        start = max(i for i, t in enumerate(tokens) if t == ASSISTANT) if ASSISTANT in tokens else len(tokens)
+        written = tokens[start + 1 :]
+        reply = self.script(tokens[: start + 1]).encode()
+        return reply[len(written)] if len(written) < len(reply) else END
+
+    def forward(self, run: FakeRun, token_ids: Sequence[int]) -> torch.Tensor:
+        logits = torch.zeros(len(token_ids), VOCAB)
+        for i, t in enumerate(token_ids):
+            run.tokens.append(int(t))
+            logits[i, self._next_token(run.tokens)] = 10.0
+        self.forwarded += len(token_ids)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return logits
+
+    def _state(self, tokens: list[int]) -> torch.Tensor:
+        state = torch.zeros(1, MAX_LEN + 1)
+        state[0, : len(tokens)] = torch.tensor(tokens, dtype=torch.float32)
+        state[0, -1] = len(tokens)
+        return state
+
+    def snapshot(self, run: FakeRun) -> None:
+        run.snapshots[run.length] = (self._state(run.tokens),)
+
+    def export(self, run: FakeRun):
+        if self.kind == "normal":
+            t = torch.tensor(run.tokens, dtype=torch.float32).view(1, 1, -1, 1)
+            return [NormalKV(t, t.clone())]
+        return [RecurrentState(dict(run.snapshots))]
+
+    def close_run(self, run: FakeRun) -> None:
+        self.open_runs -= 1

@@ -1,0 +1,100 @@
+"""The engine's worker thread: streaming, interleaving, cancellation, errors reach only their caller."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cache import PrefixCache
+from chat.engine.engine import Engine
+from chat.engine.errors import ContextOverflowError, EngineClosedError
+from chat.engine.generation import Delta, Done, TurnRequest
+from chat.engine.sampling import SamplingParams
+from tests.chat.engine.fakes import FakeRuntime
+
+
+@pytest.fixture
+def engine():
+    rt = FakeRuntime(script=lambda p: "long " * 40 if b"long" in bytes(t for t in p if t < 256) else "short")
+    rt.delay_s = 0.002  # the long reply takes ~0.4 s; the short one a few steps
+    eng = Engine(rt, cache=PrefixCache())
+    yield eng
+    eng.close()
+
+
+def ask(text: str, **params) -> TurnRequest:
+    return TurnRequest([{"role": "user", "content": text}], SamplingParams(**params))
+
+
+async def collect(engine: Engine, request: TurnRequest) -> tuple[list[Delta], Done]:
+    deltas = []
+    async for event in engine.generate(request):
+        if isinstance(event, Done):
+            return deltas, event
+        deltas.append(event)
+    raise AssertionError("no Done")
+
+
+def test_generate_streams_deltas_then_done(engine):
+    deltas, done = asyncio.run(collect(engine, ask("hi")))
+    assert done.text == "short" and "".join(d.text for d in deltas) == "short"
+    assert engine.metrics.turns == 1 and engine.metrics.active == 0
+
+
+def test_a_short_turn_finishes_while_a_long_reply_is_still_streaming(engine):
+    async def scenario():
+        order = []
+
+        async def run(text):
+            _, done = await collect(engine, ask(text))
+            order.append(text)
+            return done
+
+        long_task = asyncio.create_task(run("long please"))
+        await asyncio.sleep(0.01)
+        short = await run("quick")
+        assert not long_task.done()  # the long reply is still going when the short one is done
+        long = await long_task
+        return order, short, long
+
+    order, short, long = asyncio.run(scenario())
+    assert order == ["quick", "long please"]
+    assert short.finish_reason == long.finish_reason == "stop"
+
+
+def test_a_consumer_that_goes_away_cancels_its_generation(engine):
+    async def scenario():
+        agen = engine.generate(ask("long please"))
+        async for event in agen:
+            if isinstance(event, Delta) and event.text:
+                break
+        await agen.aclose()  # what a vanished WebSocket client does
+        for _ in range(200):
+            if engine.metrics.active == 0:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert engine.metrics.active == 0 and engine.metrics.finish_reasons == {"cancelled": 1}
+    stats = engine.cache_stats()
+    assert stats.in_use == 0 and stats.entries == 1
+
+
+def test_errors_reach_only_their_caller(engine):
+    engine.runtime.context_window = 20
+
+    async def scenario():
+        with pytest.raises(ContextOverflowError):
+            await collect(engine, ask("x" * 50))
+        return await collect(engine, ask("ok"))
+
+    _, done = asyncio.run(scenario())
+    assert done.text == "short"
+
+
+def test_a_closed_engine_refuses_new_turns():
+    engine = Engine(FakeRuntime(), cache=None)
+    engine.close()
+    with pytest.raises(EngineClosedError):
+        engine.submit(ask("x"), lambda e: None)
