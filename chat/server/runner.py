@@ -1,0 +1,49 @@
+"""Run the app with uvicorn in a background thread (tests, benchmarks) or in the foreground (`turncache serve`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+
+class BackgroundServer:
+    """uvicorn in a thread on ``host``; ``port=0`` picks a free port. Use as a context manager."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, ws_max_size: int = 16 * 1024 * 1024):
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            ws="websockets-sansio",
+            ws_max_size=ws_max_size,
+            lifespan="off",
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._run, name="uvicorn", daemon=True)
+        self.port = port
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve())
+
+    def __enter__(self) -> BackgroundServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

@@ -1,0 +1,28 @@
+"""Server settings, from flags and from the environment (``TURNCACHE_*``); flags win."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TURNCACHE_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
+    model: str = Field("smollm2", description="model: 'smollm2', 'tiny-<name>', or a local Hugging Face directory")
+    dtype: str = Field("float32", pattern="^(float32|bfloat16)$", description="weights and K/V dtype")
+    prefix_cache: bool = Field(True, description="reuse cached prefixes (off: --no-prefix-cache)")
+    device_cache_mib: int = Field(1024, ge=0, description="prefix cache budget on the model's device, MiB")
+    host_cache_mib: int = Field(2048, ge=0, description="prefix cache budget on the host (offload tier), MiB")
+    auth_token: SecretStr | None = Field(None, description="if set, every request must carry it")
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="browser origins allowed besides the server's own (e.g. http://localhost:3000)",
+    )
+    max_body_mib: int = Field(32, ge=1, description="largest HTTP request body, MiB")
+    max_ws_frame_mib: int = Field(16, ge=1, description="largest WebSocket message, MiB")
+    max_sessions: int = Field(1000, ge=1, description="sessions kept in memory")

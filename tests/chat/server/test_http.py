@@ -1,0 +1,131 @@
+"""The OpenAI-compatible HTTP API on a real server (loopback), with httpx and the official openai client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.chat.server.conftest import make_server
+
+
+def chat(url: str, messages, **extra) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", json={"model": "fake", "messages": messages, **extra}, timeout=30)
+
+
+def test_openai_client_multi_turn_reports_rising_cached_tokens(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    messages = [{"role": "user", "content": "hello"}]
+    cached = []
+    for follow_up in ("more", "and more"):
+        reply = client.chat.completions.create(model="fake", messages=messages)
+        cached.append(reply.usage.prompt_tokens_details.cached_tokens)
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": follow_up},
+        ]
+    assert cached[0] == 0 and cached[1] > 0
+
+
+def test_openai_client_streams_and_the_last_chunk_has_usage(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    chunks = list(
+        client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}], stream=True)
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith("reply ")
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_models_lists_the_served_model(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == ["fake"]
+
+
+def test_health_and_metrics(server):
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    chat(server.url, [{"role": "user", "content": "x"}])
+    text = httpx.get(f"{server.url}/metrics").text
+    assert "turncache_turns_total 1" in text and 'turncache_cache_bytes{tier="device"}' in text
+    assert 'turncache_ttft_seconds_bucket{le="+Inf"} 1' in text
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        ({"messages": []}, 400, "invalid_request", "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_request", None),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, 400, "invalid_sampling", "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "invalid_sampling", "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "invalid_request", "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model_not_found", "model"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+            400,
+            "unsupported_media",
+            "messages[0].content[0]",
+        ),
+        ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "context_overflow", None),
+    ],
+)
+def test_bad_requests_get_typed_errors(server, body, status, code, param):
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == code
+    if param is not None:
+        assert error["param"] == param
+    assert chat(server.url, [{"role": "user", "content": "still fine"}]).status_code == 200
+
+
+def test_malformed_json_and_oversized_bodies():
+    engine, srv = make_server(max_body_mib=1)
+    with srv:
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions",
+            content=b"{not json",
+            timeout=30,
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+        big = json.dumps({"messages": [{"role": "user", "content": "x" * (2 * 1024 * 1024)}]})
+        r = httpx.post(
+            f"{srv.url}/v1/chat/completions", content=big, timeout=30, headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+    engine.close()
+
+
+def test_auth_token_is_required_when_set():
+    engine, srv = make_server(auth_token="s3cret")
+    with srv:
+        body = {"messages": [{"role": "user", "content": "x"}]}
+        assert httpx.post(f"{srv.url}/v1/chat/completions", json=body).status_code == 401
+        wrong = {"authorization": "Bearer nope"}
+        assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=wrong).status_code == 401
+        ok = {"authorization": "Bearer s3cret"}
+        assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=ok, timeout=30).status_code == 200
+        assert httpx.get(f"{srv.url}/health").status_code == 200
+    engine.close()
+
+
+def test_no_prefix_cache_gives_the_same_greedy_replies():
+    replies = []
+    for use_cache in (True, False):
+        engine, srv = make_server(prefix_cache=use_cache)
+        with srv:
+            messages = [{"role": "user", "content": "one"}]
+            out = []
+            for _ in range(3):
+                r = chat(srv.url, messages).json()
+                out.append(
+                    (r["choices"][0]["message"]["content"], r["usage"]["prompt_tokens_details"]["cached_tokens"])
+                )
+                messages += [{"role": "assistant", "content": out[-1][0]}, {"role": "user", "content": "next"}]
+            replies.append(out)
+        engine.close()
+    assert [t for t, _ in replies[0]] == [t for t, _ in replies[1]]
+    assert replies[0][-1][1] > 0 and all(c == 0 for _, c in replies[1])
