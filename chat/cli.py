@@ -20,6 +20,75 @@ def _not_built(what: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def _settings(args: argparse.Namespace):
+    """Server settings: flags given on the command line win over TURNCACHE_* environment variables."""
+    from pydantic import ValidationError
+
+    from chat.server.settings import ServerSettings
+
+    flags = {
+        "host": args.host,
+        "port": args.port,
+        "model": args.model,
+        "dtype": args.dtype,
+        "device_cache_mib": args.device_cache_mib,
+        "host_cache_mib": args.host_cache_mib,
+        "auth_token": args.auth_token,
+        "allowed_origins": args.allowed_origin or None,
+        "prefix_cache": False if args.no_prefix_cache else None,
+    }
+    try:
+        return ServerSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SystemExit(f"turncache: --{'-'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}") from exc
+
+
+def _load(args: argparse.Namespace):
+    from chat.models import load_model
+    from chat.models.errors import ModelError
+
+    try:
+        return load_model(args.model, args.dtype)
+    except ModelError as exc:
+        raise SystemExit(f"turncache: {exc}") from exc
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from chat.models.errors import ModelError
+    from chat.server.main import serve
+
+    try:
+        return serve(_settings(args))
+    except ModelError as exc:
+        raise SystemExit(f"turncache: {exc}") from exc
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from cache import PrefixCache
+    from chat.engine.errors import InvalidSamplingError
+    from chat.engine.sampling import SamplingParams
+    from chat.terminal import chat_loop
+
+    try:
+        params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    except InvalidSamplingError as exc:
+        raise SystemExit(f"turncache: --{exc.field.replace('_', '-')}: {exc}") from exc
+    runtime = _load(args)
+    cache = None if args.no_prefix_cache else PrefixCache()
+    return chat_loop(runtime, cache, params, system=args.system)
+
+
+def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    p.add_argument(
+        "--model",
+        default="smollm2" if defaults else None,
+        help="'smollm2' (built in), 'tiny-<name>', or a local Hugging Face model directory",
+    )
+    p.add_argument("--dtype", default="float32" if defaults else None, choices=["float32", "bfloat16"])
+    p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")
+
+
 def _bench_cache(args: argparse.Namespace) -> int:
     from chat.bench.cache_bench import main
 
@@ -33,13 +102,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the chat server (WebSocket + OpenAI-compatible HTTP) [not built yet]")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.set_defaults(run=_not_built("the server (`turncache serve`)"))
+    serve = sub.add_parser(
+        "serve",
+        help="run the chat server (OpenAI-compatible HTTP, metrics, web UI)",
+        description="Settings come from these flags, else from TURNCACHE_* environment variables "
+        "(TURNCACHE_HOST, TURNCACHE_PORT, TURNCACHE_MODEL, TURNCACHE_AUTH_TOKEN, ...).",
+    )
+    serve.add_argument("--host", help="address to listen on (127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (8000)")
+    _model_flags(serve, defaults=False)
+    serve.add_argument("--device-cache-mib", type=int, help="prefix cache budget on the model's device (1024)")
+    serve.add_argument("--host-cache-mib", type=int, help="prefix cache budget on the host tier (2048)")
+    serve.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' on /v1/* and /metrics")
+    serve.add_argument("--allowed-origin", action="append", help="browser origin allowed besides the server's own")
+    serve.set_defaults(run=_serve)
 
-    chat = sub.add_parser("chat", help="chat in the terminal on the engine, without a server [not built yet]")
-    chat.set_defaults(run=_not_built("the terminal chat (`turncache chat`)"))
+    chat = sub.add_parser("chat", help="chat in the terminal on the engine, without a server")
+    _model_flags(chat, defaults=True)
+    chat.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    chat.add_argument("--max-tokens", type=int, default=256)
+    chat.add_argument("--system", help="system prompt")
+    chat.set_defaults(run=_chat)
 
     evaluate = sub.add_parser("eval", help="run a JSONL dataset of conversations against a server [not built yet]")
     evaluate.set_defaults(run=_not_built("the eval runner (`turncache eval`)"))
