@@ -37,3 +37,14 @@ class ContextOverflowError(EngineError, ValueError):
 
 class EngineClosedError(EngineError):
     code = "engine_closed"
+
+
+class UnsupportedMediaError(EngineError, ValueError):
+    """A media part was sent to a model without that modality (``.item`` names it, e.g. "messages[1].content[0]")."""
+
+    code = "invalid_media"
+
+    def __init__(self, item: str, kind: str, model: str) -> None:
+        super().__init__(f"{item}: the model {model!r} does not accept {kind} input")
+        self.item = item
+        self.kind = kind

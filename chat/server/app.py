@@ -2,7 +2,7 @@
 results and errors back into wire responses; every decision about content lives in the engine and the protocol.
 
 Routes: ``/`` (the web UI), ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /v1/models``,
-``POST /v1/chat/completions``.
+``POST /v1/chat/completions``, and the chat WebSocket ``/v1/ws`` (see docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -12,17 +12,19 @@ import hmac
 import logging
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from chat.engine.engine import Engine
 from chat.engine.errors import EngineError
+from chat.protocol.store import InMemorySessionStore
 from chat.server import openai_api
 from chat.server.errors import RequestError, describe, public_message
 from chat.server.metrics_text import render_metrics
 from chat.server.settings import MiB, ServerSettings
+from chat.server.ws import serve_socket
 
 log = logging.getLogger("turncache.server")
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
@@ -107,10 +109,19 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str) -> 
                 status=404,
                 param="model",
             )
-        turn = openai_api.build_turn(body, tenant_salt(bearer(request)))
+        turn = openai_api.build_turn(body, tenant_salt(bearer(request)), engine.runtime)
         if body.stream:
             return StreamingResponse(openai_api.stream(engine, turn, model_name), media_type="text/event-stream")
         return await openai_api.complete(engine, turn, model_name)
+
+    store = InMemorySessionStore(max_sessions=settings.max_sessions)
+    app.state.sessions = store
+
+    @app.websocket("/v1/ws")
+    async def chat_socket(ws: WebSocket) -> None:
+        await serve_socket(
+            ws, engine, store, model_name, token=token, allowed_origins=settings.allowed_origins, salt_of=tenant_salt
+        )
 
     if (WEB_DIR / "index.html").is_file():
         app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cache import CacheError
-from chat.engine.errors import ContextOverflowError, EngineClosedError, InvalidSamplingError
+from chat.engine.errors import ContextOverflowError, EngineClosedError, InvalidSamplingError, UnsupportedMediaError
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class RequestError(Exception):
 TABLE: list[tuple[type[BaseException], Mapping]] = [
     (ContextOverflowError, Mapping(400, "context_overflow", "invalid_request_error")),
     (InvalidSamplingError, Mapping(400, "invalid_sampling", "invalid_request_error")),
+    (UnsupportedMediaError, Mapping(400, "invalid_media", "invalid_request_error")),
     (EngineClosedError, Mapping(503, "unavailable", "server_error")),
     (CacheError, Mapping(500, "internal", "server_error")),
 ]
@@ -40,7 +41,7 @@ def describe(exc: BaseException) -> tuple[int, str, str, str | None]:
         return exc.status, exc.code, "invalid_request_error", exc.param
     for cls, m in TABLE:
         if isinstance(exc, cls):
-            param = getattr(exc, "field", None)
+            param = getattr(exc, "field", None) or getattr(exc, "item", None)
             return m.status, m.code, m.kind, param
     return 500, "internal", "server_error", None
 

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chat.engine.content import engine_messages
 from chat.engine.engine import Engine
 from chat.engine.generation import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
@@ -88,32 +89,6 @@ class ChatCompletionRequest(BaseModel):
     n: int = 1
 
 
-def to_engine_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Plain ``{"role", "content"}`` messages; text parts are joined.
-
-    Raises:
-        RequestError: a media part (this runtime has no media path yet) or an empty conversation.
-    """
-    out = []
-    for i, m in enumerate(messages):
-        role = "system" if m.role == "developer" else m.role
-        if m.content is None or isinstance(m.content, str):
-            text = m.content or ""
-        else:
-            pieces = []
-            for j, part in enumerate(m.content):
-                if not isinstance(part, TextPart):
-                    raise RequestError(
-                        "unsupported_media",
-                        f"messages[{i}].content[{j}]: this model does not accept {part.type} parts",
-                        param=f"messages[{i}].content[{j}]",
-                    )
-                pieces.append(part.text)
-            text = "".join(pieces)
-        out.append({"role": role, "content": text})
-    return out
-
-
 def to_sampling(req: ChatCompletionRequest) -> SamplingParams:
     """Raises InvalidSamplingError (naming the field) for values out of range."""
     if req.n != 1:
@@ -155,8 +130,10 @@ def _finish_reason(done: Done) -> str:
     return "length" if done.finish_reason == "length" else "stop"
 
 
-def build_turn(req: ChatCompletionRequest, salt: str) -> TurnRequest:
-    return TurnRequest(to_engine_messages(req.messages), to_sampling(req), salt=salt)
+def build_turn(req: ChatCompletionRequest, salt: str, runtime) -> TurnRequest:
+    """Raises UnsupportedMediaError, InvalidSamplingError, RequestError."""
+    messages = engine_messages([m.model_dump(exclude_none=True) for m in req.messages], runtime)
+    return TurnRequest(messages, to_sampling(req), salt=salt)
 
 
 async def complete(engine: Engine, turn: TurnRequest, model: str) -> dict:

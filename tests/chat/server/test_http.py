@@ -65,7 +65,7 @@ def test_health_and_metrics(server):
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
             400,
-            "unsupported_media",
+            "invalid_media",
             "messages[0].content[0]",
         ),
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "context_overflow", None),

@@ -1,0 +1,165 @@
+"""Events a client sends, one model per event, tagged by ``type``; :data:`ClientEvent` is their union.
+
+Every client event may carry ``event_id``, a string the client chooses; every server event that answers it
+(including an ``error``) echoes it as ``reply_to``. Parse frames with ``parse_client_event``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from chat.protocol.base import WireModel
+from chat.protocol.content import ChatMessage, UserContent, media_parts
+from chat.protocol.limits import (
+    MAX_EVENT_ID_CHARS,
+    MAX_ID_CHARS,
+    MAX_MEDIA_PER_CONVERSATION,
+    MAX_MESSAGES,
+    MAX_MODEL_CHARS,
+    MAX_TEXT_CHARS,
+)
+from chat.protocol.sampling import SamplingSettings
+
+Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]
+EventId = Annotated[str, Field(min_length=1, max_length=MAX_EVENT_ID_CHARS)]
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)]
+SystemPrompt = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+
+
+class _ClientEvent(WireModel):
+    event_id: EventId | None = None  # chosen by the client; echoed as `reply_to` by the events that answer this one
+
+
+class SessionCreate(_ClientEvent):
+    """Start a new session on this connection. Answered by ``session.created``."""
+
+    type: Literal["session.create"] = "session.create"
+    model: ModelName | None = None  # None: the server's default model
+    system: SystemPrompt | None = None  # the system prompt, rendered before the conversation
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+
+
+class SessionResume(_ClientEvent):
+    """Attach an existing session (e.g. after a reconnect). Answered by ``session.resumed``."""
+
+    type: Literal["session.resume"] = "session.resume"
+    session_id: Id
+
+
+class SessionUpdate(_ClientEvent):
+    """Change the session's settings for the next turns. Only the fields sent change. Answered by ``session.updated``.
+
+    ``system: null`` removes the system prompt; leaving ``system`` out keeps it.
+    """
+
+    type: Literal["session.update"] = "session.update"
+    system: SystemPrompt | None = None
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+
+
+class TurnCreate(_ClientEvent):
+    """Append a user message and generate a reply. Answered by ``turn.started``, ``reply.delta``*, ``reply.done``."""
+
+    type: Literal["turn.create"] = "turn.create"
+    content: UserContent
+
+
+class TurnCancel(_ClientEvent):
+    """Stop the reply being generated. Answered by its ``reply.done`` with ``finish_reason: "cancelled"``."""
+
+    type: Literal["turn.cancel"] = "turn.cancel"
+    turn_id: Id | None = None  # None: whatever this connection is generating
+
+
+class TurnRegenerate(_ClientEvent):
+    """Drop the last reply and generate it again from the same prompt. Answered like ``turn.create``."""
+
+    type: Literal["turn.regenerate"] = "turn.regenerate"
+
+
+class TurnEdit(_ClientEvent):
+    """Replace an earlier user message and generate from there; every later message is dropped (a new branch).
+
+    Name the message by ``index`` (0-based position in the ``conversation`` event's ``messages``) or by
+    ``message_id``, not both. Answered like ``turn.create``.
+    """
+
+    type: Literal["turn.edit"] = "turn.edit"
+    index: Annotated[int, Field(ge=0)] | None = None
+    message_id: Id | None = None
+    content: UserContent
+
+    @model_validator(mode="after")
+    def _exactly_one_target(self) -> TurnEdit:
+        if (self.index is None) == (self.message_id is None):
+            raise PydanticCustomError("edit_target", "give exactly one of index and message_id")
+        return self
+
+
+class ConversationGet(_ClientEvent):
+    """Ask for the session's conversation. Answered by ``conversation``."""
+
+    type: Literal["conversation.get"] = "conversation.get"
+
+
+class CompletionCreate(_ClientEvent):
+    """Stateless mode: the whole message list in, one reply out; no session needed, nothing is kept.
+
+    Rules: a ``system`` message may only come first; the last message is a ``user`` message. Answered by
+    ``turn.started`` (``session_id`` null), ``reply.delta``*, ``reply.done``.
+    """
+
+    type: Literal["completion.create"] = "completion.create"
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    model: ModelName | None = None
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> CompletionCreate:
+        if any(m.role == "system" for m in self.messages[1:]):
+            raise PydanticCustomError("message_order", "a system message may only come first")
+        if self.messages[-1].role != "user":
+            raise PydanticCustomError("message_order", "the last message must be a user message")
+        if sum(len(media_parts(m.content)) for m in self.messages) > MAX_MEDIA_PER_CONVERSATION:
+            raise PydanticCustomError(
+                "too_many_media", "more than {n} media items in one conversation", {"n": MAX_MEDIA_PER_CONVERSATION}
+            )
+        return self
+
+
+class Ping(_ClientEvent):
+    """Liveness check. Answered by ``pong``."""
+
+    type: Literal["ping"] = "ping"
+
+
+ClientEvent = Annotated[
+    SessionCreate
+    | SessionResume
+    | SessionUpdate
+    | TurnCreate
+    | TurnCancel
+    | TurnRegenerate
+    | TurnEdit
+    | ConversationGet
+    | CompletionCreate
+    | Ping,
+    Field(discriminator="type"),
+]
+"""Any client event; ``type`` selects the model."""
+
+CLIENT_EVENT_TYPES: tuple[str, ...] = (
+    "session.create",
+    "session.resume",
+    "session.update",
+    "turn.create",
+    "turn.cancel",
+    "turn.regenerate",
+    "turn.edit",
+    "conversation.get",
+    "completion.create",
+    "ping",
+)

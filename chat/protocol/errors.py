@@ -1,0 +1,51 @@
+"""The protocol's one error type and its codes.
+
+Everything the protocol layer refuses is a :class:`ProtocolError` carrying an :class:`ErrorCode`; a server sends it
+to the client as an ``error`` event (``ErrorEvent.of(exc)``) and keeps the connection open::
+
+    ProtocolError(code, message, event_id)
+      parser ........ invalid_json, frame_too_large, unknown_event, invalid_event, invalid_media
+      session ....... busy, not_generating, invalid_event (edit / regenerate that does not fit), context_overflow,
+                      unknown_session (closed)
+      connection .... no_session, unknown_session, unknown_model; store: unknown_session, busy (full)
+      engine/server . context_overflow, invalid_media, internal, unauthorized (never raised here)
+
+Only the transport raises ``unauthorized``; the engine reports ``context_overflow``, ``invalid_media`` and
+``internal`` through ``Session.on_error``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    """The ``code`` of an ``error`` event. The value is what goes on the wire."""
+
+    INVALID_JSON = "invalid_json"  # the frame is not JSON (or not UTF-8, or nested deeper than MAX_JSON_DEPTH)
+    FRAME_TOO_LARGE = "frame_too_large"  # the frame exceeds MAX_FRAME_BYTES
+    UNKNOWN_EVENT = "unknown_event"  # `type` names no client event
+    INVALID_EVENT = "invalid_event"  # missing / wrong / extra fields (the message names the path), or an event
+    # that does not fit the conversation (edit index out of range, nothing to regenerate)
+    INVALID_MEDIA = "invalid_media"  # a media part is not a base64 data URL of its kind, or fails to decode
+    NO_SESSION = "no_session"  # a session event arrived before session.create / session.resume
+    UNKNOWN_SESSION = "unknown_session"  # session.resume names no live session
+    UNKNOWN_MODEL = "unknown_model"  # the model is not served here
+    BUSY = "busy"  # a turn was asked for while the same session (or stateless slot) is generating
+    NOT_GENERATING = "not_generating"  # turn.cancel with nothing to cancel
+    CONTEXT_OVERFLOW = "context_overflow"  # the prompt does not fit the model, or the conversation hit a limit
+    UNAUTHORIZED = "unauthorized"  # the transport refused the credentials
+    INTERNAL = "internal"  # a bug or a model failure; the session is left as it was before the turn
+
+
+class ProtocolError(Exception):
+    """A client event was refused. Nothing was changed by the call that raised it.
+
+    The caller must send ``ErrorEvent.of(exc)`` to the client; the session and connection stay usable.
+    """
+
+    def __init__(self, code: ErrorCode, message: str, event_id: str | None = None) -> None:
+        super().__init__(f"{code.value}: {message}")
+        self.code = code  # what went wrong, as a wire code
+        self.message = message  # human-readable detail (field paths for invalid_event)
+        self.event_id = event_id  # the client event this answers, when known

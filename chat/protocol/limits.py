@@ -1,0 +1,32 @@
+"""Every limit the wire protocol enforces, in one place.
+
+The parser and the wire types read these constants; ``docs/protocol.md`` lists them in a table. A server should also
+pass :data:`MAX_FRAME_BYTES` to its WebSocket library (``max_size``) so that a larger frame is refused before it is
+buffered.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+MAX_FRAME_BYTES = 16 * 1024 * 1024  # one client frame, UTF-8 bytes (media travels inside it, base64-encoded)
+MAX_JSON_DEPTH = 200  # nesting depth the JSON parser accepts (pydantic-core's recursion limit; events need < 10)
+MAX_EVENT_ID_CHARS = 128  # a client-chosen event_id
+MAX_ID_CHARS = 128  # a session, turn or message id sent back by the client
+MAX_MODEL_CHARS = 256  # a model name
+
+MAX_TEXT_CHARS = 262_144  # text of one message (all its text parts together), also the system prompt
+MAX_PARTS_PER_MESSAGE = 64  # content parts in one message
+MAX_MEDIA_PER_TURN = 16  # image / audio / video items in the content of one turn.create or turn.edit
+MAX_MESSAGES = 512  # messages in one conversation (a session's, or a completion.create list), system included
+MAX_MEDIA_PER_CONVERSATION = 64  # media items in one conversation
+
+MAX_TEMPERATURE = 5.0  # temperature is in [0, MAX_TEMPERATURE]; 0 means greedy
+MAX_TOP_K = 1_000_000  # top_k is in [0, MAX_TOP_K]; 0 means no limit
+MAX_SEED = 2**63 - 1  # seed is in [0, MAX_SEED]
+MAX_REPLY_TOKENS = 32_768  # max_tokens is in [1, MAX_REPLY_TOKENS]; the engine also caps it by the context window
+MAX_STOP_STRINGS = 8  # stop strings per request
+MAX_STOP_CHARS = 256  # characters in one stop string
+
+AudioFormat = Literal["wav", "mp3", "flac", "ogg", "opus", "webm", "m4a"]  # input_audio.format values
+AUDIO_FORMATS: tuple[str, ...] = get_args(AudioFormat)

@@ -1,0 +1,87 @@
+"""Where sessions live between events: the :class:`SessionStore` interface and an in-memory implementation.
+
+A store hands out live :class:`Session` objects; the connection mutates them and calls ``save`` after every
+change, so that a persistent store (later) can write them out. The in-memory store keeps references, so ``save``
+only marks the session as recently used.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+
+from chat.protocol.errors import ErrorCode, ProtocolError
+from chat.protocol.ids import IdFactory, new_id
+from chat.protocol.sampling import SamplingSettings
+from chat.protocol.session import Session, SessionState
+
+MAX_SESSIONS = 1024  # sessions the in-memory store keeps; the least recently used idle one is closed beyond that
+
+
+class SessionStore(ABC):
+    """Creates, finds and keeps sessions."""
+
+    @abstractmethod
+    def create(self, model: str, system: str | None = None, sampling: SamplingSettings | None = None) -> Session:
+        """A new, stored, idle session. The caller must send ``session.created`` with ``session.info()``.
+
+        Raises:
+            ProtocolError: ``busy`` when the store is full of sessions that are generating.
+        """
+
+    @abstractmethod
+    def get(self, session_id: str, event_id: str | None = None) -> Session:
+        """The live session with this id.
+
+        Raises:
+            ProtocolError: ``unknown_session`` (with ``event_id``) when there is none, or it was closed.
+        """
+
+    @abstractmethod
+    def save(self, session: Session) -> None:
+        """Record the session's current state. The caller must call it after every change to the session."""
+
+
+class InMemorySessionStore(SessionStore):
+    """Sessions in a dict, at most ``max_sessions``; beyond that the least recently used idle session is closed."""
+
+    def __init__(self, max_sessions: int = MAX_SESSIONS, new_id: IdFactory = new_id) -> None:
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be >= 1")
+        self.max_sessions = max_sessions  # sessions kept at most
+        self._new_id = new_id  # makes session, turn and message ids
+        self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
+    def create(self, model: str, system: str | None = None, sampling: SamplingSettings | None = None) -> Session:
+        if len(self._sessions) >= self.max_sessions:
+            self._evict_one()
+        session = Session(model, system=system, sampling=sampling, new_id=self._new_id)
+        self._sessions[session.id] = session
+        return session
+
+    def get(self, session_id: str, event_id: str | None = None) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or session.state is SessionState.CLOSED:
+            raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"no session has id {session_id!r}", event_id)
+        self._sessions.move_to_end(session_id)
+        return session
+
+    def save(self, session: Session) -> None:
+        if session.state is SessionState.CLOSED:  # evicted while a turn was running: do not bring it back
+            self._sessions.pop(session.id, None)
+            return
+        self._sessions[session.id] = session
+        self._sessions.move_to_end(session.id)
+
+    def _evict_one(self) -> None:
+        victim = next((s for s in self._sessions.values() if s.state is SessionState.IDLE), None)
+        if victim is None:
+            raise ProtocolError(ErrorCode.BUSY, f"all {self.max_sessions} sessions are generating; try again later")
+        victim.close()
+        del self._sessions[victim.id]

@@ -1,0 +1,195 @@
+"""The chat WebSocket (``/v1/ws``): a thin loop around :class:`chat.protocol.connection.Connection`.
+
+Frames in -> ``Connection.receive`` -> events out, turns to the engine, cancels to the engine. Engine results come back
+on the engine's thread and are marshalled onto the event loop, where the connection turns them into ``reply.delta`` /
+``reply.done``. All sends go through one queue, so events of one socket never interleave mid-frame.
+
+Refusals before any exchange: a browser ``Origin`` that is not allowed, or a missing or wrong token when one is set,
+closes with 1008 (policy violation). A frame over the size limit closes with 1009 (uvicorn enforces ``ws_max_size``).
+A client that goes away cancels its turns; each stops within one engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from urllib.parse import urlsplit
+
+from fastapi import WebSocket, WebSocketDisconnect
+
+from chat.engine.content import engine_messages
+from chat.engine.engine import Engine, JobHandle
+from chat.engine.errors import EngineError
+from chat.engine.generation import Delta, Done, TurnRequest
+from chat.engine.sampling import SamplingParams
+from chat.protocol.connection import Connection
+from chat.protocol.errors import ErrorCode
+from chat.protocol.parser import serialize_server_event
+from chat.protocol.server_events import Timings, Usage
+from chat.protocol.session import TurnPlan
+from chat.protocol.store import SessionStore
+
+log = logging.getLogger("turncache.ws")
+POLICY_VIOLATION = 1008
+
+ENGINE_CODES = {
+    "context_overflow": ErrorCode.CONTEXT_OVERFLOW,
+    "invalid_sampling": ErrorCode.INVALID_EVENT,
+    "engine_closed": ErrorCode.INTERNAL,
+    "invalid_media": ErrorCode.INVALID_MEDIA,
+}
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
+    """No Origin (not a browser), the server's own origin, or one configured as allowed."""
+    if origin is None:
+        return True
+    if origin in allowed:
+        return True
+    return host is not None and urlsplit(origin).netloc == host
+
+
+def token_ok(ws: WebSocket, token: str | None) -> bool:
+    if token is None:
+        return True
+    header = ws.headers.get("authorization", "")
+    given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token", "")
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+def wire_usage(done: Done) -> Usage:
+    u = done.usage
+    return Usage.of(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+
+
+def wire_timings(done: Done) -> Timings:
+    t = done.timings
+    ttft = t.ttft_ms if done.usage.completion_tokens else None
+    return Timings(
+        ttft_ms=ttft, decode_tokens_per_s=t.decode_tokens_per_s, total_ms=t.total_ms, prefill_ms=t.prefill_ms
+    )
+
+
+class ChatSocket:
+    """One accepted WebSocket."""
+
+    def __init__(self, ws: WebSocket, engine: Engine, store: SessionStore, model_name: str, salt: str) -> None:
+        self.ws = ws
+        self.engine = engine
+        self.conn = Connection(store, models=[model_name])
+        self.salt = salt  # the tenant's cache namespace salt
+        self.loop = asyncio.get_running_loop()
+        self.outbox: asyncio.Queue[str | None] = asyncio.Queue()  # serialized events; None ends the writer
+        self.jobs: dict[str, JobHandle] = {}  # running turns by turn id
+        self.open = True  # False once the client is gone: events are then dropped
+
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._write())
+        try:
+            while True:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                frame = message.get("text")
+                if frame is None:
+                    frame = message.get("bytes") or b""
+                self._handle(frame)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self.open = False
+            for turn_id in self.conn.close():
+                job = self.jobs.get(turn_id)
+                if job is not None:
+                    job.cancel()
+            self.outbox.put_nowait(None)
+            with contextlib.suppress(Exception):
+                await writer
+
+    def _send(self, events) -> None:
+        if self.open:
+            for event in events:
+                self.outbox.put_nowait(serialize_server_event(event))
+
+    async def _write(self) -> None:
+        while (frame := await self.outbox.get()) is not None:
+            try:
+                await self.ws.send_text(frame)
+            except Exception:  # the client is gone; the reader notices and cleans up
+                self.open = False
+                return
+
+    def _handle(self, frame: str | bytes) -> None:
+        step = self.conn.receive(frame)
+        self._send(step.send)
+        for turn_id in step.cancel:
+            job = self.jobs.get(turn_id)
+            if job is not None:
+                job.cancel()
+        if step.start is not None:
+            self._start(step.start)
+
+    def _start(self, plan: TurnPlan) -> None:
+        try:
+            request = TurnRequest(
+                engine_messages(plan.messages, self.engine.runtime),
+                SamplingParams(**plan.sampling.model_dump()),
+                salt=self.salt,
+            )
+            self.jobs[plan.turn_id] = self.engine.submit(
+                request, lambda event: self.loop.call_soon_threadsafe(self._on_event, plan.turn_id, event)
+            )
+        except EngineError as exc:
+            self._send(self.conn.on_error(plan.turn_id, ENGINE_CODES.get(exc.code, ErrorCode.INTERNAL), str(exc)))
+
+    def _on_event(self, turn_id: str, event) -> None:
+        """An engine result for one turn, on the event loop."""
+        if isinstance(event, Delta):
+            if event.text:
+                self._send([self.conn.on_delta(turn_id, event.text, list(event.token_ids))])
+            return
+        self.jobs.pop(turn_id, None)
+        if isinstance(event, Done):
+            if event.finish_reason == "error":
+                log.error("turn %s failed", turn_id, exc_info=event.error)
+                events = self.conn.on_error(
+                    turn_id,
+                    ErrorCode.INTERNAL,
+                    "the model failed while generating",
+                    wire_usage(event),
+                    wire_timings(event),
+                )
+            else:
+                events = self.conn.on_done(
+                    turn_id, event.text, event.finish_reason, wire_usage(event), wire_timings(event)
+                )
+        elif isinstance(event, EngineError):
+            events = self.conn.on_error(turn_id, ENGINE_CODES.get(event.code, ErrorCode.INTERNAL), str(event))
+        else:
+            log.error("turn %s failed", turn_id, exc_info=event)
+            events = self.conn.on_error(turn_id, ErrorCode.INTERNAL, "internal error; the server logged the details")
+        self._send(events)
+
+
+async def serve_socket(
+    ws: WebSocket,
+    engine: Engine,
+    store: SessionStore,
+    model_name: str,
+    *,
+    token: str | None,
+    allowed_origins: list[str],
+    salt_of,
+) -> None:
+    if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), allowed_origins):
+        await ws.close(code=POLICY_VIOLATION, reason="origin not allowed")
+        return
+    if not token_ok(ws, token):
+        await ws.close(code=POLICY_VIOLATION, reason="missing or wrong token")
+        return
+    await ws.accept()
+    header = ws.headers.get("authorization", "")
+    given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token")
+    await ChatSocket(ws, engine, store, model_name, salt_of(given)).run()
