@@ -95,6 +95,18 @@ def _bench_cache(args: argparse.Namespace) -> int:
     return main(as_json=args.json, entries=args.entries)
 
 
+def _bench_turns(args: argparse.Namespace) -> int:
+    from chat.bench.turns_bench import main
+
+    return main(as_json=args.json, model=args.model)
+
+
+def _bench_serve(args: argparse.Namespace) -> int:
+    from chat.bench.serve_bench import main
+
+    return main(as_json=args.json, model=args.model)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="turncache",
@@ -133,10 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     cache.add_argument("--entries", type=int, default=None, help="entries in the lookup benchmark (10,000)")
     cache.set_defaults(run=_bench_cache)
-    for name, what in (("turns", "multi-turn chat on a model"), ("serve", "concurrent sessions on a server")):
-        other = bench_sub.add_parser(name, help=f"{what} [not built yet]")
-        other.add_argument("--json", action="store_true")
-        other.set_defaults(run=_not_built(f"`turncache bench {name}`"))
+    for name, what, run in (
+        (
+            "turns",
+            "a 10-turn chat on one model: time to first token with and without the cache, decode speed",
+            _bench_turns,
+        ),
+        ("serve", "8 concurrent WebSocket sessions x 5 turns on a loopback server", _bench_serve),
+    ):
+        other = bench_sub.add_parser(name, help=what)
+        other.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+        other.add_argument("--model", default="smollm2", help="model spec (default: the built-in smollm2)")
+        other.set_defaults(run=run)
     return parser
 
 

@@ -5,7 +5,7 @@ import pytest
 from chat.cli import NOT_BUILT, main
 
 
-@pytest.mark.parametrize("argv", [["eval"], ["bench", "turns"], ["bench", "serve"]])
+@pytest.mark.parametrize("argv", [["eval"]])
 def test_subcommands_not_built_say_so_and_fail(argv, capsys):
     assert main(argv) == NOT_BUILT
     out = capsys.readouterr()

@@ -1,0 +1,157 @@
+"""`turncache bench turns`: a 10-turn chat on one model, every figure from this one run, side by side.
+
+The chat grows to about 2,000 tokens with ~64-token user messages and greedy replies of up to 128 tokens. Figures:
+
+- ``ttft_hit_ms``: turn 10 through the whole pipeline (render, lookup, restore, prefill the suffix, first token) with
+  the prefix cache warm from turns 1-9;
+- ``ttft_miss_ms``: the same turn with ``--no-prefix-cache`` (the whole prompt is prefilled);
+- ``ttft_floor_ms``: only the forward of that turn's suffix, on a state restored beforehand (the least any cache
+  could cost), plus sampling the first token;
+- ``hf_reprefill_ms``: HF ``generate`` on the whole turn-10 prompt with one new token (what a user without a prefix
+  cache would do);
+- ``hit_speedup`` = miss / hit, ``overhead_ratio`` = hit / floor;
+- ``decode_tps`` and ``hf_decode_tps``: tokens per second after the first, ours vs HF ``generate``, same weights,
+  same prompt, same number of new tokens (greedy; EOS ignored by neither, so both stop at the same place).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+
+from cache import Namespace, PrefixCache
+from chat.engine.generation import Generation, TurnRequest, run_to_end
+from chat.engine.sampling import SamplingParams, sample
+
+USER_TOPICS = [
+    "the history of the printing press",
+    "how bridges carry load",
+    "why the sky is blue",
+    "how vaccines work",
+    "the rules of chess",
+    "how a compiler works",
+    "what causes tides",
+    "how bees make honey",
+    "how batteries store energy",
+    "why cats purr",
+]
+FILLER = (
+    "Please answer in detail, with examples, and explain each step carefully so that a curious student "
+    "who has never read about it before can follow along easily."
+)
+
+
+def user_message(rng: random.Random, turn: int) -> str:
+    """About 64 tokens."""
+    topic = USER_TOPICS[turn % len(USER_TOPICS)]
+    return f"Question {turn + 1}: tell me about {topic}. {FILLER} Also mention one surprising fact."
+
+
+class _NoStore:
+    """The cache, read-only: lookups and leases go through, inserts are dropped."""
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self._cache = cache
+
+    def lookup(self, *args, **kwargs):
+        return self._cache.lookup(*args, **kwargs)
+
+    def acquire(self, *args, **kwargs):
+        return self._cache.acquire(*args, **kwargs)
+
+    def release(self, lease) -> None:
+        self._cache.release(lease)
+
+    def insert(self, *args, **kwargs) -> None:
+        return None
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def run(
+    model: str = "smollm2", *, turns: int = 10, reply_tokens: int = 128, decode_tokens: int = 64, repeats: int = 3
+) -> dict[str, float]:
+    from chat.models import load_model
+    from chat.models.baseline import hf_generate
+
+    runtime = load_model(model)
+    cache = PrefixCache()
+    rng = random.Random(0)
+    messages: list[dict] = [{"role": "system", "content": "You are a helpful assistant."}]
+    params = SamplingParams(max_tokens=reply_tokens)
+    for turn in range(turns - 1):
+        messages.append({"role": "user", "content": user_message(rng, turn)})
+        _, done = run_to_end(Generation(runtime, cache, TurnRequest(list(messages), params)))
+        messages.append({"role": "assistant", "content": done.text})
+    messages.append({"role": "user", "content": user_message(rng, turns - 1)})
+    prompt = runtime.render(messages)
+    first_token = SamplingParams(max_tokens=1)
+
+    namespace = Namespace(runtime.fingerprint, runtime.dtype)
+    frozen = _NoStore(cache)  # every repeat sees the cache exactly as turn 9 left it
+    hits, misses, floors, cached = [], [], [], 0
+    for _ in range(repeats):
+        _, done = run_to_end(Generation(runtime, frozen, TurnRequest(messages, first_token)))
+        hits.append(done.timings.ttft_ms)
+        cached = done.usage.cached_tokens
+        _, done = run_to_end(Generation(runtime, None, TurnRequest(messages, first_token)))
+        misses.append(done.timings.ttft_ms)
+        # the floor: restore outside the clock; time only the suffix forward and the first sample
+        match = cache.lookup(namespace, prompt)
+        lease = cache.acquire(match, namespace)
+        state = runtime.new_run(lease)
+        t = time.perf_counter()
+        logits = runtime.forward(state, prompt[match.length :])
+        sample(logits[-1], first_token, None)
+        floors.append((time.perf_counter() - t) * 1e3)
+        runtime.close_run(state)
+        cache.release(lease)
+
+    hf_prefill, hf_decode = [], []
+    ours_decode = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        hf_generate(runtime, prompt, 1)
+        hf_prefill.append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        produced = hf_generate(runtime, prompt, decode_tokens)
+        total = (time.perf_counter() - t) * 1e3
+        hf_decode.append((len(produced) - 1) / ((total - hf_prefill[-1]) / 1e3))
+        budget = SamplingParams(max_tokens=len(produced))
+        _, done = run_to_end(Generation(runtime, None, TurnRequest(messages, budget)))
+        ours_decode.append(done.timings.decode_tokens_per_s)
+
+    hit, miss, floor = _median(hits), _median(misses), _median(floors)
+    return {
+        "model": runtime.name,
+        "turn10_prompt_tokens": len(prompt),
+        "turn10_cached_tokens": cached,
+        "ttft_hit_ms": hit,
+        "ttft_miss_ms": miss,
+        "ttft_floor_ms": floor,
+        "hf_reprefill_ms": _median(hf_prefill),
+        "hit_speedup": miss / hit,
+        "overhead_ratio": hit / floor,
+        "decode_tps": _median(ours_decode),
+        "hf_decode_tps": _median(hf_decode),
+    }
+
+
+TARGETS = {"hit_speedup": (">=", 10.0), "overhead_ratio": ("<=", 1.10)}
+
+
+def main(as_json: bool, model: str = "smollm2") -> int:
+    result = run(model)
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            target = TARGETS.get(key)
+            shown = f"{value:,.3f}" if isinstance(value, float) else str(value)
+            print(f"{key:<24}{shown:>14}  {'' if target is None else ' '.join(map(str, target))}")
+        print(f"{'decode_tps / hf_decode_tps':<24}{result['decode_tps'] / result['hf_decode_tps']:>14.3f}  >= 1.5")
+    return 0
