@@ -3,6 +3,8 @@
 EngineError
 ├── InvalidSamplingError   a sampling setting out of range (``.field`` names it)
 ├── ContextOverflowError   the prompt does not fit the model's context window (raised before any compute)
+├── UnsupportedMediaError  a media part for a model without that modality (``.item`` names it)
+├── InvalidMediaError      a media part that is corrupt, mislabeled, unsupported or too large (``.item``)
 └── EngineClosedError      the engine was shut down
 """
 
@@ -48,3 +50,16 @@ class UnsupportedMediaError(EngineError, ValueError):
         super().__init__(f"{item}: the model {model!r} does not accept {kind} input")
         self.item = item
         self.kind = kind
+
+
+class InvalidMediaError(EngineError, ValueError):
+    """A media part that cannot be used: not a data URL, bad base64, corrupt, unsupported or over a limit.
+
+    ``.item`` names it (e.g. "messages[1].content[0]"); the message says what is wrong in words a user can act on.
+    """
+
+    code = "invalid_media"
+
+    def __init__(self, item: str, message: str) -> None:
+        super().__init__(message)
+        self.item = item

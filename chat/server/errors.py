@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cache import CacheError
-from chat.engine.errors import ContextOverflowError, EngineClosedError, InvalidSamplingError, UnsupportedMediaError
+from chat.engine.errors import ContextOverflowError, EngineClosedError, InvalidMediaError, InvalidSamplingError, UnsupportedMediaError
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ TABLE: list[tuple[type[BaseException], Mapping]] = [
     (ContextOverflowError, Mapping(400, "context_overflow", "invalid_request_error")),
     (InvalidSamplingError, Mapping(400, "invalid_sampling", "invalid_request_error")),
     (UnsupportedMediaError, Mapping(400, "invalid_media", "invalid_request_error")),
+    (InvalidMediaError, Mapping(400, "invalid_media", "invalid_request_error")),
     (EngineClosedError, Mapping(503, "unavailable", "server_error")),
     (CacheError, Mapping(500, "internal", "server_error")),
 ]
