@@ -6,7 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cache import CacheError
-from chat.engine.errors import ContextOverflowError, EngineClosedError, InvalidMediaError, InvalidSamplingError, UnsupportedMediaError
+from chat.engine.errors import (
+    ContextOverflowError,
+    EngineClosedError,
+    InvalidMediaError,
+    InvalidSamplingError,
+    UnsupportedMediaError,
+)
 
 
 @dataclass(frozen=True)
