@@ -15,7 +15,16 @@ from cache import PrefixCache
 from chat.engine.generation import Generation, TurnRequest, run_to_end
 from chat.engine.sampling import SamplingParams
 
-TINY_MODELS = ["tiny-llama", "tiny-mistral", "tiny-qwen3next", "tiny-lfm2"]
+TINY_MODELS = [
+    "tiny-llama",
+    "tiny-mistral",
+    "tiny-gemma3",
+    "tiny-qwen3next",
+    "tiny-lfm2",
+    "tiny-falconh1",
+    "tiny-granitemoehybrid",
+    "tiny-zamba2",
+]
 WORDS = "the cat sat on a mat while two dogs ran far away from home and never came back again".split()  # noqa: SIM905
 CONVERSATIONS = 30
 TOLERANCE = 1e-4

@@ -1,0 +1,52 @@
+"""Model adapters: the only package of turncache that imports transformers (and only when a model is loaded).
+
+Public surface::
+
+    load_model(spec, dtype="float32") -> ModelAdapter     # "smollm2", "tiny-<name>", or a model directory
+    ModelAdapter   name, fingerprint, dtype, context_window, eos_token_ids, vocab_size, has_recurrent_state,
+                   render, decode, detokenizer, new_run, forward, snapshot, export, close_run
+    RunState       one generation's live state (``.length``)
+    errors         ModelError and its subclasses (chat.models.errors)
+
+Module map: ``registry`` (specs -> loaders), ``smollm2`` (GGUF -> model directory, once), ``tiny`` +
+``tiny_tokenizer`` (seeded test models), ``families`` (what is served or refused), ``adapter`` (the runtime),
+``hf_cache`` (a transformers Cache over ``kv_rows``' copy-on-write buffers), ``detokenizer``, ``fingerprint``,
+``baseline`` (plain ``generate`` for benchmarks).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from chat.models.errors import (
+    InvalidSettingError,
+    ModelError,
+    ModelLoadError,
+    RunStateError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+)
+from chat.models.registry import load_model
+
+if TYPE_CHECKING:
+    from chat.models.adapter import ModelAdapter, RunState
+
+__all__ = [
+    "InvalidSettingError",
+    "ModelAdapter",
+    "ModelError",
+    "ModelLoadError",
+    "RunState",
+    "RunStateError",
+    "UnknownModelError",
+    "UnsupportedArchitectureError",
+    "load_model",
+]
+
+
+def __getattr__(name: str) -> Any:  # ModelAdapter / RunState pull in torch and transformers: only on demand
+    if name in ("ModelAdapter", "RunState"):
+        from chat.models import adapter
+
+        return getattr(adapter, name)
+    raise AttributeError(f"module 'chat.models' has no attribute {name!r}")

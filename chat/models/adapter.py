@@ -1,0 +1,263 @@
+"""The model adapter: a loaded causal LM and its tokenizer behind the interface the turn engine needs
+(``chat.engine.runtime.ModelRuntime``). No transformers type crosses this boundary: token ids, float32 logits and
+:mod:`cache` layer states go in and out.
+
+One generation::
+
+    run = model.new_run(lease)                  # empty, or the lease's state at lease.length (nothing copied)
+    logits = model.forward(run, prompt[n:])     # [q, vocab] float32; run.length grows by q
+    model.snapshot(run)                         # at each boundary where a cache entry will be stored
+    cache.insert(ns, tokens, model.export(run)) # views of the run's buffers; recurrent snapshots
+    model.close_run(run)                        # drop the run's references
+
+Positions are always explicit (``position_ids = [length, length + q)``). Not thread-safe: one thread drives a model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cache import LayerState, Lease, NormalKV, RecurrentSnapshot, RecurrentState, RotatingKV, Stateless
+from chat.models.detokenizer import IncrementalDetokenizer
+from chat.models.errors import InvalidSettingError, RunStateError
+from chat.models.hf_cache import CacheLayout, RunCache
+
+DEFAULT_ROTATING_MARGIN = 64  # rows kept beyond W - 1 in sliding layers: rewinds of up to this many tokens
+
+
+@dataclass(eq=False)
+class RunState:
+    """One generation's live state. Create with :meth:`ModelAdapter.new_run`; close with ``close_run``."""
+
+    owner: int  # id() of the adapter that made it
+    state: RunCache | None = field(repr=False)  # the transformers cache the model reads and appends to (private to
+    # chat.models); None once closed
+    length: int  # tokens absorbed
+    inherited: dict[int, Mapping[int, tuple[torch.Tensor, ...]]] = field(default_factory=dict)  # slot ->
+    # snapshots at lengths <= the lease's length, from the cache entry (by reference)
+    snapshots: dict[int, dict[int, tuple[torch.Tensor, ...]]] = field(default_factory=dict)  # slot -> length ->
+    # recurrent states recorded by this run
+    broken: bool = False  # a forward failed half-way: the state is inconsistent
+
+
+class ModelAdapter:
+    """A causal LM ready for the turn engine. Build it with :func:`chat.models.load_model`."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str,
+        fingerprint: str,
+        dtype: str,
+        context_window: int,
+        eos_token_ids: set[int],
+        rotating_margin: int = DEFAULT_ROTATING_MARGIN,
+    ) -> None:
+        self._model = model  # a transformers causal LM in eval mode
+        self._tokenizer = tokenizer  # its tokenizer, with a chat template
+        self.name = name  # what /v1/models lists
+        self.fingerprint = fingerprint  # weights + config + tokenizer: the cache namespace's model id
+        self.dtype = dtype  # "float32" | "bfloat16"
+        self.context_window = context_window  # most tokens a sequence may hold
+        self.eos_token_ids = set(eos_token_ids)  # tokens that end a reply
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])  # logits per token
+        self.device = next(model.parameters()).device
+        self._layout = CacheLayout(model.config, max_rows=context_window, margin=rotating_margin)
+        self.has_recurrent_state = self._layout.has_recurrent  # snapshot boundaries matter
+        params = inspect.signature(model.forward).parameters
+        self._logits_to_keep = "logits_to_keep" in params
+        if self.has_recurrent_state:
+            self._learn_recurrent_layout()
+
+    # ================================================================ text
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of ``messages`` (``{"role", "content"}`` with string content) through the chat template.
+
+        Raises:
+            InvalidSettingError: a message is not a role/content pair of strings (``field`` names which).
+        """
+        clean = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+                raise InvalidSettingError(f"messages[{i}].role", "each message needs a string role")
+            if not isinstance(m.get("content"), str):
+                raise InvalidSettingError(f"messages[{i}].content", "content must be a string for this model")
+            clean.append({"role": m["role"], "content": m["content"]})
+        text = self._tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain ``text`` (no chat template, no special tokens added)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids``, special tokens left out."""
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def detokenizer(self) -> IncrementalDetokenizer:
+        """A fresh incremental detokenizer for one reply."""
+        return IncrementalDetokenizer(self.decode)
+
+    # ================================================================ runs
+
+    def new_run(self, lease: Lease | None = None) -> RunState:
+        """A run that is empty, or holds ``lease``'s state at ``lease.length``.
+
+        Attention K/V are adopted by reference; the run copies them only if it must append where another run
+        already did (see :mod:`chat.models.kv_rows`). Keep the lease until the run is closed.
+
+        Raises:
+            RunStateError: the lease's layers do not fit this model.
+        """
+        cache = self._layout.new_cache()
+        run = RunState(owner=id(self), state=cache, length=0)
+        if lease is None:
+            return run
+        slots = self._layout.slots
+        if len(lease.layers) != len(slots):
+            raise RunStateError(f"the lease has {len(lease.layers)} layer states; {self.name} has {len(slots)} slots")
+        for index, (slot, state) in enumerate(zip(slots, lease.layers, strict=True)):
+            try:
+                self._restore_slot(cache, index, slot, state, lease.length)
+            except (TypeError, ValueError) as exc:
+                raise RunStateError(f"slot {index} (layer {slot.layer}, {slot.kind}): {exc}") from exc
+            inherited = lease.snapshots_upto[index] if index < len(lease.snapshots_upto) else None
+            if slot.kind == "recurrent" and inherited:
+                run.inherited[index] = inherited
+        run.length = lease.length
+        return run
+
+    def forward(self, run: RunState, token_ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        """Logits ``[q, vocab]`` (float32) for ``token_ids`` appended to ``run`` (``[1, vocab]`` with
+        ``last_only``, which skips the output projection of the other tokens); advances ``run.length`` by q.
+
+        Raises:
+            RunStateError: the run is closed, broken, from another model, or would outgrow the context window.
+            InvalidSettingError: a token id outside the vocabulary.
+        """
+        cache = self._live(run)
+        q = len(token_ids)
+        if q == 0:
+            raise InvalidSettingError("token_ids", "at least one token is needed")
+        if run.length + q > self.context_window:
+            raise RunStateError(f"{run.length} + {q} tokens exceed the context window of {self.context_window} tokens")
+        ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=self.device).unsqueeze(0)  # [1, q]
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise InvalidSettingError("token_ids", f"token ids must be in [0, {self.vocab_size})")
+        positions = torch.arange(run.length, run.length + q, device=self.device).unsqueeze(0)  # [1, q]
+        kwargs: dict[str, Any] = {}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1 if last_only else 0
+        try:
+            with torch.inference_mode():
+                out = self._model(
+                    input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, **kwargs
+                )
+        except BaseException:
+            run.broken = True
+            raise
+        run.length += q
+        logits = out.logits[0]  # [q or 1, vocab]
+        if last_only:
+            logits = logits[-1:]
+        return logits.float()
+
+    def snapshot(self, run: RunState) -> None:
+        """Record the recurrent layers' state at ``run.length`` (a copy), so that :meth:`export` includes it.
+        A no-op for models without recurrent layers, or before the first token."""
+        cache = self._live(run)
+        if not self.has_recurrent_state or run.length == 0:
+            return
+        with torch.inference_mode():
+            for index, slot in enumerate(self._layout.slots):
+                if slot.kind == "recurrent":
+                    run.snapshots.setdefault(index, {})[run.length] = self._layout.take_state(cache, slot.layer)
+
+    def export(self, run: RunState) -> list[LayerState]:
+        """The run's state at ``run.length`` as cache layer states, one per slot.
+
+        Attention K/V are views of the run's buffers (no copy); sliding layers keep up to W - 1 + margin rows.
+        Recurrent layers carry every snapshot inherited from the lease plus those this run recorded; a snapshot at
+        the current length is taken first if missing.
+
+        Raises:
+            RunStateError: the run is closed, broken or empty.
+        """
+        cache = self._live(run)
+        if run.length == 0:
+            raise RunStateError("nothing to export: the run has absorbed no tokens")
+        if self._missing_snapshot(run):
+            self.snapshot(run)
+        out: list[LayerState] = []
+        for index, slot in enumerate(self._layout.slots):
+            if slot.kind in ("kv", "rotating"):
+                out.append(cache.layers[slot.layer].rows.export())
+            elif slot.kind == "recurrent":
+                merged = dict(run.inherited.get(index, {}))
+                merged.update(run.snapshots.get(index, {}))
+                out.append(RecurrentState(merged))
+            else:
+                out.append(Stateless())
+        return out
+
+    def close_run(self, run: RunState) -> None:
+        """The run is finished: drop its references (cache entries keep the rows they hold views of)."""
+        run.state = None
+        run.inherited.clear()
+        run.snapshots.clear()
+
+    def buffer_copies(self, run: RunState) -> int:
+        """How many times the run's attention layers had to copy rows into a fresh buffer (for tests, benches)."""
+        cache = self._live(run)
+        return sum(layer.rows.copies for layer in cache.layers if hasattr(layer, "rows"))
+
+    # ================================================================ internals
+
+    def _live(self, run: RunState) -> RunCache:
+        if not isinstance(run, RunState) or run.owner != id(self):
+            raise RunStateError(f"this run was not made by the adapter of {self.name}")
+        if run.state is None:
+            raise RunStateError("this run is closed")
+        if run.broken:
+            raise RunStateError("a forward failed on this run; its state is inconsistent, start a new one")
+        return run.state
+
+    def _missing_snapshot(self, run: RunState) -> bool:
+        """True if some recurrent slot has no snapshot at the run's current length."""
+        return any(
+            run.length not in run.snapshots.get(i, {}) and run.length not in run.inherited.get(i, {})
+            for i, slot in enumerate(self._layout.slots)
+            if slot.kind == "recurrent"
+        )
+
+    def _restore_slot(self, cache: RunCache, index: int, slot: Any, state: Any, length: int) -> None:
+        if slot.kind in ("kv", "rotating"):
+            want = NormalKV if slot.kind == "kv" else RotatingKV
+            if not isinstance(state, want):
+                raise TypeError(f"expected {want.__name__}, got {type(state).__name__}")
+            rows = cache.layers[slot.layer].rows
+            rows.restore(state)
+            if rows.seen != length:
+                raise ValueError(f"holds {rows.seen} tokens, the lease {length}")
+        elif slot.kind == "recurrent":
+            if not isinstance(state, RecurrentSnapshot) or state.length != length:
+                raise TypeError(f"expected a RecurrentSnapshot at {length}, got {state!r}")
+            self._layout.put_state(cache, slot.layer, state.tensors)
+        elif not isinstance(state, Stateless):
+            raise TypeError(f"expected Stateless, got {type(state).__name__}")
+
+    def _learn_recurrent_layout(self) -> None:
+        """Run one token through a scratch cache to see which conv / recurrent states each layer keeps."""
+        cache = self._layout.new_cache()
+        ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            self._model(input_ids=ids, position_ids=ids, past_key_values=cache, use_cache=True)
+        self._layout.learn_recurrent(cache)

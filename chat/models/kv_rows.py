@@ -1,0 +1,188 @@
+"""Preallocated, copy-on-write K/V rows for one attention layer of one run (pure torch, no transformers).
+
+A *buffer* is a pair of base tensors ``keys [B, H, capacity, Dk]`` and ``values [B, H, capacity, Dv]`` plus a
+:class:`_Mark` whose ``filled`` says how many rows have been written. The one rule that makes sharing safe:
+
+    rows below ``filled`` are never written again.
+
+Cache entries hold views of rows below ``filled`` (what :meth:`AttentionRows.export` returns), so they never change.
+A run appends in place only while it sits at the tip of its buffer (its last row is row ``filled - 1``) and the
+buffer has room; otherwise it first copies the rows it still needs into a fresh buffer of its own. Hence:
+
+- restoring is free: a run adopts the lease's views by reference (:meth:`AttentionRows.restore` never copies);
+- a run restored at exactly the length that an earlier run exported, with nobody having written past it since,
+  appends in place into the same buffer (the common case: the next turn of a conversation);
+- two runs restored from one entry: the first to append takes the tip, the second copies at its first append.
+
+Views keep their base tensor alive (``view._base``), and the mark is an attribute of that base, so a run can tell
+a view of one of our buffers (and where it sits) from any other tensor. Buffers are allocated outside inference
+mode for that reason: views of inference tensors do not record their base.
+
+Full attention (``window=None``): position ``p`` sits at row ``row0 + p``. Sliding window ``W``: the run holds
+positions ``[first, seen)``; when it must reallocate it keeps only the last ``keep`` (= ``W - 1`` + a margin) rows.
+Not thread-safe: one thread drives all runs of a model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cache import NormalKV, RotatingKV
+
+ROW_ALIGN = 256  # buffer capacities are multiples of this
+_MARK_ATTR = "_turncache_mark"
+
+
+class _Mark:
+    """Shared by the two base tensors of one buffer."""
+
+    __slots__ = ("filled",)
+
+    def __init__(self, filled: int) -> None:
+        self.filled = filled  # rows [0, filled) are written and immutable
+
+
+def _round_up(n: int, to: int = ROW_ALIGN) -> int:
+    return -(-n // to) * to
+
+
+def _alloc(like_k: torch.Tensor, like_v: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor, _Mark]:
+    """A new buffer shaped like ``like_k`` / ``like_v`` with ``capacity`` rows, nothing written yet."""
+    with torch.inference_mode(False):  # so that views record their base (see module docstring)
+        keys = torch.empty((*like_k.shape[:-2], capacity, like_k.shape[-1]), dtype=like_k.dtype, device=like_k.device)
+        values = torch.empty((*like_v.shape[:-2], capacity, like_v.shape[-1]), dtype=like_v.dtype, device=like_v.device)
+    mark = _Mark(0)
+    setattr(keys, _MARK_ATTR, mark)
+    setattr(values, _MARK_ATTR, mark)
+    return keys, values, mark
+
+
+def _row_of(view: torch.Tensor, base: torch.Tensor) -> int | None:
+    """The row of ``base`` where ``view`` starts, if ``view`` is a whole-row range of ``base``."""
+    if view.stride() != base.stride() or view.shape[:-2] != base.shape[:-2] or view.shape[-1] != base.shape[-1]:
+        return None
+    delta = view.storage_offset() - base.storage_offset()
+    step = base.stride(-2)
+    if step <= 0 or delta < 0 or delta % step:
+        return None
+    row = delta // step
+    return row if row + view.shape[-2] <= base.shape[-2] else None
+
+
+def locate(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _Mark, int] | None:
+    """``(base_keys, base_values, mark, row)`` if the views lie at the same rows of one of our buffers, else None."""
+    base_k, base_v = keys._base, values._base
+    if base_k is None or base_v is None:
+        return None
+    mark = getattr(base_k, _MARK_ATTR, None)
+    if mark is None or getattr(base_v, _MARK_ATTR, None) is not mark:
+        return None
+    row = _row_of(keys, base_k)
+    if row is None or _row_of(values, base_v) != row:
+        return None
+    return base_k, base_v, mark, row
+
+
+class AttentionRows:
+    """One run's K/V for one attention layer: positions ``[first, seen)`` at rows ``[row0, row0 + held)``."""
+
+    def __init__(self, window: int | None, keep: int, max_rows: int) -> None:
+        if window is not None and keep < window - 1:
+            raise ValueError(f"keep ({keep}) must be at least window - 1 ({window - 1})")
+        self.window = window  # None: full attention; W: a query sees itself and the W - 1 positions before it
+        self.keep = keep  # sliding only: rows exported, and kept when reallocating (W - 1 + margin)
+        self.max_rows = max_rows  # full only: capacity is not grown past this (the context window) unless needed
+        self.keys: torch.Tensor | None = None  # base tensor [B, H, capacity, Dk], or a foreign view (mark None)
+        self.values: torch.Tensor | None = None  # base tensor [B, H, capacity, Dv], same rows as keys
+        self.mark: _Mark | None = None  # the buffer's mark; None while holding foreign views
+        self.row0 = 0  # row of position `first`
+        self.first = 0  # oldest position held
+        self.seen = 0  # positions absorbed (the layer's length)
+        self.copies = 0  # reallocations (with a copy of held rows) so far, for tests and benchmarks
+
+    @property
+    def held(self) -> int:
+        return self.seen - self.first
+
+    def at_tip(self) -> bool:
+        """True when appending in place cannot touch a row that anyone else may see."""
+        return self.mark is not None and self.mark.filled == self.row0 + self.held
+
+    # ---------------------------------------------------------------- the model's side
+
+    def mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)`` of what :meth:`append` will return for ``query_length`` new tokens."""
+        if self.window is None:
+            return self.seen + query_length, 0
+        visible = min(self.seen, self.window - 1)
+        return visible + query_length, self.seen - visible
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Absorb new K/V ``[B, H, q, D]``; return what attention must see, as views ``[B, H, kv_length, D]``."""
+        q = keys.shape[-2]
+        visible = self.seen if self.window is None else min(self.seen, self.window - 1)
+        if self.keys is None or not self.at_tip() or self.row0 + self.held + q > self.keys.shape[-2]:
+            self._reallocate(keys, values, q)
+        assert self.keys is not None and self.values is not None and self.mark is not None
+        end = self.row0 + self.held
+        self.keys[..., end : end + q, :].copy_(keys)
+        self.values[..., end : end + q, :].copy_(values)
+        self.mark.filled = end + q
+        self.seen += q
+        lo = end - visible
+        return self.keys[..., lo : end + q, :], self.values[..., lo : end + q, :]
+
+    # ---------------------------------------------------------------- the cache's side
+
+    def export(self) -> NormalKV | RotatingKV:
+        """Views of the rows at the current length (no copy). Sliding layers give up to ``keep`` rows."""
+        if self.keys is None or self.values is None:
+            raise ValueError("nothing to export: the layer has absorbed no tokens")
+        hi = self.row0 + self.held
+        if self.window is None:
+            return NormalKV(self.keys[..., self.row0 : hi, :], self.values[..., self.row0 : hi, :])
+        lo = hi - min(self.held, self.keep)
+        return RotatingKV(self.keys[..., lo:hi, :], self.values[..., lo:hi, :], self.window, self.seen)
+
+    def restore(self, state: NormalKV | RotatingKV) -> None:
+        """Take over a lease's K/V by reference. Nothing is copied here; :meth:`append` copies if it must."""
+        if self.window is None:
+            if not isinstance(state, NormalKV):
+                raise TypeError(f"a full-attention layer cannot restore a {type(state).__name__}")
+            seen = state.length
+        else:
+            if not isinstance(state, RotatingKV) or state.window != self.window:
+                raise TypeError(f"a sliding layer of window {self.window} cannot restore {state!r}")
+            seen = state.seen
+        rows = state.keys.shape[-2]
+        found = locate(state.keys, state.values)
+        if found is not None:
+            self.keys, self.values, self.mark, self.row0 = found
+        else:
+            self.keys, self.values, self.mark, self.row0 = state.keys, state.values, None, 0
+        self.first = seen - rows
+        self.seen = seen
+
+    # ---------------------------------------------------------------- helpers
+
+    def _reallocate(self, keys: torch.Tensor, values: torch.Tensor, q: int) -> None:
+        """Move the rows still needed into a fresh buffer with room for ``q`` more rows (and then some)."""
+        held = self.held
+        if self.window is None:
+            take = held
+            need = take + q
+            capacity = max(need, min(self.max_rows, _round_up(need + max(64, need // 4))))
+        else:
+            take = min(held, self.keep)
+            capacity = _round_up(take + q + max(self.keep, 64))
+        new_k, new_v, mark = _alloc(keys, values, capacity)
+        if take:
+            assert self.keys is not None and self.values is not None
+            src = self.row0 + held - take
+            new_k[..., :take, :].copy_(self.keys[..., src : src + take, :])
+            new_v[..., :take, :].copy_(self.values[..., src : src + take, :])
+            self.copies += 1
+        mark.filled = take
+        self.keys, self.values, self.mark = new_k, new_v, mark
+        self.row0 = 0
+        self.first = self.seen - take

@@ -1,0 +1,151 @@
+"""``load_model(spec, dtype)``: the one entry point that turns a model name or directory into a :class:`ModelAdapter`.
+
+Specs::
+
+    "smollm2"          the built-in default: SmolLM2-135M-Instruct (converted once from the bundled GGUF)
+    "tiny-<name>"      a tiny seeded random model (chat.models.tiny.TINY), for tests
+    "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer with a chat template
+
+Nothing is ever downloaded: transformers runs with ``HF_HUB_OFFLINE=1`` and ``local_files_only``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from chat.models import smollm2
+from chat.models.errors import InvalidSettingError, ModelLoadError, UnknownModelError
+from chat.models.families import check_config
+
+DTYPES = ("float32", "bfloat16")
+DEFAULT_CONTEXT = 4096  # when a config names no maximum
+
+
+def model_choices() -> list[str]:
+    from chat.models.tiny import tiny_names
+
+    return [smollm2.NAME, *tiny_names()]
+
+
+def load_model(spec: str, dtype: str = "float32") -> Any:
+    """Load ``spec`` in ``dtype`` and return a ready :class:`chat.models.adapter.ModelAdapter`.
+
+    Raises:
+        InvalidSettingError: ``dtype`` is not "float32" or "bfloat16" (``field == "dtype"``).
+        UnknownModelError: ``spec`` is no built-in name, no tiny model and no directory.
+        UnsupportedArchitectureError: the model family is refused (checked from the config, before weights load).
+        ModelLoadError: files are missing or unreadable, or the tokenizer has no chat template.
+    """
+    torch_dtype = parse_dtype(dtype)
+    if not isinstance(spec, str) or not spec.strip():
+        raise UnknownModelError(repr(spec), model_choices())
+    spec = spec.strip()
+    _offline()
+    if spec == smollm2.NAME:
+        return load_directory(smollm2.ensure_converted(), dtype, name=smollm2.NAME, torch_dtype=torch_dtype)
+    if spec.startswith("tiny-"):
+        return load_tiny(spec.removeprefix("tiny-"), dtype, torch_dtype)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return load_directory(path, dtype, name=path.resolve().name, torch_dtype=torch_dtype)
+    raise UnknownModelError(spec, model_choices())
+
+
+def parse_dtype(dtype: str) -> Any:
+    import torch
+
+    if dtype not in DTYPES:
+        raise InvalidSettingError("dtype", f"{dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    return getattr(torch, dtype)
+
+
+def load_directory(path: Path, dtype: str, *, name: str, torch_dtype: Any) -> Any:
+    """A model directory -> adapter. The config is checked before any weights are read."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from chat.models.adapter import ModelAdapter
+    from chat.models.fingerprint import model_fingerprint, weight_files_digest
+
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} is not a Hugging Face model directory: it has no config.json")
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot read the config in {path}: {exc}") from exc
+    check_config(config)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
+    _require_chat_template(tokenizer, path)
+    model.eval()
+    return ModelAdapter(
+        model,
+        tokenizer,
+        name=name,
+        fingerprint=model_fingerprint(name, model.config, tokenizer, weight_files_digest(path)),
+        dtype=dtype,
+        context_window=_context_window(model.config, tokenizer),
+        eos_token_ids=_eos_ids(model, tokenizer),
+    )
+
+
+def load_tiny(name: str, dtype: str, torch_dtype: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    from chat.models.adapter import ModelAdapter
+    from chat.models.fingerprint import model_fingerprint, tensors_digest
+    from chat.models.tiny import TINY, TINY_REFUSED, build_tiny_model, tiny_config
+    from chat.models.tiny_tokenizer import ASSET_DIR
+
+    if name not in TINY and name not in TINY_REFUSED:
+        raise UnknownModelError(f"tiny-{name}", model_choices())
+    tokenizer = AutoTokenizer.from_pretrained(str(ASSET_DIR), local_files_only=True)
+    special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
+    config = tiny_config(name, len(tokenizer), special)
+    check_config(config)  # refused families stop here
+    model = build_tiny_model(config, torch_dtype)
+    full = f"tiny-{name}"
+    return ModelAdapter(
+        model,
+        tokenizer,
+        name=full,
+        fingerprint=model_fingerprint(full, model.config, tokenizer, tensors_digest(model.state_dict().items())),
+        dtype=dtype,
+        context_window=_context_window(model.config, tokenizer),
+        eos_token_ids=_eos_ids(model, tokenizer),
+    )
+
+
+# ==================================================================== helpers
+
+
+def _offline() -> None:
+    """Never reach the Hugging Face Hub (read by huggingface_hub when first imported, hence before transformers)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def _require_chat_template(tokenizer: Any, path: Path) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(f"the tokenizer in {path} has no chat template; a chat model needs one")
+
+
+def _context_window(config: Any, tokenizer: Any) -> int:
+    text = config.get_text_config(decoder=True)
+    for value in (getattr(text, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)):
+        if isinstance(value, int) and 0 < value < 10_000_000:
+            return value
+    return DEFAULT_CONTEXT
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids

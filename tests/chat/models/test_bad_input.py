@@ -1,0 +1,120 @@
+"""Everything the adapter refuses, it refuses with a typed error that says what is accepted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cache import Namespace, PrefixCache
+from chat.models import (
+    InvalidSettingError,
+    ModelError,
+    ModelLoadError,
+    RunStateError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+    load_model,
+)
+from tests.chat.models.helpers import random_tokens, store, tiny
+
+
+@pytest.mark.parametrize("spec", ["gpt-17", "tiny-nope", "", "/no/such/dir"])
+def test_unknown_specs_name_the_choices(spec):
+    with pytest.raises(UnknownModelError) as info:
+        load_model(spec)
+    message = str(info.value)
+    assert "smollm2" in message and "tiny-llama" in message and "tiny-qwen3next" in message
+    assert isinstance(info.value, ModelError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("spec", "family"),
+    [
+        ("tiny-mamba", "mamba"),
+        ("tiny-falconmamba", "falcon_mamba"),
+        ("tiny-jamba", "jamba"),
+        ("tiny-recurrentgemma", "recurrent_gemma"),
+        ("tiny-mamba2", "mamba2"),
+    ],
+)
+def test_refused_families_say_why_and_what_is_supported(spec, family):
+    with pytest.raises(UnsupportedArchitectureError) as info:
+        load_model(spec)
+    assert info.value.architecture == family
+    assert "llama" in info.value.supported and "qwen3_next" in info.value.supported
+    assert family in str(info.value) and "Supported families" in str(info.value)
+
+
+def test_a_refused_directory_is_refused_before_weights_are_read(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba", "vocab_size": 100}))
+    with pytest.raises(UnsupportedArchitectureError, match="Mamba-1"):
+        load_model(str(tmp_path))
+
+
+def test_a_directory_without_a_config_or_chat_template(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"config\.json"):
+        load_model(str(tmp_path))
+    model = tiny("tiny-llama")
+    model._model.save_pretrained(tmp_path)
+    model._tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    settings.pop("chat_template", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(ModelLoadError, match="chat template"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "fp32", "", None])
+def test_bad_dtype_names_the_field(dtype):
+    with pytest.raises(InvalidSettingError) as info:
+        load_model("tiny-llama", dtype)
+    assert info.value.field == "dtype" and "bfloat16" in str(info.value)
+
+
+def test_runs_refuse_misuse():
+    model = tiny("tiny-llama")
+    run = model.new_run()
+    with pytest.raises(InvalidSettingError, match="token_ids"):
+        model.forward(run, [model.vocab_size])
+    with pytest.raises(InvalidSettingError, match="token_ids"):
+        model.forward(run, [])
+    with pytest.raises(RunStateError, match="no tokens"):
+        model.export(run)
+    model.forward(run, [5, 6])
+    model.close_run(run)
+    with pytest.raises(RunStateError, match="closed"):
+        model.forward(run, [5])
+    with pytest.raises(RunStateError, match="not made by"):
+        tiny("tiny-mistral").forward(model.new_run(), [5])
+    with pytest.raises(InvalidSettingError, match=r"messages\[0\]\.content"):
+        model.render([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+
+
+def test_a_lease_of_another_layout_is_refused():
+    llama, hybrid = tiny("tiny-llama"), tiny("tiny-lfm2")
+    cache = PrefixCache()
+    tokens = random_tokens(llama, 20, seed=1)
+    store(llama, cache, tokens)
+    ns = Namespace(llama.fingerprint, llama.dtype)
+    lease = cache.acquire(cache.lookup(ns, [*tokens, 3]), ns)
+    with pytest.raises(RunStateError):
+        hybrid.new_run(lease)
+    cache.release(lease)
+
+
+def test_a_forward_past_the_context_window_is_refused():
+    model = tiny("tiny-llama")
+    run = model.new_run()
+    with pytest.raises(RunStateError, match="context window"):
+        model.forward(run, [5] * (model.context_window + 1))
+
+
+def test_every_supported_family_has_its_tiny_model():
+    from chat.models.families import SUPPORTED
+    from chat.models.tiny import tiny_names
+
+    assert sorted(name for name, _ in SUPPORTED.values()) == sorted(tiny_names())
+    for model_type, (name, _) in SUPPORTED.items():
+        assert tiny(name)._model.config.model_type == model_type
