@@ -6,8 +6,10 @@ A subcommand that is not built yet says so on stderr and exits with status 2; it
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 NOT_BUILT = 2
 
@@ -89,6 +91,24 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from chat.evaluation import EvalOptions, main
+
+    out = args.out or Path(f"{args.dataset.stem}.{args.mode}.results.jsonl")
+    options = EvalOptions(
+        dataset=args.dataset,
+        url=args.url,
+        out=out,
+        mode=args.mode,
+        concurrency=args.concurrency,
+        token=args.token or None,
+        timeout=args.timeout,
+        retry_errors=args.retry_errors,
+        progress=not args.no_progress,
+    )
+    return main(options, as_json=args.json)
+
+
 def _bench_cache(args: argparse.Namespace) -> int:
     from chat.bench.cache_bench import main
 
@@ -136,8 +156,28 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", help="system prompt")
     chat.set_defaults(run=_chat)
 
-    evaluate = sub.add_parser("eval", help="run a JSONL dataset of conversations against a server [not built yet]")
-    evaluate.set_defaults(run=_not_built("the eval runner (`turncache eval`)"))
+    evaluate = sub.add_parser(
+        "eval",
+        help="run a JSONL dataset of conversations against a server",
+        description="Send each conversation's user turns one by one, write per-turn results as JSONL and print a "
+        "summary. Re-running with the same --out resumes. Format: docs/eval.md.",
+    )
+    evaluate.add_argument("dataset", type=Path, metavar="DATASET.jsonl", help="one conversation per line")
+    evaluate.add_argument("--url", default="ws://127.0.0.1:8000/v1/ws", help="the server's WebSocket (%(default)s)")
+    evaluate.add_argument("--concurrency", type=int, default=4, help="conversations in flight (%(default)s)")
+    evaluate.add_argument(
+        "--mode",
+        choices=["stateful", "stateless"],
+        default="stateful",
+        help="a session per conversation, or completion.create with the whole history (%(default)s)",
+    )
+    evaluate.add_argument("--out", type=Path, help="results JSONL (default: ./<dataset>.<mode>.results.jsonl)")
+    evaluate.add_argument("--token", default=os.environ.get("TURNCACHE_AUTH_TOKEN"), help="bearer token")
+    evaluate.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each server event")
+    evaluate.add_argument("--retry-errors", action="store_true", help="also redo finished conversations with errors")
+    evaluate.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    evaluate.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    evaluate.set_defaults(run=_eval)
 
     bench = sub.add_parser("bench", help="benchmarks that print measured figures")
     bench_sub = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")

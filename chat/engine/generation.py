@@ -195,9 +195,9 @@ class Generation:
                 marks.add(len(system))
         return sorted(m for m in marks if m > self.cached_tokens)
 
-    def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
+    def _forward(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         assert self._run is not None
-        logits = self.runtime.forward(self._run, tokens)  # [len(tokens), vocab]
+        logits = self.runtime.forward(self._run, tokens, last_only=last_only)  # [len(tokens) or 1, vocab]
         self._fed.extend(tokens)
         return logits
 
@@ -205,7 +205,7 @@ class Generation:
         target = self._boundaries[0]
         chunk = self.prompt[len(self._fed) : min(target, len(self._fed) + PREFILL_CHUNK)]
         t = time.perf_counter()
-        logits = self._forward(chunk)
+        logits = self._forward(chunk, last_only=not self._record)  # only the last row is sampled from
         self._clock.prefill_s += time.perf_counter() - t
         if self._record:
             self.prefill_logits = logits if self.prefill_logits is None else torch.cat([self.prefill_logits, logits])

@@ -46,8 +46,9 @@ class ModelRuntime(Protocol):
 
     def new_run(self, lease: Lease | None = None) -> Run: ...
 
-    def forward(self, run: Run, token_ids: Sequence[int]) -> torch.Tensor:
-        """Logits ``[len(token_ids), vocab]`` (float32) for ``token_ids`` appended to ``run``; advances it."""
+    def forward(self, run: Run, token_ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        """Logits ``[len(token_ids), vocab]`` (float32) for ``token_ids`` appended to ``run``, or ``[1, vocab]`` for
+        the last token only with ``last_only`` (skips the output projection of the others); advances ``run``."""
         ...
 
     def snapshot(self, run: Run) -> None:

@@ -113,7 +113,7 @@ class FakeRuntime:
         reply = self.script(tokens[: start + 1]).encode()
         return reply[len(written)] if len(written) < len(reply) else END
 
-    def forward(self, run: FakeRun, token_ids: Sequence[int]) -> torch.Tensor:
+    def forward(self, run: FakeRun, token_ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         logits = torch.zeros(len(token_ids), VOCAB)
         for i, t in enumerate(token_ids):
             run.tokens.append(int(t))
@@ -121,7 +121,7 @@ class FakeRuntime:
         self.forwarded += len(token_ids)
         if self.delay_s:
             time.sleep(self.delay_s)
-        return logits
+        return logits[-1:] if last_only else logits
 
     def _state(self, tokens: list[int]) -> torch.Tensor:
         state = torch.zeros(1, MAX_LEN + 1)

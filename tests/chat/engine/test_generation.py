@@ -159,7 +159,7 @@ def test_a_failing_model_reports_an_error_and_gives_everything_back():
     rt, cache = FakeRuntime(), PrefixCache()
     turn(rt, cache, [{"role": "user", "content": "warm"}])
 
-    def broken(run, token_ids):
+    def broken(run, token_ids, last_only=False):
         raise RuntimeError("out of memory")
 
     rt.forward = broken
