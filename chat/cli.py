@@ -1,25 +1,14 @@
 """The `turncache` command: serve, chat, eval, bench.
 
-A subcommand that is not built yet says so on stderr and exits with status 2; it never prints made-up output.
+Benchmarks print figures measured in the run that prints them; nothing is made up or cached.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-
-NOT_BUILT = 2
-
-
-def _not_built(what: str) -> Callable[[argparse.Namespace], int]:
-    def run(_args: argparse.Namespace) -> int:
-        print(f"turncache: {what} is not built yet.", file=sys.stderr)
-        return NOT_BUILT
-
-    return run
 
 
 def _settings(args: argparse.Namespace):

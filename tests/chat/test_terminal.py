@@ -11,8 +11,9 @@ def test_terminal_chat_prints_cached_tokens_ttft_and_speed_per_turn():
     stdin = io.StringIO("hello\nand more\n/regen\n/reset\nfresh\n/quit\n")
     stdout = io.StringIO()
     assert chat_loop(FakeRuntime(), PrefixCache(), SamplingParams(), system="be brief", stdin=stdin, stdout=stdout) == 0
-    stats = re.findall(r"\[([\d,]+) of ([\d,]+) prompt tokens cached · first token [\d.]+ s · [\d.]+ tok/s · stop\]",
-                       stdout.getvalue())
+    stats = re.findall(
+        r"\[([\d,]+) of ([\d,]+) prompt tokens cached · first token [\d.]+ s · [\d.]+ tok/s · stop\]", stdout.getvalue()
+    )
     cached = [int(c.replace(",", "")) for c, _ in stats]
     prompts = [int(p.replace(",", "")) for _, p in stats]
     assert len(stats) == 4
