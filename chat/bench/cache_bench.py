@@ -17,7 +17,6 @@ Figures (all from this run, side by side):
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -28,6 +27,7 @@ import torch
 
 from cache import DEVICE, Namespace, NormalKV, PrefixCache
 from cache.radix import _common_prefix
+from chat.bench.report import emit
 
 NS = Namespace("bench", "float32")
 VOCAB = 49_152
@@ -218,17 +218,8 @@ TARGETS = {
 }
 
 
-def format_table(result: dict[str, float]) -> str:
-    lines = [f"{'figure':<28}{'value':>14}  target"]
-    for key, value in result.items():
-        target = TARGETS.get(key)
-        shown = f"{value:,.4f}" if isinstance(value, float) else f"{value:,}"
-        lines.append(f"{key:<28}{shown:>14}  {'' if target is None else ' '.join(map(str, target))}")
-    return "\n".join(lines)
-
-
 def main(as_json: bool, entries: int | None = None) -> int:
     cfg = CacheBenchConfig() if entries is None else CacheBenchConfig(entries=entries)
     result = run(cfg)
-    print(json.dumps(result) if as_json else format_table(result))
+    emit(result, TARGETS, as_json)
     return 0

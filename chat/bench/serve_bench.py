@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from websockets.asyncio.client import connect
 
+from chat.bench.report import emit
+
 QUESTIONS = [
     "What is a good name for a cat?",
     "Name a color of the sky.",
@@ -182,12 +184,5 @@ TARGETS = {"errors": ("==", 0), "cached_ratio": (">=", 0.8), "ttft_contended_rat
 
 
 def main(as_json: bool, model: str = "smollm2") -> int:
-    result = run(model)
-    if as_json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            target = TARGETS.get(key)
-            shown = f"{value:,.3f}" if isinstance(value, float) else str(value)
-            print(f"{key:<24}{shown:>14}  {'' if target is None else ' '.join(map(str, target))}")
+    emit(run(model), TARGETS, as_json)
     return 0
