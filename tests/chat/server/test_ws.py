@@ -269,3 +269,33 @@ def test_a_client_that_vanishes_mid_stream_stops_its_generation():
         assert engine.cache_stats().in_use == 0
         assert engine.runtime.open_runs == 0
     engine.close()
+
+
+def test_a_real_tiny_model_over_the_socket_gives_the_same_replies_with_and_without_the_cache():
+    from cache import PrefixCache
+    from chat.engine.engine import Engine
+    from chat.models import load_model
+    from chat.server.app import create_app
+    from chat.server.runner import BackgroundServer
+    from chat.server.settings import ServerSettings
+
+    runtime = load_model("tiny-qwen3next")  # hybrid: recurrent snapshots must line up with the turns
+    runs = []
+    for cache in (PrefixCache(), None):
+        engine = Engine(runtime, cache=cache)
+        with BackgroundServer(create_app(engine, ServerSettings(), model_name=runtime.name)) as srv:
+
+            async def scenario(srv=srv):
+                async with connect(ws_url(srv)) as ws:
+                    c = Client(ws)
+                    await c.send(type="session.create", system="tiny", sampling={"max_tokens": 6})
+                    await c.until("session.created")
+                    return [await c.turn(text) for text in ("one two", "three four", "five six")]
+
+            runs.append(run(scenario()))
+        engine.close()
+    cached, uncached = runs
+    assert [d["text"] for d in cached] == [d["text"] for d in uncached]
+    hits = [d["usage"]["prompt_tokens_details"]["cached_tokens"] for d in cached]
+    assert hits[0] == 0 and 0 < hits[1] < hits[2]
+    assert all(d["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 for d in uncached)
