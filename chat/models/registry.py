@@ -44,11 +44,13 @@ def load_model(spec: str, dtype: str = "float32") -> Any:
     spec = spec.strip()
     _offline()
     if spec == smollm2.NAME:
+        _quiet()
         return load_directory(smollm2.ensure_converted(), dtype, name=smollm2.NAME, torch_dtype=torch_dtype)
     if spec.startswith("tiny-"):
         return load_tiny(spec.removeprefix("tiny-"), dtype, torch_dtype)
     path = Path(spec).expanduser()
     if path.is_dir():
+        _quiet()
         return load_directory(path, dtype, name=path.resolve().name, torch_dtype=torch_dtype)
     raise UnknownModelError(spec, model_choices())
 
@@ -126,6 +128,13 @@ def load_tiny(name: str, dtype: str, torch_dtype: Any) -> Any:
 def _offline() -> None:
     """Never reach the Hugging Face Hub (read by huggingface_hub when first imported, hence before transformers)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def _quiet() -> None:
+    """No per-tensor progress bar on stderr while weights load (a server's log is not a terminal)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _require_chat_template(tokenizer: Any, path: Path) -> None:
