@@ -27,6 +27,7 @@ def _settings(args: argparse.Namespace):
         "auth_token": args.auth_token,
         "allowed_origins": args.allowed_origin or None,
         "prefix_cache": False if args.no_prefix_cache else None,
+        "sessions_db": args.sessions_db,
     }
     try:
         return ServerSettings(**{k: v for k, v in flags.items() if v is not None})
@@ -136,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host-cache-mib", type=int, help="prefix cache budget on the host tier (2048)")
     serve.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' on /v1/* and /metrics")
     serve.add_argument("--allowed-origin", action="append", help="browser origin allowed besides the server's own")
+    serve.add_argument(
+        "--sessions-db",
+        default=os.environ.get("TURNCACHE_SESSIONS_DB")
+        or str(Path(os.environ.get("TURNCACHE_HOME") or "~/.cache/turncache").expanduser() / "sessions.sqlite3"),
+        help="SQLite file where conversations persist across restarts ('' keeps them in memory only; "
+        "default: $TURNCACHE_HOME/sessions.sqlite3, TURNCACHE_HOME defaulting to ~/.cache/turncache)",
+    )
     serve.set_defaults(run=_serve)
 
     chat = sub.add_parser("chat", help="chat in the terminal on the engine, without a server")

@@ -31,6 +31,8 @@ class SessionInfo(WireModel):
     sampling: SamplingSettings  # settings for the next turn
     messages: NonNegative  # messages in the conversation (user and assistant; the system prompt not counted)
     state: Literal["idle", "generating", "closed"]
+    interrupted_turn_id: str | None = None  # a turn that was still generating when the server stopped; it did not
+    # finish and changed nothing. Reported until the session's next turn starts.
 
 
 class PromptTokensDetails(WireModel):

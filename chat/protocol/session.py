@@ -138,6 +138,7 @@ class Session:
         self.messages: list[ConversationMessage] = []  # committed conversation: user, assistant, user, ...
         self.state = SessionState.IDLE
         self._turn: _Turn | None = None  # the turn in progress
+        self.interrupted_turn_id: str | None = None  # set by a persistent store for a turn cut off by a restart
 
     # ---------------------------------------------------------------- reading
 
@@ -154,6 +155,7 @@ class Session:
             sampling=self.sampling,
             messages=len(self.messages),
             state=self.state.value,
+            interrupted_turn_id=self.interrupted_turn_id,
         )
 
     def conversation(self, event: ConversationGet | None = None) -> Conversation:
@@ -344,6 +346,7 @@ class Session:
         )
         self._turn = _Turn(plan, history)
         self.state = SessionState.GENERATING
+        self.interrupted_turn_id = None
         return plan
 
     def _current(self, turn_id: str) -> _Turn:

@@ -23,6 +23,7 @@ from chat.protocol.store import InMemorySessionStore
 from chat.server import openai_api
 from chat.server.errors import RequestError, describe, public_message
 from chat.server.metrics_text import render_metrics
+from chat.server.session_db import SqliteSessionStore
 from chat.server.settings import MiB, ServerSettings
 from chat.server.ws import serve_socket
 
@@ -114,7 +115,10 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str) -> 
             return StreamingResponse(openai_api.stream(engine, turn, model_name), media_type="text/event-stream")
         return await openai_api.complete(engine, turn, model_name)
 
-    store = InMemorySessionStore(max_sessions=settings.max_sessions)
+    if settings.sessions_db:
+        store: InMemorySessionStore = SqliteSessionStore(settings.sessions_db, max_sessions=settings.max_sessions)
+    else:
+        store = InMemorySessionStore(max_sessions=settings.max_sessions)
     app.state.sessions = store
 
     @app.websocket("/v1/ws")

@@ -26,3 +26,6 @@ class ServerSettings(BaseSettings):
     max_body_mib: int = Field(32, ge=1, description="largest HTTP request body, MiB")
     max_ws_frame_mib: int = Field(16, ge=1, description="largest WebSocket message, MiB")
     max_sessions: int = Field(1000, ge=1, description="sessions kept in memory")
+    sessions_db: str | None = Field(
+        None, description="SQLite file where sessions persist across restarts (None or '': memory only)"
+    )
