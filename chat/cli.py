@@ -117,6 +117,12 @@ def _bench_serve(args: argparse.Namespace) -> int:
     return main(as_json=args.json, model=args.model)
 
 
+def _bench_load(args: argparse.Namespace) -> int:
+    from chat.bench.load_bench import main
+
+    return main(as_json=args.json, model=args.model)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="turncache",
@@ -189,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
             _bench_turns,
         ),
         ("serve", "8 concurrent WebSocket sessions x 5 turns on a loopback server", _bench_serve),
+        ("load", "32 concurrent WebSocket sessions x 5 turns: throughput, latency, resident memory", _bench_load),
     ):
         other = bench_sub.add_parser(name, help=what)
         other.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

@@ -1,0 +1,103 @@
+"""`turncache bench load`: 32 concurrent WebSocket sessions x 5 turns against a loopback server, one run.
+
+Keys: ``sessions``, ``turns``, ``errors``, ``turns_per_s`` and ``completion_tokens_per_s`` (throughput over the run),
+``ttft_p50_ms``, ``ttft_p99_ms``, ``rss_before_mib`` (model loaded, server idle), ``rss_peak_mib`` (sampled every
+100 ms during the run), ``rss_after_mib`` (sessions closed), ``cache_bytes_after_mib`` and ``cache_budget_mib``
+(the prefix cache's bytes after the run and its configured budget: after the run the cache must stay within it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from chat.bench.report import emit
+from chat.bench.serve_bench import _pct, _session
+
+MiB = 1024 * 1024
+
+
+def rss_mib() -> float:
+    """Resident memory of this process (the server runs in it), from /proc."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _run(url: str, sessions: int, turns: int, short_tokens: int) -> dict:
+    peak = rss_mib()
+    stop = asyncio.Event()
+
+    async def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, rss_mib())
+            await asyncio.sleep(0.1)
+
+    sampler = asyncio.create_task(sample())
+    t0 = time.perf_counter()
+    results = await asyncio.gather(
+        *(
+            _session(url, turns, long=False, short_tokens=short_tokens, long_tokens=0, offset=i)
+            for i in range(sessions)
+        ),
+        return_exceptions=True,
+    )
+    wall = time.perf_counter() - t0
+    stop.set()
+    await sampler
+    flat = [r for rs in results if not isinstance(rs, BaseException) for r in rs]
+    failed_sessions = sum(1 for rs in results if isinstance(rs, BaseException))
+    ttfts = [r.ttft_ms for r in flat if r.ttft_ms is not None]
+    return {
+        "sessions": sessions,
+        "turns": len(flat),
+        "errors": sum(1 for r in flat if r.error is not None) + failed_sessions * turns,
+        "wall_s": wall,
+        "turns_per_s": len(flat) / wall,
+        "ttft_p50_ms": _pct(ttfts, 0.5) if ttfts else float("nan"),
+        "ttft_p99_ms": _pct(ttfts, 0.99) if ttfts else float("nan"),
+        "rss_peak_mib": peak,
+    }
+
+
+def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 24, cache_mib: int = 256) -> dict:
+    from cache import PrefixCache
+    from chat.engine.engine import Engine
+    from chat.server.app import create_app
+    from chat.server.runner import BackgroundServer
+    from chat.server.settings import ServerSettings
+
+    engine = Engine(runtime, cache=PrefixCache(device_budget_bytes=cache_mib * MiB, host_budget_bytes=0))
+    try:
+        before = rss_mib()
+        tokens_before = engine.metrics.completion_tokens
+        with BackgroundServer(create_app(engine, ServerSettings(), model_name=runtime.name)) as server:
+            url = server.url.replace("http://", "ws://") + "/v1/ws"
+            result = asyncio.run(_run(url, sessions, turns, short_tokens))
+        after = rss_mib()
+        stats = engine.cache_stats()
+        generated = engine.metrics.completion_tokens - tokens_before
+    finally:
+        engine.close()
+    return {
+        "model": runtime.name,
+        **result,
+        "completion_tokens_per_s": generated / result["wall_s"],
+        "rss_before_mib": before,
+        "rss_after_mib": after,
+        "cache_bytes_after_mib": stats.bytes_per_tier["device"] / MiB,
+        "cache_budget_mib": cache_mib,
+    }
+
+
+TARGETS = {"errors": ("==", 0)}
+
+
+def main(as_json: bool, model: str = "smollm2") -> int:
+    from chat.models import load_model
+
+    emit(run_on(load_model(model)), TARGETS, as_json)
+    return 0
