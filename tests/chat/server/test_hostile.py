@@ -102,3 +102,25 @@ def test_a_tenant_never_hits_another_tenants_cached_prefix(server):
 
     assert asyncio.run(over_ws("tenant-c")) == 0
     assert asyncio.run(over_ws("tenant-a")) > 0
+
+
+def test_a_second_tenant_does_the_same_work_as_a_cold_prompt():
+    """Timing cannot leak another tenant's prefix: the model computes exactly what a cold prompt computes."""
+    engine, srv = make_server()
+    prompt = {"messages": [{"role": "user", "content": "a long private prompt " * 30}], "max_tokens": 3}
+    with srv:
+
+        def work(token: str) -> tuple[int, int]:
+            before = engine.runtime.forwarded
+            r = httpx.post(
+                f"{srv.url}/v1/chat/completions", json=prompt, timeout=30, headers={"authorization": f"Bearer {token}"}
+            )
+            return engine.runtime.forwarded - before, r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+        cold = work("tenant-a")
+        other = work("tenant-b")
+        again = work("tenant-a")
+    engine.close()
+    assert cold[1] == other[1] == 0
+    assert other[0] == cold[0]  # the full prompt was computed again, as for a cold prompt
+    assert again[1] > 0 and again[0] < cold[0]  # while the first tenant's own prefix is reused
