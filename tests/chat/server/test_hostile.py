@@ -124,3 +124,37 @@ def test_a_second_tenant_does_the_same_work_as_a_cold_prompt():
     assert cold[1] == other[1] == 0
     assert other[0] == cold[0]  # the full prompt was computed again, as for a cold prompt
     assert again[1] > 0 and again[0] < cold[0]  # while the first tenant's own prefix is reused
+
+
+def test_secrets_never_reach_the_logs(caplog):
+    import logging
+
+    secret = "s3cret-token-value"
+    caplog.set_level(logging.DEBUG)
+    engine, srv = make_server(auth_token=secret)
+
+    def broken(run, token_ids, last_only=False):
+        raise RuntimeError("model failure")
+
+    with srv:
+        ok = {"authorization": f"Bearer {secret}"}
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=ok, timeout=30).status_code == 200
+        engine.runtime.forward = broken  # an internal error is logged with its details
+        assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=ok, timeout=30).status_code == 500
+        httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers={"authorization": "Bearer wrong"})
+
+        async def over_ws():
+            async with connect(ws_url(srv) + f"?token={secret}") as ws:
+                c = Client(ws)
+                await c.send(type="completion.create", messages=body["messages"])
+                await c.until("reply.done")
+
+        asyncio.run(over_ws())
+    engine.close()
+    client_side = ("websockets.client", "httpx", "httpcore")  # this test's own clients log their requests
+    server_log = "\n".join(
+        r.getMessage() + str(r.exc_info or "") for r in caplog.records if not r.name.startswith(client_side)
+    )
+    assert "request failed" in server_log  # the server's log is really captured (the 500 above)
+    assert secret not in server_log
