@@ -1,9 +1,10 @@
 """`turncache bench load`: 32 concurrent WebSocket sessions x 5 turns against a loopback server, one run.
 
 Keys: ``sessions``, ``turns``, ``errors``, ``turns_per_s`` and ``completion_tokens_per_s`` (throughput over the run),
-``ttft_p50_ms``, ``ttft_p99_ms``, ``rss_before_mib`` (model loaded, server idle), ``rss_peak_mib`` (sampled every
-100 ms during the run), ``rss_after_mib`` (sessions closed), ``cache_bytes_after_mib`` and ``cache_budget_mib``
-(the prefix cache's bytes after the run and its configured budget: after the run the cache must stay within it).
+``ttft_p50_ms``, ``ttft_p99_ms``, ``rss_before_mib`` (after a warm-up
+turn, so the weights are resident), ``rss_peak_mib`` (sampled every 100 ms during the run), ``rss_after_mib``
+(sessions closed), ``rss_growth_mib`` (after - before), ``cache_bytes_after_mib`` and ``cache_budget_mib`` (the
+prefix cache's bytes after the run and its configured budget: growth should stay about within the budget).
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 2
     from chat.server.runner import BackgroundServer
     from chat.server.settings import ServerSettings
 
+    from chat.engine.generation import Generation, TurnRequest, run_to_end
+    from chat.engine.sampling import SamplingParams
+
+    # warm up: touch every weight once, so that "before" is the resident size of a serving process
+    run_to_end(
+        Generation(runtime, None, TurnRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=2)))
+    )
     engine = Engine(runtime, cache=PrefixCache(device_budget_bytes=cache_mib * MiB, host_budget_bytes=0))
     try:
         before = rss_mib()
@@ -88,6 +96,7 @@ def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 2
         "completion_tokens_per_s": generated / result["wall_s"],
         "rss_before_mib": before,
         "rss_after_mib": after,
+        "rss_growth_mib": after - before,
         "cache_bytes_after_mib": stats.bytes_per_tier["device"] / MiB,
         "cache_budget_mib": cache_mib,
     }
