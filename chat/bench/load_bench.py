@@ -1,15 +1,17 @@
 """`turncache bench load`: 32 concurrent WebSocket sessions x 5 turns against a loopback server, one run.
 
 Keys: ``sessions``, ``turns``, ``errors``, ``turns_per_s`` and ``completion_tokens_per_s`` (throughput over the run),
-``ttft_p50_ms``, ``ttft_p99_ms``, ``rss_before_mib`` (after a warm-up
-turn, so the weights are resident), ``rss_peak_mib`` (sampled every 100 ms during the run), ``rss_after_mib``
-(sessions closed), ``rss_growth_mib`` (after - before), ``cache_bytes_after_mib`` and ``cache_budget_mib`` (the
+``ttft_p50_ms``, ``ttft_p99_ms``, ``rss_before_mib`` (after a warm-up turn, so the weights are resident),
+``rss_peak_mib`` (sampled every 100 ms during the run), ``rss_after_mib`` (sessions closed, freed heap returned),
+``rss_growth_mib`` (after - before), ``rss_after_second_round_mib`` and ``rss_growth_second_round_mib`` (the same load
+run again: a leak would grow again), ``errors_second_round``, ``cache_bytes_after_mib`` and ``cache_budget_mib`` (the
 prefix cache's bytes after the run and its configured budget: growth should stay about within the budget).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -17,6 +19,17 @@ from chat.bench.report import emit
 from chat.bench.serve_bench import _pct, _session
 
 MiB = 1024 * 1024
+
+
+def settled_rss_mib() -> float:
+    """Resident memory after returning freed heap pages to the system (glibc keeps them otherwise)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_mib()
 
 
 def rss_mib() -> float:
@@ -67,12 +80,11 @@ async def _run(url: str, sessions: int, turns: int, short_tokens: int) -> dict:
 def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 24, cache_mib: int = 256) -> dict:
     from cache import PrefixCache
     from chat.engine.engine import Engine
+    from chat.engine.generation import Generation, TurnRequest, run_to_end
+    from chat.engine.sampling import SamplingParams
     from chat.server.app import create_app
     from chat.server.runner import BackgroundServer
     from chat.server.settings import ServerSettings
-
-    from chat.engine.generation import Generation, TurnRequest, run_to_end
-    from chat.engine.sampling import SamplingParams
 
     # warm up: touch every weight once, so that "before" is the resident size of a serving process
     run_to_end(
@@ -85,7 +97,10 @@ def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 2
         with BackgroundServer(create_app(engine, ServerSettings(), model_name=runtime.name)) as server:
             url = server.url.replace("http://", "ws://") + "/v1/ws"
             result = asyncio.run(_run(url, sessions, turns, short_tokens))
-        after = rss_mib()
+            after = settled_rss_mib()
+            # the same load again: a leak grows once more, a warmed-up allocator does not
+            second = asyncio.run(_run(url, sessions, turns, short_tokens))
+            after_second = settled_rss_mib()
         stats = engine.cache_stats()
         generated = engine.metrics.completion_tokens - tokens_before
     finally:
@@ -97,6 +112,9 @@ def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 2
         "rss_before_mib": before,
         "rss_after_mib": after,
         "rss_growth_mib": after - before,
+        "rss_after_second_round_mib": after_second,
+        "rss_growth_second_round_mib": after_second - after,
+        "errors_second_round": second["errors"],
         "cache_bytes_after_mib": stats.bytes_per_tier["device"] / MiB,
         "cache_budget_mib": cache_mib,
     }
