@@ -98,11 +98,11 @@ def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 2
             url = server.url.replace("http://", "ws://") + "/v1/ws"
             result = asyncio.run(_run(url, sessions, turns, short_tokens))
             after = settled_rss_mib()
+            generated = engine.metrics.completion_tokens - tokens_before  # the first round's tokens only
             # the same load again: a leak grows once more, a warmed-up allocator does not
             second = asyncio.run(_run(url, sessions, turns, short_tokens))
             after_second = settled_rss_mib()
         stats = engine.cache_stats()
-        generated = engine.metrics.completion_tokens - tokens_before
     finally:
         engine.close()
     return {
