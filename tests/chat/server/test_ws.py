@@ -34,6 +34,13 @@ class Client:
             if event["type"] == kind:
                 return event, seen
 
+    async def start_streaming(self, text: str) -> None:
+        """Open a session and start a turn; return once its first delta arrived."""
+        await self.send(type="session.create")
+        await self.until("session.created")
+        await self.send(type="turn.create", content=text)
+        await self.until("reply.delta")
+
     async def turn(self, text: str) -> dict:
         await self.send(type="turn.create", content=text, event_id="t")
         done, seen = await self.until("reply.done")
@@ -95,10 +102,7 @@ def test_cancel_mid_stream_and_busy():
         async def scenario():
             async with connect(ws_url(srv)) as ws:
                 c = Client(ws)
-                await c.send(type="session.create")
-                await c.until("session.created")
-                await c.send(type="turn.create", content="long")
-                await c.until("reply.delta")
+                await c.start_streaming("long")
                 await c.send(type="turn.create", content="another", event_id="b")
                 busy, _ = await c.until("error")
                 assert busy["code"] == "busy" and busy["reply_to"] == "b"
@@ -254,10 +258,7 @@ def test_a_client_that_vanishes_mid_stream_stops_its_generation():
         async def scenario():
             async with connect(ws_url(srv)) as ws:
                 c = Client(ws)
-                await c.send(type="session.create")
-                await c.until("session.created")
-                await c.send(type="turn.create", content="long")
-                await c.until("reply.delta")
+                await c.start_streaming("long")
             for _ in range(300):
                 if engine.metrics.active == 0:
                     return True
