@@ -62,7 +62,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """Pick the next token from ``logits`` ``[vocab]``."""
     if params.temperature == 0.0:
         return int(torch.argmax(logits))
-    scores = logits.float() / params.temperature
+    scores = logits.float()
+    # Shift so the best score is 0 before dividing: a tiny temperature then sends the others to -inf
+    # (a one-hot on the argmax) instead of overflowing every score to inf and softmax to NaN.
+    scores = (scores - scores.max()) / params.temperature
     if params.top_k:
         k = min(params.top_k, scores.numel())
         kth = torch.topk(scores, k).values[-1]
@@ -74,6 +77,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         drop = cumulative - sorted_probs >= params.top_p  # keep the smallest set whose mass reaches top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0.0:
+        return int(torch.argmax(logits))  # degenerate scores (all -inf, NaN): fall back to greedy
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
