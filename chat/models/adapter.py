@@ -152,15 +152,13 @@ class ModelAdapter:
         ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=self.device).unsqueeze(0)  # [1, q]
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             raise InvalidSettingError("token_ids", f"token ids must be in [0, {self.vocab_size})")
-        positions = torch.arange(run.length, run.length + q, device=self.device).unsqueeze(0)  # [1, q]
         kwargs: dict[str, Any] = {}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1 if last_only else 0
         try:
             with torch.inference_mode():
-                out = self._model(
-                    input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, **kwargs
-                )
+                inputs = self._model_inputs(run, ids)
+                out = self._model(**inputs, past_key_values=cache, use_cache=True, **kwargs)
         except BaseException:
             run.broken = True
             raise
@@ -220,6 +218,13 @@ class ModelAdapter:
         return sum(layer.rows.copies for layer in cache.layers if hasattr(layer, "rows"))
 
     # ================================================================ internals
+
+    def _model_inputs(self, run: RunState, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What the model is called with for ``ids`` ``[1, q]`` appended to ``run`` (before ``run.length`` grows).
+        Text models: the ids and 1-D positions ``[length, length + q)``; multimodal adapters override this."""
+        q = ids.shape[1]
+        positions = torch.arange(run.length, run.length + q, device=self.device).unsqueeze(0)  # [1, q]
+        return {"input_ids": ids, "position_ids": positions}
 
     def _live(self, run: RunState) -> RunCache:
         if not isinstance(run, RunState) or run.owner != id(self):
