@@ -93,6 +93,8 @@ class Lease:
     length: int  # tokens the state stands for
     layers: tuple[RestoredLayer, ...]  # one per layer, in the entry's layer order
     extra: Any  # the entry's extras value at ``length``
+    extras_upto: tuple[tuple[int, Any], ...]  # the entry's extras steps with start <= ``length``, so that an entry
+    # stored by the run that continues this lease can carry them on
     media: tuple[MediaSpan, ...]  # media items inside [0, length)
     snapshots_upto: tuple[Mapping[int, tuple[torch.Tensor, ...]] | None, ...]  # per recurrent layer: stored
     # snapshots at lengths <= length, by reference, so that a new entry can carry them on; None for other kinds
@@ -304,6 +306,7 @@ class PrefixCache:
             length=n,
             layers=tuple(restore(state, n) for state in entry.layers),
             extra=_extra_at(entry.extras, n),
+            extras_upto=tuple(step for step in entry.extras if step[0] <= n),
             media=spans_before(entry.media, n),
             snapshots_upto=tuple(
                 {k: v for k, v in s.snapshots.items() if k <= n} if isinstance(s, RecurrentState) else None

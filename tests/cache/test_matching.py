@@ -253,7 +253,11 @@ def test_restore_gives_views_extras_and_media():
     assert kv.keys.data_ptr() == layers[0].keys.data_ptr()  # a view: nothing was copied
     assert torch.equal(kv.keys, layers[0].keys[..., :6, :])
     assert lease.extra == -2 and [s.content_hash for s in lease.media] == ["x"]
+    assert lease.extras_upto == ((0, 0), (4, -2))
     cache.release(lease)
+    short = cache.acquire(cache.lookup(NS, [1, 2, 9]), NS)
+    assert short.extra == 0 and short.extras_upto == ((0, 0),) and short.media == ()
+    cache.release(short)
     cache.check_invariants()
 
 
