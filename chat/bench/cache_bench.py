@@ -12,7 +12,10 @@ Figures (all from this run, side by side):
   like SmolLM2-135M (30 layers, 3 KV heads, head_dim 64, float32);
 - ``conversation_bytes_ratio``: bytes the cache holds after a 20-turn conversation stored the way the engine stores
   it (an entry at the end of every prompt and of every reply, restored from the previous turn) / bytes of the
-  final conversation's K/V.
+  final conversation's K/V;
+- ``scaling_entries``, ``scaling_lookup_p50_ms``, ``scaling_lookup_p99_ms``, ``scaling_linear_p99_ms``: the same
+  lookups (``scaling_queries`` index / ``scaling_linear_queries`` linear queries per point) on a cache filled with
+  the first 1%, 3%, 10%, 30% and 100% of the same entries: lookup latency against the number of entries.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class CacheBenchConfig:
     turn_tokens: int = 150
     queries: int = 1_000
     linear_queries: int = 50
+    scaling_fractions: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0)  # of ``entries``, for the scaling series
+    scaling_queries: int = 300
+    scaling_linear_queries: int = 20
     seed: int = 0
 
 
@@ -110,8 +116,7 @@ def _queries(seqs: list[list[int]], rng: random.Random, n: int, cfg: CacheBenchC
     return out
 
 
-def bench_lookup(cfg: CacheBenchConfig) -> dict[str, float]:
-    seqs = chat_like_sequences(cfg)
+def bench_lookup(cfg: CacheBenchConfig, seqs: list[list[int]]) -> dict[str, float]:
     buffer = torch.zeros(1, 1, max(len(s) for s in seqs), 1)  # entries view one buffer: memory stays small
     cache = PrefixCache()
     linear = LinearScan()
@@ -148,6 +153,39 @@ def bench_lookup(cfg: CacheBenchConfig) -> dict[str, float]:
         "lookup_speedup": linear_p99 / lookup_p99,
         "linear_agreement": agree / len(linear_times),
     }
+
+
+def bench_scaling(cfg: CacheBenchConfig, seqs: list[list[int]]) -> dict[str, list]:
+    """Lookup p50/p99 (index) and p99 (linear scan) as the cache fills up with ``seqs``, at each scaling point."""
+    points = sorted({max(1, round(f * len(seqs))) for f in cfg.scaling_fractions})
+    buffer = torch.zeros(1, 1, max(len(s) for s in seqs), 1)
+    cache, linear = PrefixCache(), LinearScan()
+    rng = random.Random(cfg.seed + 2)
+    out: dict[str, list] = {key: [] for key in ("entries", "lookup_p50_ms", "lookup_p99_ms", "linear_p99_ms")}
+    filled = 0
+    for n in points:
+        for seq in seqs[filled:n]:
+            view = buffer[..., : len(seq), :]
+            cache.insert(NS, seq, [NormalKV(view, view)])
+            linear.add(seq)
+        filled = n
+        queries = _queries(seqs[:n], rng, cfg.scaling_queries, cfg)
+        times = []
+        for q in queries:
+            t = time.perf_counter()
+            cache.lookup(NS, q)
+            times.append(time.perf_counter() - t)
+        linear_times = []
+        for q in queries[: cfg.scaling_linear_queries]:
+            keys = array("q", q)
+            t = time.perf_counter()
+            linear.best(keys)
+            linear_times.append(time.perf_counter() - t)
+        out["entries"].append(cache.stats().entries)
+        out["lookup_p50_ms"].append(statistics.median(times) * 1e3)
+        out["lookup_p99_ms"].append(_p99(times))
+        out["linear_p99_ms"].append(_p99(linear_times))
+    return {f"scaling_{key}": values for key, values in out.items()}
 
 
 def _kv(tokens: int, layers: int = 30, heads: int = 3, dim: int = 64) -> list[NormalKV]:
@@ -201,12 +239,14 @@ def bench_conversation(turns: int = 20, prompt_tokens: int = 64, reply_tokens: i
     return cache.stats().bytes_per_tier[DEVICE] / final
 
 
-def run(cfg: CacheBenchConfig | None = None) -> dict[str, float]:
+def run(cfg: CacheBenchConfig | None = None) -> dict:
     cfg = cfg or CacheBenchConfig()
     torch.set_num_threads(1)
-    result = bench_lookup(cfg)
+    seqs = chat_like_sequences(cfg)
+    result: dict = bench_lookup(cfg, seqs)
     result["materialize_ms_4k"] = bench_materialize()
     result["conversation_bytes_ratio"] = bench_conversation()
+    result.update(bench_scaling(cfg, seqs))
     return result
 
 
