@@ -5,7 +5,8 @@ Keys: ``sessions``, ``turns``, ``errors``, ``turns_per_s`` and ``completion_toke
 ``rss_peak_mib`` (sampled every 100 ms during the run), ``rss_after_mib`` (sessions closed, freed heap returned),
 ``rss_growth_mib`` (after - before), ``rss_after_second_round_mib`` and ``rss_growth_second_round_mib`` (the same load
 run again: a leak would grow again), ``errors_second_round``, ``cache_bytes_after_mib`` and ``cache_budget_mib`` (the
-prefix cache's bytes after the run and its configured budget: growth should stay about within the budget).
+prefix cache's bytes after the run and its configured budget: growth should stay about within the budget),
+``ttft_ms_samples`` (every turn's time to first token in the first round, sorted).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ async def _run(url: str, sessions: int, turns: int, short_tokens: int) -> dict:
         "ttft_p50_ms": _pct(ttfts, 0.5) if ttfts else float("nan"),
         "ttft_p99_ms": _pct(ttfts, 0.99) if ttfts else float("nan"),
         "rss_peak_mib": peak,
+        "ttft_ms_samples": sorted(ttfts),
     }
 
 

@@ -6,7 +6,8 @@ one long reply streams.
 
 Keys: ``sessions``, ``turns``, ``errors``, ``ttft_p50_ms``, ``ttft_p99_ms`` (all turns of the workload),
 ``cached_ratio`` (cached / prompt tokens over turns 2+), ``ttft_idle_p50_ms``, ``ttft_contended_p50_ms`` and
-``ttft_contended_ratio`` (contended / idle), ``wall_s``.
+``ttft_contended_ratio`` (contended / idle), ``wall_s``, ``ttft_ms_samples`` (every turn's time to first token,
+sorted: the distribution behind the percentiles).
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ async def _run(url: str, sessions: int, turns: int, short_tokens: int, long_toke
         "ttft_contended_p50_ms": contended_p50,
         "ttft_contended_ratio": contended_p50 / idle_p50,
         "wall_s": wall,
+        "ttft_ms_samples": sorted(ttfts),
     }
 
 
