@@ -123,6 +123,18 @@ def _bench_load(args: argparse.Namespace) -> int:
     return main(as_json=args.json, model=args.model)
 
 
+def _bench_multiturn(args: argparse.Namespace) -> int:
+    from chat.bench.multiturn_bench import main
+
+    return main(as_json=args.json, model=args.model, conversations=args.conversations)
+
+
+def _bench_all(args: argparse.Namespace) -> int:
+    from chat.bench.suite import main
+
+    return main(args.out, model=args.all_model, as_json=args.all_json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="turncache",
@@ -182,8 +194,32 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     evaluate.set_defaults(run=_eval)
 
-    bench = sub.add_parser("bench", help="benchmarks that print measured figures")
-    bench_sub = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks that print measured figures",
+        description="With no BENCHMARK: run cache, turns, multiturn, serve and load in one process, one after "
+        "another, and write DIR/bench.json (every benchmark's object under its name, plus machine info) and PNG "
+        "charts into DIR (about 25 minutes with the default model). With a BENCHMARK: run that one and print it.",
+    )
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
+        metavar="DIR",
+        help="directory for bench.json and the charts (%(default)s)",
+    )
+    bench.add_argument(
+        "--model",
+        dest="all_model",
+        default="smollm2",
+        metavar="MODEL",
+        help="model spec for every model benchmark (%(default)s)",
+    )
+    bench.add_argument(
+        "--json", dest="all_json", action="store_true", help="print the JSON object instead of the files written"
+    )
+    bench.set_defaults(run=_bench_all)
+    bench_sub = bench.add_subparsers(dest="benchmark", required=False, metavar="BENCHMARK")
     cache = bench_sub.add_parser("cache", help="the prefix cache alone: lookup latency, restore time, memory")
     cache.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     cache.add_argument("--entries", type=int, default=None, help="entries in the lookup benchmark (10,000)")
@@ -196,10 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("serve", "8 concurrent WebSocket sessions x 5 turns on a loopback server", _bench_serve),
         ("load", "32 concurrent WebSocket sessions x 5 turns: throughput, latency, resident memory", _bench_load),
+        (
+            "multiturn",
+            "SGLang-shaped multi-turn chat: concurrent conversations x 4 turns of 256-512-token user messages, "
+            "with and without the prefix cache",
+            _bench_multiturn,
+        ),
     ):
         other = bench_sub.add_parser(name, help=what)
         other.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         other.add_argument("--model", default="smollm2", help="model spec (default: the built-in smollm2)")
+        if name == "multiturn":
+            other.add_argument("--conversations", type=int, default=None, help="conversations, all concurrent (8)")
         other.set_defaults(run=run)
     return parser
 
