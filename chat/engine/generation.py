@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from cache import Lease, Namespace, PrefixCache
-from chat.engine.errors import ContextOverflowError
+from cache import Lease, MediaSpan, Namespace, PrefixCache
+from chat.engine.errors import ContextOverflowError, InvalidMediaError
 from chat.engine.runtime import ModelRuntime, Run
 from chat.engine.sampling import SamplingParams, StopMatcher, sample
+from modalities.errors import MediaError
 
 PREFILL_CHUNK = 256  # tokens per prefill step: bounds how long other sessions wait for their next token
 
@@ -110,6 +111,7 @@ class Generation:
         self.namespace = Namespace(runtime.fingerprint, runtime.dtype, request.salt)
         self.phase = Phase.NEW
         self.prompt: list[int] = []  # rendered prompt tokens
+        self.media: tuple[MediaSpan, ...] = ()  # media items of the prompt (multimodal runtimes)
         self.cached_tokens = 0  # prompt tokens restored from the cache
         self.prefill_logits: torch.Tensor | None = None  # [suffix, vocab] if recorded (tests)
         self._record = record_prefill_logits
@@ -148,16 +150,31 @@ class Generation:
         """
         rt = self.runtime
         req = self.request
-        self.prompt = list(req.prompt_tokens) if req.prompt_tokens is not None else rt.render(req.messages)
+        rendered = None
+        if req.prompt_tokens is not None:
+            self.prompt = list(req.prompt_tokens)
+        elif hasattr(rt, "render_prompt"):  # a multimodal runtime: media decoded, placeholders expanded
+            try:
+                rendered = rt.render_prompt(req.messages)
+            except MediaError as exc:
+                raise InvalidMediaError(str(exc.item or "messages"), str(exc)) from exc
+            self.prompt = list(rendered.tokens)
+            self.media = rendered.spans
+        else:
+            self.prompt = rt.render(req.messages)
         if len(self.prompt) >= rt.context_window:
             raise ContextOverflowError(len(self.prompt), rt.context_window)
         self._max_tokens = min(self._max_tokens, rt.context_window - len(self.prompt))
-        match = self.cache.lookup(self.namespace, self.prompt) if self.cache is not None else None
+        match = self.cache.lookup(self.namespace, self.prompt, self.media) if self.cache is not None else None
         if match is not None:
             self._lease = self.cache.acquire(match, self.namespace)
             self.cached_tokens = match.length
             self._fed = self.prompt[: match.length]
-        self._run = rt.new_run(self._lease)
+        try:
+            self._run = rt.new_run(self._lease, rendered) if rendered is not None else rt.new_run(self._lease)
+        except BaseException:
+            self._release()
+            raise
         self._boundaries = self._plan_boundaries()
         self.phase = Phase.PREFILL
 
@@ -249,8 +266,13 @@ class Generation:
     def _store(self) -> None:
         if self.cache is None or self._run is None:
             return
-        assert len(self._fed) == self._run.length
-        self.cache.insert(self.namespace, self._fed, self.runtime.export(self._run))
+        n = len(self._fed)
+        assert n == self._run.length
+        if any(span.start < n < span.end for span in self.media):
+            return  # stopped inside a media item (a cancelled prefill): no entry may end there
+        media = [span for span in self.media if span.end <= n]
+        extras = self.runtime.extras(self._run) if hasattr(self.runtime, "extras") else ()
+        self.cache.insert(self.namespace, self._fed, self.runtime.export(self._run), media=media, extras=extras)
 
     def _finish(self, reason: str, error: Exception | None = None) -> list[Event]:
         """Flush held-back text, store what the model absorbed (unless it failed), give everything back."""

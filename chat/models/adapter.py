@@ -43,6 +43,7 @@ class RunState:
     snapshots: dict[int, dict[int, tuple[torch.Tensor, ...]]] = field(default_factory=dict)  # slot -> length ->
     # recurrent states recorded by this run
     broken: bool = False  # a forward failed half-way: the state is inconsistent
+    media: Any = None  # multimodal adapters: the prompt's media items and position plan (chat.models.multimodal)
 
 
 class ModelAdapter:

@@ -3,7 +3,8 @@
 Specs::
 
     "smollm2"          the built-in default: SmolLM2-135M-Instruct (converted once from the bundled GGUF)
-    "tiny-<name>"      a tiny seeded random model (chat.models.tiny.TINY), for tests
+    "tiny-<name>"      a tiny seeded random model (chat.models.tiny.TINY; tiny-omni / tiny-llava in
+                       chat.models.tiny_mm), for tests
     "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer with a chat template
 
 Nothing is ever downloaded: transformers runs with ``HF_HUB_OFFLINE=1`` and ``local_files_only``.
@@ -25,8 +26,9 @@ DEFAULT_CONTEXT = 4096  # when a config names no maximum
 
 def model_choices() -> list[str]:
     from chat.models.tiny import tiny_names
+    from chat.models.tiny_mm import TINY_MM
 
-    return [smollm2.NAME, *tiny_names()]
+    return [smollm2.NAME, *tiny_names(), *(f"tiny-{name}" for name in TINY_MM)]
 
 
 def load_model(spec: str, dtype: str = "float32") -> Any:
@@ -76,6 +78,10 @@ def load_directory(path: Path, dtype: str, *, name: str, torch_dtype: Any) -> An
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot read the config in {path}: {exc}") from exc
+    from chat.models.families_mm import is_multimodal
+
+    if is_multimodal(config):
+        return load_multimodal_directory(path, config, dtype, name=name, torch_dtype=torch_dtype)
     check_config(config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -95,6 +101,43 @@ def load_directory(path: Path, dtype: str, *, name: str, torch_dtype: Any) -> An
     )
 
 
+def load_multimodal_directory(path: Path, config: Any, dtype: str, *, name: str, torch_dtype: Any) -> Any:
+    from chat.models.families_mm import load_multimodal
+    from chat.models.fingerprint import model_fingerprint, weight_files_digest
+    from chat.models.multimodal import MultimodalAdapter
+
+    model, tokenizer, family = load_multimodal(path, config, torch_dtype)
+    return MultimodalAdapter(
+        model,
+        tokenizer,
+        family,
+        name=name,
+        fingerprint=model_fingerprint(name, model.config, tokenizer, weight_files_digest(path)),
+        dtype=dtype,
+        context_window=_context_window(model.config, tokenizer),
+        eos_token_ids=_eos_ids(model, tokenizer),
+    )
+
+
+def load_tiny_multimodal(name: str, dtype: str, torch_dtype: Any) -> Any:
+    from chat.models.fingerprint import model_fingerprint, tensors_digest
+    from chat.models.multimodal import MultimodalAdapter
+    from chat.models.tiny_mm import build_tiny_multimodal
+
+    model, tokenizer, family = build_tiny_multimodal(name, torch_dtype)
+    full = f"tiny-{name}"
+    return MultimodalAdapter(
+        model,
+        tokenizer,
+        family,
+        name=full,
+        fingerprint=model_fingerprint(full, model.config, tokenizer, tensors_digest(model.state_dict().items())),
+        dtype=dtype,
+        context_window=_context_window(model.config, tokenizer),
+        eos_token_ids=_eos_ids(model, tokenizer),
+    )
+
+
 def load_tiny(name: str, dtype: str, torch_dtype: Any) -> Any:
     from transformers import AutoTokenizer
 
@@ -103,6 +146,10 @@ def load_tiny(name: str, dtype: str, torch_dtype: Any) -> Any:
     from chat.models.tiny import TINY, TINY_REFUSED, build_tiny_model, tiny_config
     from chat.models.tiny_tokenizer import ASSET_DIR
 
+    from chat.models.tiny_mm import TINY_MM
+
+    if name in TINY_MM:
+        return load_tiny_multimodal(name, dtype, torch_dtype)
     if name not in TINY and name not in TINY_REFUSED:
         raise UnknownModelError(f"tiny-{name}", model_choices())
     tokenizer = AutoTokenizer.from_pretrained(str(ASSET_DIR), local_files_only=True)

@@ -1,5 +1,5 @@
-"""Content parts -> engine messages: text joined, media refused by models without the modality, media decoded
-(and refused when corrupt) for models with it."""
+"""Content parts -> engine messages: text joined, media refused by models without the modality, media unpacked into
+MediaParts (and unreadable payloads refused) for models with it. Decoding is tested with the multimodal models."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from PIL import Image
 
 from chat.engine.content import engine_messages
 from chat.engine.errors import InvalidMediaError, UnsupportedMediaError
+from modalities.parts import MediaPart
 from tests.chat.engine.fakes import FakeRuntime
 
 
@@ -53,14 +54,26 @@ def test_a_model_without_the_modality_refuses_the_item_by_name():
     assert err.value.item == "messages[0].content[1]" and "image" in str(err.value)
 
 
-def test_media_is_decoded_for_a_model_with_the_modality():
+def test_media_is_unpacked_in_place_for_a_model_with_the_modality():
     runtime = FakeRuntime()
     runtime.modalities = frozenset({"image"})
-    assert engine_messages(message(png_url()), runtime) == [{"role": "user", "content": "what is this?"}]
+    url = png_url()
+    [out] = engine_messages(message(url), runtime)
+    text_a, part, text_b = out["content"]
+    assert text_a == {"type": "text", "text": "what is "} and text_b == {"type": "text", "text": "this?"}
+    assert isinstance(part, MediaPart) and part.kind == "image" and part.declared == "image/png"
+    assert part.data == base64.b64decode(url.split(",")[1]) and part.item == "messages[0].content[1]"
+
+
+def test_unreadable_payloads_are_refused_by_name_before_the_engine():
+    runtime = FakeRuntime()
+    runtime.modalities = frozenset({"image", "audio"})
     with pytest.raises(InvalidMediaError) as err:
-        engine_messages(message(png_url(corrupt=True)), runtime)
+        engine_messages(message("https://example.com/cat.png"), runtime)  # never fetched
     assert err.value.item == "messages[0].content[1]"
     with pytest.raises(InvalidMediaError):
-        engine_messages(message("https://example.com/cat.png"), runtime)  # never fetched
-    with pytest.raises(InvalidMediaError):
-        engine_messages(message("data:image/jpeg;base64," + png_url().split(",")[1]), runtime)  # mislabeled
+        engine_messages(message("data:image/png;base64,@@@not base64@@@"), runtime)
+    audio = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"format": "wav"}}]}]
+    with pytest.raises(InvalidMediaError) as err:
+        engine_messages(audio, runtime)  # no data
+    assert err.value.item == "messages[0].content[0]"

@@ -8,10 +8,10 @@ from chat.server.settings import ServerSettings
 from tests.chat.engine.fakes import FakeRuntime
 
 
-def make_server(prefix_cache: bool = True, **settings):
-    runtime = FakeRuntime()
+def make_server(prefix_cache: bool = True, runtime=None, **settings):
+    runtime = runtime if runtime is not None else FakeRuntime()
     engine = Engine(runtime, cache=PrefixCache() if prefix_cache else None)
-    app = create_app(engine, ServerSettings(**settings), model_name="fake")
+    app = create_app(engine, ServerSettings(**settings), model_name=getattr(runtime, "name", "fake"))
     return engine, BackgroundServer(app)
 
 

@@ -8,10 +8,12 @@ import base64
 import json
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 
+from chat.models import load_model
 from chat.protocol.limits import MAX_TEXT_CHARS
 from tests.chat.server.conftest import make_server
 from tests.chat.server.test_ws import Client, ws_url
@@ -34,8 +36,16 @@ def video_part(data: bytes) -> dict:
 
 @pytest.fixture(scope="module")
 def media_server():
+    torch.set_num_threads(1)
+    engine, srv = make_server(runtime=load_model("tiny-omni"))  # takes images, audio and video
+    with srv:
+        yield srv
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def text_server():
     engine, srv = make_server()
-    engine.runtime.modalities = frozenset({"image", "audio", "video"})  # let media reach the decoders
     with srv:
         yield srv
     engine.close()
@@ -73,12 +83,12 @@ def test_crafted_media_gets_invalid_media_and_the_server_stays_up(media_server, 
     assert error["code"] == "invalid_media", error
     assert "content[0]" in error["message"] or "content.0" in error["message"], error  # the item is named
     assert done is None or done["finish_reason"] == "error"
-    assert after["finish_reason"] == "stop"
+    assert after["finish_reason"] in ("stop", "length")  # a random tiny model may not stop by itself
 
 
-def test_very_long_texts_and_tokens_get_typed_errors(media_server):
+def test_very_long_texts_and_tokens_get_typed_errors(text_server):
     async def scenario():
-        async with connect(ws_url(media_server), max_size=None) as ws:
+        async with connect(ws_url(text_server), max_size=None) as ws:
             c = Client(ws)
             await c.send(type="completion.create", messages=[{"role": "user", "content": "x" * (MAX_TEXT_CHARS + 1)}])
             too_long, _ = await c.until("error")
@@ -127,11 +137,11 @@ frames = st.one_of(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(batch=st.lists(frames, min_size=1, max_size=5))
-def test_random_frames_never_break_the_server_or_a_bystander(media_server, batch):
+def test_random_frames_never_break_the_server_or_a_bystander(text_server, batch):
     async def scenario():
         async with (
-            connect(ws_url(media_server), max_size=None) as bystander,
-            connect(ws_url(media_server), max_size=None) as fuzzer,
+            connect(ws_url(text_server), max_size=None) as bystander,
+            connect(ws_url(text_server), max_size=None) as fuzzer,
         ):
             b = Client(bystander)
             await b.send(type="session.create")

@@ -1,0 +1,194 @@
+"""Which multimodal families are served, and how each takes media (placeholders, preparers, encoders, positions).
+
+Served: Qwen2-VL and Qwen2.5-VL (images, video; 3-D mRoPE), the Qwen2.5-Omni thinker (images, audio, video; 3-D
+mRoPE), LLaVA (images; 1-D RoPE). Refused with a reason: Gemma3 (its image tokens attend to each other
+bidirectionally, which a causal prefill over a cached prefix does not reproduce) and every other multimodal family.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from chat.models.errors import ModelLoadError, UnsupportedArchitectureError
+from chat.models.media_prep import ClipImagePreparer, QwenImagePreparer, QwenVideoPreparer, WhisperAudioPreparer
+from chat.models.multimodal import (
+    MultimodalFamily,
+    llava_image_rows,
+    omni_audio_rows,
+    qwen_image_rows,
+    qwen_video_rows,
+)
+from modalities.video import VideoOptions
+
+QWEN_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen2_5_omni_thinker", "qwen2_5_omni")
+SERVED = {
+    "qwen2_vl": "images and video, 3-D mRoPE",
+    "qwen2_5_vl": "images and video, 3-D mRoPE",
+    "qwen2_5_omni_thinker": "images, audio and video, 3-D mRoPE (tiny-omni)",
+    "qwen2_5_omni": "its thinker: images, audio and video, 3-D mRoPE",
+    "llava": "images, 1-D RoPE (tiny-llava)",
+}
+REFUSED = {
+    "gemma3": "its image tokens attend to each other bidirectionally; a causal prefill over a cached prefix would "
+    "change its answers",
+}
+DEFAULT_VIDEO_FRAMES = 16
+
+
+def is_multimodal(config: Any) -> bool:
+    return any(hasattr(config, k) for k in ("vision_config", "audio_config", "thinker_config"))
+
+
+def check_multimodal_config(config: Any) -> None:
+    """Raises UnsupportedArchitectureError unless :data:`SERVED` lists the config's model type."""
+    model_type = str(getattr(config, "model_type", "unknown"))
+    if model_type in REFUSED:
+        raise UnsupportedArchitectureError(model_type, REFUSED[model_type], sorted(SERVED))
+    if model_type not in SERVED:
+        raise UnsupportedArchitectureError(
+            model_type, "this multimodal family is not served (its media handling is not implemented)", sorted(SERVED)
+        )
+
+
+def _token(config: Any, *names: str) -> int | None:
+    for name in names:
+        for holder in (config, getattr(config, "text_config", None)):
+            value = getattr(holder, name, None) if holder is not None else None
+            if isinstance(value, int):
+                return value
+    return None
+
+
+def qwen_family(
+    config: Any,
+    *,
+    image_processor: Any,
+    video_processor: Any | None = None,
+    video_frames: int = DEFAULT_VIDEO_FRAMES,
+    audio_extractor: Any | None = None,
+) -> MultimodalFamily:
+    """Qwen2-VL / Qwen2.5-VL / Qwen2.5-Omni thinker."""
+    from chat.models.mrope import MropeSpec
+
+    placeholders = {"image": _token(config, "image_token_id", "image_token_index")}
+    preparers: dict[str, Any] = {"image": QwenImagePreparer(image_processor)}
+    encoders: dict[str, Any] = {"image": qwen_image_rows}
+    if video_processor is not None:
+        placeholders["video"] = _token(config, "video_token_id", "video_token_index")
+        preparers["video"] = QwenVideoPreparer(video_processor, options=VideoOptions(num_frames=video_frames))
+        encoders["video"] = qwen_video_rows
+    if audio_extractor is not None:
+        placeholders["audio"] = _token(config, "audio_token_id", "audio_token_index")
+        preparers["audio"] = WhisperAudioPreparer(audio_extractor)
+        encoders["audio"] = omni_audio_rows
+    missing = [kind for kind, token in placeholders.items() if token is None]
+    if missing:
+        raise ModelLoadError(f"the config names no placeholder token for {', '.join(missing)}")
+    return MultimodalFamily(
+        name=str(config.model_type),
+        placeholders=placeholders,
+        preparers=preparers,
+        encoders=encoders,
+        mrope=MropeSpec.from_config(config),
+    )
+
+
+def llava_family(config: Any, processor: Any) -> MultimodalFamily:
+    vision = config.vision_config
+    tokens = (vision.image_size // vision.patch_size) ** 2
+    if config.vision_feature_select_strategy == "full":
+        tokens += 1
+    token = _token(config, "image_token_id", "image_token_index")
+    if token is None:
+        raise ModelLoadError("the config names no image placeholder token")
+    return MultimodalFamily(
+        name="llava",
+        placeholders={"image": token},
+        preparers={"image": ClipImagePreparer(processor, tokens)},
+        encoders={"image": llava_image_rows},
+    )
+
+
+# ==================================================================== local directories
+
+
+def load_multimodal(path: Path, config: Any, torch_dtype: Any) -> tuple[Any, Any, MultimodalFamily]:
+    """``(model, tokenizer, family)`` of a local multimodal model directory, with its own processor settings.
+
+    Raises:
+        UnsupportedArchitectureError: a family that is not served.
+        ModelLoadError: files missing or unreadable, no chat template.
+    """
+    from transformers import AutoTokenizer
+
+    check_multimodal_config(config)
+    model_type = config.model_type
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        if not getattr(tokenizer, "chat_template", None):
+            tokenizer.chat_template = _template_file(path)
+        if model_type == "llava":
+            from transformers import LlavaForConditionalGeneration
+            from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+            model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+            family = llava_family(model.config, LlavaImageProcessorPil.from_pretrained(str(path), local_files_only=True))
+        else:
+            model = _load_qwen(path, model_type, torch_dtype)
+            family = _qwen_family_from_files(path, model.config)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load the multimodal model in {path}: {exc}") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(f"{path} has no chat template; a chat model needs one")
+    return model.eval(), tokenizer, family
+
+
+def _load_qwen(path: Path, model_type: str, torch_dtype: Any) -> Any:
+    import transformers
+
+    cls = {
+        "qwen2_vl": "Qwen2VLForConditionalGeneration",
+        "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+        "qwen2_5_omni_thinker": "Qwen2_5OmniThinkerForConditionalGeneration",
+        "qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
+    }[model_type]
+    return getattr(transformers, cls).from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+
+
+def _qwen_family_from_files(path: Path, config: Any) -> MultimodalFamily:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    image = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)
+    video_file = path / "video_preprocessor_config.json"
+    video_settings = json.loads(video_file.read_text()) if video_file.is_file() else {}
+    video = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)
+    for key in ("min_pixels", "max_pixels"):
+        if isinstance(video_settings.get(key), int):
+            video.size = {**dict(video.size), {"min_pixels": "shortest_edge", "max_pixels": "longest_edge"}[key]:
+                          video_settings[key]}
+    audio = None
+    if hasattr(config, "audio_config") and (path / "preprocessor_config.json").is_file():
+        from transformers import WhisperFeatureExtractor
+
+        audio = WhisperFeatureExtractor.from_pretrained(str(path), local_files_only=True)
+    frames = video_settings.get("max_frames") if isinstance(video_settings.get("max_frames"), int) else None
+    return qwen_family(
+        config,
+        image_processor=image,
+        video_processor=video,
+        video_frames=min(frames or DEFAULT_VIDEO_FRAMES, DEFAULT_VIDEO_FRAMES),
+        audio_extractor=audio,
+    )
+
+
+def _template_file(path: Path) -> str | None:
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    js = path / "chat_template.json"
+    if js.is_file():
+        value = json.loads(js.read_text()).get("chat_template")
+        return value if isinstance(value, str) else None
+    return None

@@ -1,0 +1,210 @@
+"""Media bytes -> what a model's encoder takes, and how many placeholder tokens the item fills in the prompt.
+
+One *preparer* per (family, kind). ``prepare(data, declared, item)`` decodes with :mod:`modalities` (limits, format
+checks, typed errors naming the item) and runs the model's own preprocessing: the ``...ImageProcessorPil`` classes of
+transformers (torchvision is not usable here), ``WhisperFeatureExtractor`` for audio, and our own temporal patchifying
+for video frames (the same layout as transformers' Qwen2-VL video processor). Every preparer has a
+:class:`modalities.Fingerprint` naming its class and every setting that changes its output, so that the content hash
+``sha256(bytes) + fingerprint`` identifies the prepared result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from modalities import audio as audio_mod
+from modalities import image as image_mod
+from modalities import video as video_mod
+from modalities.audio import AudioOptions
+from modalities.identity import Fingerprint
+from modalities.image import ImageOptions
+from modalities.limits import AudioLimits, ImageLimits, VideoLimits
+from modalities.video import VideoOptions
+
+DEFAULT_VIDEO_FPS = 2.0  # Qwen's processors assume this when a video's sampling rate is unknown
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PreparedMedia:
+    """One media item ready for the encoder."""
+
+    kind: str  # "image" | "audio" | "video"
+    tokens: int  # placeholder tokens the item fills in the prompt (= rows the encoder returns)
+    inputs: Mapping[str, torch.Tensor] = field(repr=False)  # the encoder's inputs (family specific names)
+    grid_thw: tuple[int, int, int] | None = None  # image / video: patches along time, height, width (before merging)
+    second_per_grid: float | None = None  # video: seconds covered by one temporal patch
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held (what the media store charges)."""
+        return sum(t.numel() * t.element_size() for t in self.inputs.values())
+
+
+class Preparer(Protocol):
+    kind: str  # the modality it prepares
+    fingerprint: Fingerprint  # every setting between bytes and encoder input
+
+    def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
+        """Decode and preprocess one item. Raises :class:`modalities.MediaError` subclasses naming ``item``."""
+        ...
+
+
+def _settings(processor: Any, names: tuple[str, ...]) -> dict[str, object]:
+    """The named settings of a transformers processor, as plain JSON values (for the fingerprint)."""
+    import json
+
+    full = json.loads(processor.to_json_string()) if hasattr(processor, "to_json_string") else vars(processor)
+    return {name: full[name] for name in names if full.get(name) is not None}
+
+
+# ================================================================ Qwen2-VL family (Qwen2-VL, Qwen2.5-VL, Omni)
+
+
+_QWEN_SETTINGS = ("size", "patch_size", "merge_size", "temporal_patch_size", "image_mean", "image_std", "resample",
+                  "rescale_factor", "do_resize", "do_rescale", "do_normalize")
+
+
+class QwenImagePreparer:
+    """Images for Qwen2-VL-style vision towers: resized to multiples of patch*merge within the pixel budget,
+    flattened into ``[patches, C*T*P*P]`` with ``image_grid_thw``."""
+
+    kind = "image"
+
+    def __init__(self, processor: Any, limits: ImageLimits = ImageLimits(), options: ImageOptions = ImageOptions()):
+        self.processor = processor  # a Qwen2VLImageProcessorPil
+        self.limits = limits
+        self.options = options
+        self.merge = int(processor.merge_size)
+        self.fingerprint = image_mod.fingerprint(
+            type(processor).__name__, options, _settings(processor, _QWEN_SETTINGS)
+        )
+
+    def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
+        decoded = image_mod.decode(data, self.limits, self.options, declared=declared, item=item)
+        out = self.processor(images=[decoded.image], return_tensors="pt")
+        t, h, w = (int(v) for v in out["image_grid_thw"][0])
+        return PreparedMedia(
+            "image",
+            tokens=t * h * w // self.merge**2,
+            inputs={"pixel_values": out["pixel_values"].float(), "image_grid_thw": out["image_grid_thw"]},
+            grid_thw=(t, h, w),
+        )
+
+
+class QwenVideoPreparer:
+    """Videos for Qwen2-VL-style vision towers: N evenly spaced frames (see :mod:`modalities.video`), each resized
+    and normalised by the image processor, grouped ``temporal_patch_size`` frames per temporal patch (the last frame
+    repeated to fill the last group), in the row layout of transformers' Qwen2-VL video processor."""
+
+    kind = "video"
+
+    def __init__(
+        self,
+        processor: Any,
+        limits: VideoLimits = VideoLimits(),
+        options: VideoOptions = VideoOptions(),
+    ):
+        self.processor = processor  # a Qwen2VLImageProcessorPil configured with the video pixel budget
+        self.limits = limits
+        self.options = options
+        self.merge = int(processor.merge_size)
+        self.temporal = int(processor.temporal_patch_size)
+        self.patch = int(processor.patch_size)
+        self.fingerprint = video_mod.fingerprint(
+            type(processor).__name__ + "/frames", options, _settings(processor, _QWEN_SETTINGS)
+        )
+
+    def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
+        decoded = video_mod.decode(data, self.limits, self.options, declared=declared, item=item)
+        frames = list(decoded.frames)
+        while len(frames) % self.temporal:
+            frames.append(frames[-1])
+        out = self.processor(images=frames, return_tensors="pt")  # each frame as an image, time broadcast
+        grids = out["image_grid_thw"]
+        _, h, w = (int(v) for v in grids[0])
+        per_frame = out["pixel_values"].float().reshape(len(frames), h * w, 3, self.temporal, self.patch, self.patch)
+        first = per_frame[:, :, :, 0]  # [frames, rows, C, P, P]: every temporal copy is the same frame
+        groups = first.reshape(len(frames) // self.temporal, self.temporal, h * w, 3, self.patch, self.patch)
+        pixels = groups.permute(0, 2, 3, 1, 4, 5).reshape(-1, 3 * self.temporal * self.patch * self.patch)
+        t = len(frames) // self.temporal
+        fps = decoded.sample_fps if decoded.sample_fps > 0 else DEFAULT_VIDEO_FPS
+        return PreparedMedia(
+            "video",
+            tokens=t * h * w // self.merge**2,
+            inputs={"pixel_values_videos": pixels.contiguous(), "video_grid_thw": torch.tensor([[t, h, w]])},
+            grid_thw=(t, h, w),
+            second_per_grid=self.temporal / fps,
+        )
+
+
+def whisper_output_tokens(frames: int) -> int:
+    """Tokens the Qwen2-Audio / Omni audio tower makes of ``frames`` mel frames (two stride-2 stages)."""
+    after_conv = (frames - 1) // 2 + 1
+    return (after_conv - 2) // 2 + 1
+
+
+class WhisperAudioPreparer:
+    """Audio for Whisper-style encoders: mono at the extractor's rate, log-mel features of the valid frames only
+    (at most the extractor's window: longer clips are refused, never cut silently)."""
+
+    kind = "audio"
+
+    def __init__(self, extractor: Any, limits: AudioLimits = AudioLimits()):
+        self.extractor = extractor  # a WhisperFeatureExtractor
+        rate = int(extractor.sampling_rate)
+        window = float(extractor.n_samples) / rate  # seconds one call covers (30 s for Whisper)
+        self.limits = AudioLimits(
+            max_bytes=limits.max_bytes,
+            max_seconds=min(limits.max_seconds, window),
+            max_sample_rate=limits.max_sample_rate,
+            max_channels=limits.max_channels,
+        )
+        self.options = AudioOptions(sample_rate=rate)
+        self.fingerprint = audio_mod.fingerprint(
+            type(extractor).__name__,
+            self.options,
+            _settings(extractor, ("feature_size", "sampling_rate", "hop_length", "n_fft", "chunk_length")),
+        )
+
+    def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
+        decoded = audio_mod.decode(data, self.limits, self.options, declared=declared, item=item)
+        out = self.extractor(
+            [decoded.samples],
+            sampling_rate=decoded.sample_rate,
+            return_attention_mask=True,
+            padding="max_length",
+            return_tensors="pt",
+        )
+        frames = int(out["attention_mask"][0].sum())
+        features = out["input_features"][0, :, :frames].float().contiguous()  # [mels, frames]
+        return PreparedMedia("audio", tokens=whisper_output_tokens(frames), inputs={"input_features": features})
+
+
+# ================================================================ LLaVA
+
+
+class ClipImagePreparer:
+    """Images for CLIP-style towers (LLaVA): resized and centre-cropped to the tower's square input."""
+
+    kind = "image"
+
+    def __init__(
+        self, processor: Any, tokens: int, limits: ImageLimits = ImageLimits(), options: ImageOptions = ImageOptions()
+    ):
+        self.processor = processor  # a CLIPImageProcessorPil / LlavaImageProcessorPil
+        self.tokens = tokens  # placeholder tokens per image (the tower's patch count, maybe + CLS)
+        self.limits = limits
+        self.options = options
+        names = ("size", "crop_size", "do_center_crop", "do_pad", "image_mean", "image_std", "resample",
+                 "rescale_factor", "do_resize", "do_rescale", "do_normalize")
+        self.fingerprint = image_mod.fingerprint(type(processor).__name__, options, _settings(processor, names))
+
+    def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
+        decoded = image_mod.decode(data, self.limits, self.options, declared=declared, item=item)
+        out = self.processor(images=[decoded.image], return_tensors="pt")
+        return PreparedMedia("image", tokens=self.tokens, inputs={"pixel_values": out["pixel_values"].float()})

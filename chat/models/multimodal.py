@@ -1,0 +1,360 @@
+"""Multimodal models (images, audio, video) behind the same runtime interface as text models.
+
+One turn::
+
+    prompt = model.render_prompt(messages)       # media hashed, decoded and preprocessed once (media store),
+                                                 # placeholders expanded to each item's token count
+    match = cache.lookup(ns, prompt.tokens, prompt.spans)
+    run = model.new_run(lease, prompt)           # plans the positions of everything after the prefix
+    logits = model.forward(run, prompt.tokens[n:])   # items after the prefix are encoded when first reached
+    cache.insert(ns, tokens, model.export(run), media=spans, extras=model.extras(run))
+
+Only items that lie after the restored prefix are ever encoded, and an item encoded in an earlier turn is taken from
+the media store (stage ``"encoded:<model fingerprint>"``) instead of running the encoder again.
+
+The language model runs on ``inputs_embeds``: text embeddings with the encoder's rows written over each item's
+placeholder tokens, so a prefill may start or stop anywhere (a cached prefix never ends inside an item). Qwen-family
+models take 3-D mRoPE position ids (:mod:`chat.models.mrope`): the positions of the suffix continue from the next
+position id stored with the cache entry (the entry's extras hold ``next position - length`` after each item), never
+from the prefix's tokens. LLaVA-style models use plain 1-D positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from cache import Lease, MediaSpan
+from chat.models.adapter import ModelAdapter, RunState
+from chat.models.errors import RunStateError
+from chat.models.media_prep import PreparedMedia, Preparer
+from modalities.errors import MediaError
+from modalities.identity import content_hash
+from modalities.parts import MediaPart
+from modalities.store import MediaStore
+
+MEDIA_STORE_BYTES = 512 * 1024 * 1024  # prepared inputs and encoder outputs kept for repeats
+PREPARED = "prepared"  # media store stage of a PreparedMedia
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PromptItem:
+    span: MediaSpan  # token positions, kind and content hash
+    prepared: PreparedMedia = field(repr=False)  # the encoder's inputs
+    item: str  # where it came from
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RenderedPrompt:
+    tokens: tuple[int, ...]  # the prompt with every placeholder expanded to its item's token count
+    items: tuple[PromptItem, ...]  # in prompt order
+
+    @property
+    def spans(self) -> tuple[MediaSpan, ...]:
+        return tuple(it.span for it in self.items)
+
+
+Encoder = Callable[[Any, PreparedMedia], torch.Tensor]  # (full HF model, prepared item) -> rows [tokens, hidden]
+
+
+@dataclass(frozen=True, slots=True)
+class MultimodalFamily:
+    """How one model family takes media."""
+
+    name: str  # e.g. "qwen2_5_omni_thinker", "llava"
+    placeholders: Mapping[str, int]  # kind -> the placeholder token its chat template emits (expanded per item)
+    preparers: Mapping[str, Preparer]  # kind -> bytes to encoder inputs
+    encoders: Mapping[str, Encoder]  # kind -> encoder inputs to embedding rows
+    mrope: Any = None  # chat.models.mrope.MropeSpec for 3-D positions, None for 1-D
+
+
+@dataclass(slots=True, eq=False)
+class RunMedia:
+    """A run's media and position plan (``RunState.media``)."""
+
+    items: tuple[PromptItem, ...]  # prompt items after the restored prefix
+    base: int  # the run's length when planned (the restored prefix)
+    positions: torch.Tensor | None  # [3, prompt_end - base] mRoPE positions of the rest of the prompt
+    delta: int  # next position id minus length, after the prompt (decoded tokens continue with it)
+    steps: list[tuple[int, int]]  # (length, delta) after the start and after each item: the entries' extras
+    features: dict[str, torch.Tensor] = field(default_factory=dict)  # content hash -> rows, while the run needs them
+    encoded: int = 0  # items this run had to encode
+    reused: int = 0  # items this run took from the media store instead
+
+
+class TextStack(torch.nn.Module):
+    """The language model and output head of a multimodal model, called like a causal LM on ``inputs_embeds``."""
+
+    def __init__(self, language_model: Any, lm_head: Any, config: Any) -> None:
+        super().__init__()
+        self.language_model = language_model
+        self.lm_head = lm_head
+        self.config = config  # the text config: what the cache layout is built from
+
+    def get_input_embeddings(self) -> Any:
+        return self.language_model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> Any:
+        return self.lm_head
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool = True,
+        logits_to_keep: int = 0,
+    ) -> Any:
+        out = self.language_model(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
+        hidden = out.last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return SimpleNamespace(logits=self.lm_head(hidden))
+
+
+class MultimodalAdapter(ModelAdapter):
+    """A :class:`ModelAdapter` whose prompts may hold media. Build with :func:`chat.models.load_model`."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        family: MultimodalFamily,
+        *,
+        media_store_bytes: int = MEDIA_STORE_BYTES,
+        **kwargs: Any,
+    ) -> None:
+        language_model = model.model.language_model
+        stack = TextStack(language_model, model.lm_head, model.config.get_text_config(decoder=True))
+        super().__init__(stack.eval(), tokenizer, **kwargs)
+        self._full = model  # the whole HF model: its encoders run on media
+        self.family = family
+        self.modalities = frozenset(family.preparers)  # kinds this model takes
+        self.media_store = MediaStore(media_store_bytes)  # prepared inputs and encoder outputs by content hash
+        self._embed = stack.get_input_embeddings()
+        self._kind_of = {token: kind for kind, token in family.placeholders.items()}
+        self.media_counters = {"items": 0, "encoded": 0, "encoder_skipped": 0}  # over all runs (benchmarks)
+
+    @property
+    def full_model(self) -> Any:
+        """The transformers model (for reference forwards in tests and benchmarks)."""
+        return self._full
+
+    # ================================================================ prompts
+
+    def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
+        """The prompt of ``messages`` whose content is a string or a list of ``{"type": "text", "text"}`` dicts and
+        :class:`MediaPart` s, through the chat template, with each item's placeholder expanded.
+
+        Raises:
+            MediaError: an item is corrupt, mislabeled, over a limit, or of a kind this model does not take (its
+                ``item`` names it); or the placeholders in the rendered text do not match the media parts (e.g.
+                the user's text contains a placeholder token).
+        """
+        template_messages: list[dict[str, Any]] = []
+        parts: list[MediaPart] = []
+        for i, message in enumerate(messages):
+            content = message.get("content")
+            if isinstance(content, str):
+                template_messages.append({"role": message["role"], "content": content})
+                continue
+            pieces: list[dict[str, Any]] = []
+            for j, part in enumerate(content or ()):
+                if isinstance(part, MediaPart):
+                    if part.kind not in self.modalities:
+                        raise MediaError(f"{self.name} does not take {part.kind} input", item=part.item)
+                    parts.append(part)
+                    pieces.append({"type": part.kind})
+                elif isinstance(part, Mapping) and part.get("type") == "text":
+                    pieces.append({"type": "text", "text": str(part.get("text", ""))})
+                else:
+                    raise MediaError("unknown content part", item=f"messages[{i}].content[{j}]")
+            template_messages.append({"role": message["role"], "content": pieces})
+        prepared = [self._prepare(part) for part in parts]  # decode errors surface before any compute
+        text = self._tokenizer.apply_chat_template(template_messages, tokenize=False, add_generation_prompt=True)
+        ids = list(self._tokenizer.encode(text, add_special_tokens=False))
+        return self._expand(ids, parts, prepared)
+
+    def _prepare(self, part: MediaPart) -> tuple[str, PreparedMedia]:
+        preparer = self.family.preparers[part.kind]
+        key = content_hash(part.data, preparer.fingerprint)
+        value = self.media_store.get_or_decode(
+            key, lambda: preparer.prepare(part.data, part.declared, part.item), stage=PREPARED
+        )
+        return key, value
+
+    def _expand(
+        self, ids: list[int], parts: list[MediaPart], prepared: list[tuple[str, PreparedMedia]]
+    ) -> RenderedPrompt:
+        found = [(at, self._kind_of[t]) for at, t in enumerate(ids) if t in self._kind_of]
+        if len(found) != len(parts) or any(kind != part.kind for (_, kind), part in zip(found, parts, strict=False)):
+            kinds = ", ".join(kind for _, kind in found) or "none"
+            sent = ", ".join(p.kind for p in parts) or "none"
+            raise MediaError(
+                f"the rendered prompt has media placeholders ({kinds}) that do not match the media sent ({sent}); "
+                "message text must not contain the model's placeholder tokens",
+                item="messages",
+            )
+        tokens: list[int] = []
+        items: list[PromptItem] = []
+        cursor = 0
+        for (at, kind), part, (key, prep) in zip(found, parts, prepared, strict=True):
+            tokens.extend(ids[cursor:at])
+            start = len(tokens)
+            tokens.extend([ids[at]] * prep.tokens)
+            items.append(PromptItem(MediaSpan(start, len(tokens), kind, key), prep, part.item))
+            cursor = at + 1
+        tokens.extend(ids[cursor:])
+        return RenderedPrompt(tuple(tokens), tuple(items))
+
+    # ================================================================ runs
+
+    def new_run(self, lease: Lease | None = None, prompt: RenderedPrompt | None = None) -> RunState:
+        """A run holding ``lease``'s state, planned to prefill the rest of ``prompt`` (text-only if None).
+
+        Raises:
+            RunStateError: the lease does not fit the model, or ends inside a media item of the prompt.
+        """
+        run = super().new_run(lease)
+        base = run.length
+        tokens = prompt.tokens if prompt is not None else ()
+        items = tuple(it for it in (prompt.items if prompt is not None else ()) if it.span.end > base)
+        if any(it.span.start < base for it in items):
+            raise RunStateError(f"the restored prefix ({base} tokens) ends inside a media item")
+        steps: list[tuple[int, int]] = list(lease.extras_upto) if lease is not None else [(0, 0)]
+        delta = lease.extra if lease is not None and isinstance(lease.extra, int) else 0
+        positions = None
+        if self.family.mrope is not None and len(tokens) > base:
+            from chat.models.mrope import MediaGrid, mrope_positions
+
+            grids = [
+                MediaGrid(
+                    kind=it.span.kind.value,
+                    start=it.span.start,
+                    length=it.span.end - it.span.start,
+                    grid_thw=it.prepared.grid_thw,
+                    second_per_grid=it.prepared.second_per_grid,
+                )
+                for it in items
+            ]
+            positions, after = mrope_positions(
+                self.family.mrope, len(tokens) - base, grids, offset=base, next_position=base + delta
+            )
+            for it in items:
+                end = it.span.end
+                steps.append((end, int(positions[:, : end - base].max()) + 1 - end))
+            delta = after - len(tokens)
+        if not steps:
+            steps = [(0, 0)]
+        run.media = RunMedia(items=items, base=base, positions=positions, delta=delta, steps=steps)
+        self.media_counters["items"] += len(prompt.items) if prompt is not None else 0
+        return run
+
+    def extras(self, run: RunState) -> tuple[tuple[int, int], ...]:
+        """The extras of an entry stored at ``run.length``: (length, next position - length) steps (mRoPE only)."""
+        plan = self._plan(run)
+        if self.family.mrope is None:
+            return ()
+        return tuple(step for step in plan.steps if step[0] <= run.length)
+
+    def close_run(self, run: RunState) -> None:
+        plan = run.media
+        if isinstance(plan, RunMedia):
+            self.media_counters["encoder_skipped"] += plan.reused
+            plan.features.clear()
+        super().close_run(run)
+
+    # ================================================================ internals
+
+    def _plan(self, run: RunState) -> RunMedia:
+        self._live(run)
+        if not isinstance(run.media, RunMedia):
+            raise RunStateError("this run has no media plan; make it with new_run")
+        return run.media
+
+    def _model_inputs(self, run: RunState, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        plan = self._plan(run)
+        start, q = run.length, ids.shape[1]
+        embeds = self._embed(ids)  # [1, q, hidden]
+        for it in plan.items:
+            lo, hi = max(it.span.start, start), min(it.span.end, start + q)
+            if lo < hi:
+                rows = self._features(plan, it)
+                embeds[0, lo - start : hi - start] = rows[lo - it.span.start : hi - it.span.start].to(embeds.dtype)
+        index = torch.arange(start, start + q, device=self.device)
+        if self.family.mrope is None:
+            return {"inputs_embeds": embeds, "position_ids": index.unsqueeze(0)}
+        planned = 0 if plan.positions is None else plan.positions.shape[1]
+        offsets = index - plan.base
+        inside = offsets < planned
+        positions = (index + plan.delta).unsqueeze(0).expand(3, q).clone()
+        if bool(inside.any()):
+            positions[:, inside] = plan.positions[:, offsets[inside]].to(positions.device)
+        return {"inputs_embeds": embeds, "position_ids": positions.unsqueeze(1)}  # [3, 1, q]
+
+    def _features(self, plan: RunMedia, it: PromptItem) -> torch.Tensor:
+        key = it.span.content_hash
+        rows = plan.features.get(key)
+        if rows is not None:
+            return rows
+        stage = f"encoded:{self.fingerprint}"
+        rows = self.media_store.get(key, stage)
+        if rows is None:
+            rows = self.family.encoders[it.span.kind.value](self._full, it.prepared)
+            want = it.span.end - it.span.start
+            if rows.dim() != 2 or rows.shape[0] != want:
+                raise RunStateError(f"{it.item}: the encoder returned {tuple(rows.shape)} rows, the prompt has {want}")
+            self.media_store.put(key, rows, rows.numel() * rows.element_size(), stage)
+            plan.encoded += 1
+            self.media_counters["encoded"] += 1
+        else:
+            plan.reused += 1
+        plan.features[key] = rows
+        return rows
+
+
+# ==================================================================== encoders
+
+
+def _rows(out: Any) -> torch.Tensor:
+    pooled = getattr(out, "pooler_output", None)
+    value = pooled if pooled is not None else getattr(out, "last_hidden_state", out)
+    if isinstance(value, list | tuple):
+        value = torch.cat([v.reshape(-1, v.shape[-1]) for v in value])
+    return value.reshape(-1, value.shape[-1])
+
+
+def qwen_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    return _rows(model.model.get_image_features(p.inputs["pixel_values"], p.inputs["image_grid_thw"]))
+
+
+def qwen_video_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    return _rows(model.model.get_video_features(p.inputs["pixel_values_videos"], p.inputs["video_grid_thw"]))
+
+
+def omni_audio_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    features = p.inputs["input_features"]  # [mels, frames]
+    mask = torch.ones((1, features.shape[1]), dtype=torch.long)
+    out = model.model.get_audio_features(features.unsqueeze(0), feature_attention_mask=mask)
+    return out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
+
+
+def llava_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    config = model.config
+    out = model.model.get_image_features(
+        pixel_values=p.inputs["pixel_values"],
+        vision_feature_layer=config.vision_feature_layer,
+        vision_feature_select_strategy=config.vision_feature_select_strategy,
+    )
+    return _rows(out)

@@ -1,0 +1,121 @@
+"""Multimodal models through the prefix cache: every prefill served from the cache gives the logits of a full forward
+of the transformers model (its own media merging and position ids), repeated media are not encoded again, and a
+swapped item never hits beyond the text before it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cache import PrefixCache
+from chat.engine.errors import InvalidMediaError
+from chat.engine.generation import Generation, TurnRequest, run_to_end
+from chat.engine.sampling import SamplingParams
+from chat.models import load_model
+from tests.chat.models.mm_helpers import audio, image, mp4, png, reference_logits, user, video, wav
+
+TOL = 1e-4
+GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
+
+
+@pytest.fixture(scope="module", params=["tiny-omni", "tiny-llava"])
+def model(request):
+    torch.set_num_threads(1)
+    return load_model(request.param)
+
+
+def conversation(name: str) -> list[list[dict]]:
+    """Turn by turn prompts (each the whole conversation so far); the replies are filled in as the turns run."""
+    a, b = png(1), png(2)  # same size, different pixels
+    c = png(3, width=90, height=40)
+    first = [{"role": "system", "content": "You are a helpful assistant."}, user("What is in ", image(a), "?")]
+    turns: list[list[dict]] = [first]
+    turns.append([user("And now this one: ", image(c))])
+    turns.append([user(image(a), "Is this the first picture again?")])  # repeats an earlier image
+    if name == "tiny-omni":
+        turns.append([user("Listen: ", audio(wav()), " and watch ", video(mp4()))])
+        turns.append([user("Once more: ", video(mp4()), audio(wav(0.3)))])
+    return turns
+
+
+def run_turn(model, cache, messages):
+    gen = Generation(model, cache, TurnRequest(messages, GREEDY), record_prefill_logits=True)
+    _, done = run_to_end(gen)
+    assert done.finish_reason in ("stop", "length"), done.error
+    return gen, done
+
+
+def test_cached_prefills_match_a_full_forward_and_repeats_are_not_encoded(model):
+    cache = PrefixCache()
+    history: list[dict] = []
+    for number, new in enumerate(conversation(model.name)):
+        messages = history + new
+        encoded_before = model.media_counters["encoded"]
+        gen, done = run_turn(model, cache, messages)
+        prompt = model.render_prompt(messages)
+        assert list(prompt.tokens) == gen.prompt
+        ref = reference_logits(model, prompt)
+        diff = (ref[gen.cached_tokens :] - gen.prefill_logits).abs().max().item()
+        assert diff < TOL, f"turn {number}: max |diff| {diff}"
+        if number > 0:
+            assert gen.cached_tokens > 0, f"turn {number} did not hit"
+        uncached_new = [it for it in prompt.items if it.span.end > gen.cached_tokens]
+        hashes_before = {it.span.content_hash for m in history for it in _items(model, m)}
+        fresh = {it.span.content_hash for it in uncached_new} - hashes_before
+        assert model.media_counters["encoded"] - encoded_before == len(fresh)  # repeats come from the store
+        nocache = run_to_end(Generation(model, None, TurnRequest(messages, GREEDY)))[1]
+        assert nocache.token_ids == done.token_ids
+        history = messages + [{"role": "assistant", "content": done.text}]
+
+
+def _items(model, message):
+    if isinstance(message.get("content"), str):
+        return []
+    return model.render_prompt([message]).items
+
+
+def test_a_swapped_image_of_the_same_size_hits_only_the_text_before_it(model):
+    cache = PrefixCache()
+    base = [{"role": "system", "content": "Describe images."}]
+    gen_a, _ = run_turn(model, cache, base + [user("Look: ", image(png(11)), " what is it?")])
+    span_a = model.render_prompt(base + [user("Look: ", image(png(11)), " what is it?")]).items[0].span
+    swapped = base + [user("Look: ", image(png(12)), " what is it?")]
+    prompt_b = model.render_prompt(swapped)
+    span_b = prompt_b.items[0].span
+    assert (span_a.start, span_a.end) == (span_b.start, span_b.end) and span_a.content_hash != span_b.content_hash
+    gen_b, _ = run_turn(model, cache, swapped)
+    assert gen_b.cached_tokens <= span_b.start
+    ref = reference_logits(model, prompt_b)
+    assert (ref[gen_b.cached_tokens :] - gen_b.prefill_logits).abs().max().item() < TOL
+    # the same tokens with the first image give other logits: the test would see a wrong hit
+    ref_a = reference_logits(model, model.render_prompt(base + [user("Look: ", image(png(11)), " what is it?")]))
+    assert (ref_a[span_b.end :] - ref[span_b.end :]).abs().max().item() > 1e-3
+
+
+def test_corrupt_media_fails_the_turn_by_name_and_stores_nothing(model):
+    cache = PrefixCache()
+    bad = png(5)[:60]
+    messages = [user("What is ", image(bad, item="messages[0].content[1]"), "?")]
+    gen = Generation(model, cache, TurnRequest(messages, GREEDY))
+    entries = len(model.media_store)
+    with pytest.raises(InvalidMediaError) as err:
+        gen.begin()
+    assert err.value.item == "messages[0].content[1]"
+    assert cache.stats().entries == 0 and len(model.media_store) == entries
+    cache.check_invariants()
+
+
+def test_a_kind_the_model_does_not_take_is_refused_by_name(model):
+    if "audio" in model.modalities:
+        pytest.skip("this model takes audio")
+    gen = Generation(model, PrefixCache(), TurnRequest([user("hear ", audio(wav(), item="messages[0].content[1]"))]))
+    with pytest.raises(InvalidMediaError) as err:
+        gen.begin()
+    assert err.value.item == "messages[0].content[1]"
+
+
+def test_a_placeholder_typed_in_the_text_is_refused(model):
+    token = model._tokenizer.convert_ids_to_tokens(model.family.placeholders["image"])
+    gen = Generation(model, PrefixCache(), TurnRequest([user(f"sneaky {token} text", image(png(1)))]))
+    with pytest.raises(InvalidMediaError, match="placeholder"):
+        gen.begin()
