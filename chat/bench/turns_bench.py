@@ -12,6 +12,14 @@ The chat grows to about 2,000 tokens with ~64-token user messages and greedy rep
 - ``hit_speedup`` = miss / hit, ``overhead_ratio`` = hit / floor;
 - ``decode_tps`` and ``hf_decode_tps``: tokens per second after the first, ours vs HF ``generate``, same weights,
   same prompt, same number of new tokens (greedy; EOS ignored by neither, so both stop at the same place).
+
+On a multimodal model (``--model tiny-omni``, ``tiny-llava`` or a multimodal directory) every user message also
+carries media (:data:`MEDIA_PLAN`: new images, audio clips and videos, and repeats of earlier ones, as far as the
+model takes each kind); HF ``generate`` gets the same media. One more figure:
+
+- ``encoder_skipped``: over turns 2-10, the media items of the prompt that had been sent before (in the history, or
+  repeated in a new message) and were not encoded again, divided by the number of such items (1.0 = never
+  re-encoded).
 """
 
 from __future__ import annotations
@@ -41,6 +49,46 @@ FILLER = (
     "Please answer in detail, with examples, and explain each step carefully so that a curious student "
     "who has never read about it before can follow along easily."
 )
+
+
+# media of each turn's user message: (kind, seed); a (kind, seed) seen before is the same bytes again
+MEDIA_PLAN: tuple[tuple[tuple[str, int], ...], ...] = (
+    (("image", 1),),
+    (("audio", 1),),
+    (("image", 2),),
+    (("video", 1),),
+    (("image", 1),),
+    (("image", 3), ("audio", 1)),
+    (("video", 1),),
+    (("image", 4),),
+    (("image", 2),),
+    (("image", 1), ("image", 5)),
+)
+
+
+def user_content(rng: random.Random, turn: int, runtime) -> str | list:
+    """The user message of ``turn``: text, plus media on models that take them."""
+    text = user_message(rng, turn)
+    kinds = getattr(runtime, "modalities", frozenset())
+    if not hasattr(runtime, "render_prompt") or not kinds:
+        return text
+    from chat.bench import media_samples
+    from modalities.parts import MediaPart
+
+    make = {"image": media_samples.picture, "audio": media_samples.tone_wav, "video": media_samples.moving_box_mp4}
+    parts: list = [{"type": "text", "text": text}]
+    for kind, seed in MEDIA_PLAN[turn % len(MEDIA_PLAN)]:
+        if kind in kinds:
+            parts.append(MediaPart(kind, make[kind](seed), None, f"turn {turn + 1} {kind} {seed}"))
+    return parts
+
+
+def _render(runtime, messages: list[dict]):
+    """(tokens, media spans, rendered prompt or None)."""
+    if hasattr(runtime, "render_prompt"):
+        rendered = runtime.render_prompt(messages)
+        return list(rendered.tokens), rendered.spans, rendered
+    return runtime.render(messages), (), None
 
 
 def user_message(rng: random.Random, turn: int) -> str:
@@ -83,12 +131,30 @@ def run(
     rng = random.Random(0)
     messages: list[dict] = [{"role": "system", "content": "You are a helpful assistant."}]
     params = SamplingParams(max_tokens=reply_tokens)
-    for turn in range(turns - 1):
-        messages.append({"role": "user", "content": user_message(rng, turn)})
+    counters = getattr(runtime, "media_counters", None)
+    seen: set[str] = set()  # content hashes of the media sent so far
+    repeated = skipped = 0
+    for turn in range(turns):
+        messages.append({"role": "user", "content": user_content(rng, turn, runtime)})
+        if turn == turns - 1:
+            break
+        encoded_before = counters["encoded"] if counters is not None else 0
         _, done = run_to_end(Generation(runtime, cache, TurnRequest(list(messages), params)))
+        if done.error is not None:
+            raise done.error
         messages.append({"role": "assistant", "content": done.text})
-    messages.append({"role": "user", "content": user_message(rng, turns - 1)})
-    prompt = runtime.render(messages)
+        if counters is not None:
+            spans = _render(runtime, messages[:-1])[1]
+            again = [s for s in spans if s.content_hash in seen]
+            fresh = {s.content_hash for s in spans} - seen
+            if turn > 0:
+                repeated += len(again)
+                skipped += len(again) - (counters["encoded"] - encoded_before - len(fresh))
+            seen.update(s.content_hash for s in spans)
+    prompt, spans, rendered = _render(runtime, messages)
+    if counters is not None:  # turn 10 runs below (frozen cache); count it from its prefix
+        again = [s for s in spans if s.content_hash in seen]
+        repeated += len(again)
     first_token = SamplingParams(max_tokens=1)
 
     namespace = Namespace(runtime.fingerprint, runtime.dtype)
@@ -101,9 +167,9 @@ def run(
         _, done = run_to_end(Generation(runtime, None, TurnRequest(messages, first_token)))
         misses.append(done.timings.ttft_ms)
         # the floor: restore outside the clock; time only the suffix forward and the first sample
-        match = cache.lookup(namespace, prompt)
+        match = cache.lookup(namespace, prompt, spans)
         lease = cache.acquire(match, namespace)
-        state = runtime.new_run(lease)
+        state = runtime.new_run(lease, rendered) if rendered is not None else runtime.new_run(lease)
         t = time.perf_counter()
         logits = runtime.forward(state, prompt[match.length :], last_only=True)
         sample(logits[-1], first_token, None)
@@ -113,12 +179,15 @@ def run(
 
     hf_prefill, hf_decode = [], []
     ours_decode = []
+    def baseline(n: int) -> list[int]:
+        return runtime.hf_generate(rendered, n) if rendered is not None else hf_generate(runtime, prompt, n)
+
     for _ in range(repeats):
         t = time.perf_counter()
-        hf_generate(runtime, prompt, 1)
+        baseline(1)
         hf_prefill.append((time.perf_counter() - t) * 1e3)
         t = time.perf_counter()
-        produced = hf_generate(runtime, prompt, decode_tokens)
+        produced = baseline(decode_tokens)
         total = (time.perf_counter() - t) * 1e3
         hf_decode.append((len(produced) - 1) / ((total - hf_prefill[-1]) / 1e3))
         budget = SamplingParams(max_tokens=len(produced))
@@ -126,6 +195,12 @@ def run(
         ours_decode.append(done.timings.decode_tokens_per_s)
 
     hit, miss, floor = _median(hits), _median(misses), _median(floors)
+    media = {}
+    if counters is not None:
+        # turn 10 (the frozen-cache runs): its repeats are the items inside the cached prefix plus repeats stored
+        skipped += sum(1 for s in spans if s.content_hash in seen and s.end <= cached)
+        skipped += sum(1 for s in spans if s.content_hash in seen and s.end > cached and _stored(runtime, s))
+        media = {"media_items": len(spans), "media_repeated": repeated, "encoder_skipped": skipped / repeated if repeated else 0.0}
     return {
         "model": runtime.name,
         "turn10_prompt_tokens": len(prompt),
@@ -139,7 +214,13 @@ def run(
         "decode_tps": _median(ours_decode),
         "hf_decode_tps": _median(hf_decode),
         "decode_ratio": _median(ours_decode) / _median(hf_decode),
+        **media,
     }
+
+
+def _stored(runtime, span) -> bool:
+    """Whether the encoder output of ``span`` is in the runtime's media store (so it is not encoded again)."""
+    return runtime.media_store.contains(span.content_hash, f"encoded:{runtime.fingerprint}")
 
 
 TARGETS = {"hit_speedup": (">=", 10.0), "overhead_ratio": ("<=", 1.10), "decode_ratio": (">=", 1.5)}

@@ -46,30 +46,6 @@ def user(*parts) -> dict:
 def reference_logits(adapter, prompt) -> torch.Tensor:
     """Logits ``[len(prompt.tokens), vocab]`` of the whole prompt through the transformers model (no cache), with
     the model's own media merging and position ids."""
-    kwargs: dict = {}
-    by_kind: dict[str, list] = {"image": [], "video": [], "audio": []}
-    for it in prompt.items:
-        by_kind[it.span.kind.value].append(it.prepared)
-    family = adapter.family.name
-    if by_kind["image"]:
-        kwargs["pixel_values"] = torch.cat([p.inputs["pixel_values"] for p in by_kind["image"]])
-        if family != "llava":
-            kwargs["image_grid_thw"] = torch.cat([p.inputs["image_grid_thw"] for p in by_kind["image"]])
-    if by_kind["video"]:
-        kwargs["pixel_values_videos"] = torch.cat([p.inputs["pixel_values_videos"] for p in by_kind["video"]])
-        kwargs["video_grid_thw"] = torch.cat([p.inputs["video_grid_thw"] for p in by_kind["video"]])
-        kwargs["video_second_per_grid"] = torch.tensor([p.second_per_grid for p in by_kind["video"]])
-    if by_kind["audio"]:
-        feats = [p.inputs["input_features"] for p in by_kind["audio"]]
-        longest = max(f.shape[1] for f in feats)
-        batch = torch.zeros(len(feats), feats[0].shape[0], longest)
-        mask = torch.zeros(len(feats), longest, dtype=torch.long)
-        for i, f in enumerate(feats):
-            batch[i, :, : f.shape[1]] = f
-            mask[i, : f.shape[1]] = 1
-        kwargs["input_features"] = batch
-        kwargs["feature_attention_mask"] = mask
-    ids = torch.tensor([list(prompt.tokens)])
     with torch.inference_mode():
-        out = adapter.full_model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        out = adapter.full_model(**adapter.hf_inputs(prompt))
     return out.logits[0].float()
