@@ -152,12 +152,15 @@ def run(
                 skipped += len(again) - (counters["encoded"] - encoded_before - len(fresh))
             seen.update(s.content_hash for s in spans)
     prompt, spans, rendered = _render(runtime, messages)
-    if counters is not None:  # turn 10 runs below (frozen cache); count it from its prefix
+    namespace = Namespace(runtime.fingerprint, runtime.dtype)
+    if counters is not None:  # the last turn runs below on a frozen cache: count it before anything runs
+        match = cache.lookup(namespace, prompt, spans)
+        prefix = match.length if match is not None else 0
         again = [s for s in spans if s.content_hash in seen]
         repeated += len(again)
+        skipped += sum(1 for s in again if s.end <= prefix or _stored(runtime, s))
     first_token = SamplingParams(max_tokens=1)
 
-    namespace = Namespace(runtime.fingerprint, runtime.dtype)
     frozen = _NoStore(cache)  # every repeat sees the cache exactly as turn 9 left it
     hits, misses, floors, cached = [], [], [], 0
     for _ in range(repeats):
@@ -197,9 +200,6 @@ def run(
     hit, miss, floor = _median(hits), _median(misses), _median(floors)
     media = {}
     if counters is not None:
-        # turn 10 (the frozen-cache runs): its repeats are the items inside the cached prefix plus repeats stored
-        skipped += sum(1 for s in spans if s.content_hash in seen and s.end <= cached)
-        skipped += sum(1 for s in spans if s.content_hash in seen and s.end > cached and _stored(runtime, s))
         media = {"media_items": len(spans), "media_repeated": repeated, "encoder_skipped": skipped / repeated if repeated else 0.0}
     return {
         "model": runtime.name,
