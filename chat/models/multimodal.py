@@ -294,13 +294,18 @@ class MultimodalAdapter(ModelAdapter):
                 )
                 for it in items
             ]
-            positions, after = mrope_positions(
-                self.family.mrope, len(tokens) - base, grids, offset=base, next_position=base + delta
-            )
-            for it in items:
-                end = it.span.end
-                steps.append((end, int(positions[:, : end - base].max()) + 1 - end))
-            delta = after - len(tokens)
+            item_ends = {it.span.end for it in items}
+            pieces, cursor, position = [], base, base + delta
+            for end in sorted(item_ends | {len(tokens)}):  # window by window: the next position after each
+                piece, position = mrope_positions(  # item is what an entry ending there must carry
+                    self.family.mrope, end - cursor, grids, offset=cursor, next_position=position
+                )
+                pieces.append(piece)
+                cursor = end
+                if end in item_ends:
+                    steps.append((end, position - end))
+            positions = torch.cat(pieces, dim=1)
+            delta = position - len(tokens)
         if not steps:
             steps = [(0, 0)]
         run.media = RunMedia(items=items, base=base, positions=positions, delta=delta, steps=steps)
