@@ -227,18 +227,28 @@ class MultimodalAdapter(ModelAdapter):
                 else:
                     raise MediaError("unknown content part", item=f"messages[{i}].content[{j}]")
             template_messages.append({"role": message["role"], "content": pieces})
-        prepared = [self._prepare(part) for part in parts]  # decode errors surface before any compute
+        prepared = self._prepare_all(parts)  # decode errors surface here, before any compute
         text = self._tokenizer.apply_chat_template(template_messages, tokenize=False, add_generation_prompt=True)
         ids = list(self._tokenizer.encode(text, add_special_tokens=False))
-        return self._expand(ids, parts, prepared)
+        rendered = self._expand(ids, parts, prepared)
+        for key, value in prepared:  # only a prompt that renders leaves its items in the store
+            if not self.media_store.contains(key, PREPARED):
+                self.media_store.put(key, value, value.nbytes, PREPARED)
+        return rendered
 
-    def _prepare(self, part: MediaPart) -> tuple[str, PreparedMedia]:
-        preparer = self.family.preparers[part.kind]
-        key = content_hash(part.data, preparer.fingerprint)
-        value = self.media_store.get_or_decode(
-            key, lambda: preparer.prepare(part.data, part.declared, part.item), stage=PREPARED
-        )
-        return key, value
+    def _prepare_all(self, parts: Sequence[MediaPart]) -> list[tuple[str, PreparedMedia]]:
+        """(content hash, prepared item) per part: from the media store, or decoded and preprocessed (each
+        distinct item once per call). Nothing is stored here."""
+        out: list[tuple[str, PreparedMedia]] = []
+        fresh: dict[str, PreparedMedia] = {}
+        for part in parts:
+            preparer = self.family.preparers[part.kind]
+            key = content_hash(part.data, preparer.fingerprint)
+            value = fresh.get(key) or self.media_store.get(key, PREPARED)
+            if value is None:
+                value = fresh[key] = preparer.prepare(part.data, part.declared, part.item)
+            out.append((key, value))
+        return out
 
     def _expand(
         self, ids: list[int], parts: list[MediaPart], prepared: list[tuple[str, PreparedMedia]]

@@ -95,13 +95,13 @@ def test_a_swapped_image_of_the_same_size_hits_only_the_text_before_it(model):
 def test_corrupt_media_fails_the_turn_by_name_and_stores_nothing(model):
     cache = PrefixCache()
     bad = png(5)[:60]
-    messages = [user("What is ", image(bad, item="messages[0].content[1]"), "?")]
+    messages = [user("What is ", image(png(6)), " next to ", image(bad, item="messages[0].content[3]"), "?")]
     gen = Generation(model, cache, TurnRequest(messages, GREEDY))
     entries = len(model.media_store)
     with pytest.raises(InvalidMediaError) as err:
         gen.begin()
-    assert err.value.item == "messages[0].content[1]"
-    assert cache.stats().entries == 0 and len(model.media_store) == entries
+    assert err.value.item == "messages[0].content[3]" and "truncated or corrupt" in str(err.value)
+    assert cache.stats().entries == 0 and len(model.media_store) == entries  # not even the good image
     cache.check_invariants()
 
 
