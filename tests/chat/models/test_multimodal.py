@@ -119,3 +119,33 @@ def test_a_placeholder_typed_in_the_text_is_refused(model):
     gen = Generation(model, PrefixCache(), TurnRequest([user(f"sneaky {token} text", image(png(1)))]))
     with pytest.raises(InvalidMediaError, match="placeholder"):
         gen.begin()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_conversations_with_edits_and_regenerations_stay_exact(model, seed):
+    import random
+
+    rng = random.Random(seed)
+    pool = [image(png(40 + i)) for i in range(3)] + [image(png(50, width=90, height=40))]
+    if "audio" in model.modalities:
+        pool += [audio(wav(0.4)), audio(wav(0.7)), video(mp4())]
+    cache = PrefixCache()
+    messages: list[dict] = [{"role": "system", "content": "Answer."}]
+    for step in range(6):
+        action = rng.choice(["append", "append", "edit", "regenerate"]) if step else "append"
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if action == "regenerate":  # the same prompt again: drop the reply
+            messages = messages[:-1]
+        else:
+            if action == "edit":  # replace an earlier user message; later ones are dropped
+                messages = messages[: rng.choice(users)]
+            parts = [f"turn {step}: "] + rng.sample(pool, rng.randint(0, 2)) + ["what now?"]
+            messages = messages + [user(*parts)]
+        gen, done = run_turn(model, cache, messages)
+        ref = reference_logits(model, model.render_prompt(messages))
+        diff = (ref[gen.cached_tokens :] - gen.prefill_logits).abs().max().item()
+        assert diff < TOL, f"step {step} ({action}): max |diff| {diff}"
+        if action == "regenerate":
+            assert gen.cached_tokens == len(gen.prompt) - 1
+        messages = messages + [{"role": "assistant", "content": done.text}]
+        cache.check_invariants()
