@@ -182,6 +182,7 @@ def run(
 
     hf_prefill, hf_decode = [], []
     ours_decode = []
+
     def baseline(n: int) -> list[int]:
         return runtime.hf_generate(rendered, n) if rendered is not None else hf_generate(runtime, prompt, n)
 
@@ -200,7 +201,11 @@ def run(
     hit, miss, floor = _median(hits), _median(misses), _median(floors)
     media = {}
     if counters is not None:
-        media = {"media_items": len(spans), "media_repeated": repeated, "encoder_skipped": skipped / repeated if repeated else 0.0}
+        media = {
+            "media_items": len(spans),
+            "media_repeated": repeated,
+            "encoder_skipped": skipped / repeated if repeated else 0.0,
+        }
     return {
         "model": runtime.name,
         "turn10_prompt_tokens": len(prompt),

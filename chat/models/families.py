@@ -75,7 +75,9 @@ def check_config(config: Any) -> list[str]:
         )
     if text is not config or any(hasattr(config, k) for k in ("vision_config", "audio_config")):
         raise UnsupportedArchitectureError(
-            model_type, "multimodal models are served by chat.models.families_mm, not the text adapter", supported_families()
+            model_type,
+            "multimodal models are served by chat.models.families_mm, not the text adapter",
+            supported_families(),
         )
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     if isinstance(rope, dict) and "mrope_section" in rope:

@@ -134,7 +134,9 @@ def load_multimodal(path: Path, config: Any, torch_dtype: Any) -> tuple[Any, Any
             from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 
             model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
-            family = llava_family(model.config, LlavaImageProcessorPil.from_pretrained(str(path), local_files_only=True))
+            family = llava_family(
+                model.config, LlavaImageProcessorPil.from_pretrained(str(path), local_files_only=True)
+            )
         else:
             model = _load_qwen(path, model_type, torch_dtype)
             family = _qwen_family_from_files(path, model.config)
@@ -166,8 +168,10 @@ def _qwen_family_from_files(path: Path, config: Any) -> MultimodalFamily:
     video = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)
     for key in ("min_pixels", "max_pixels"):
         if isinstance(video_settings.get(key), int):
-            video.size = {**dict(video.size), {"min_pixels": "shortest_edge", "max_pixels": "longest_edge"}[key]:
-                          video_settings[key]}
+            video.size = {
+                **dict(video.size),
+                {"min_pixels": "shortest_edge", "max_pixels": "longest_edge"}[key]: video_settings[key],
+            }
     audio = None
     if hasattr(config, "audio_config") and (path / "preprocessor_config.json").is_file():
         from transformers import WhisperFeatureExtractor

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from modalities import audio as audio_mod
@@ -27,6 +26,9 @@ from modalities.limits import AudioLimits, ImageLimits, VideoLimits
 from modalities.video import VideoOptions
 
 DEFAULT_VIDEO_FPS = 2.0  # Qwen's processors assume this when a video's sampling rate is unknown
+IMAGE_LIMITS, IMAGE_OPTIONS = ImageLimits(), ImageOptions()  # defaults of the preparers (immutable)
+VIDEO_LIMITS, VIDEO_OPTIONS = VideoLimits(), VideoOptions()
+AUDIO_LIMITS = AudioLimits()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -65,8 +67,19 @@ def _settings(processor: Any, names: tuple[str, ...]) -> dict[str, object]:
 # ================================================================ Qwen2-VL family (Qwen2-VL, Qwen2.5-VL, Omni)
 
 
-_QWEN_SETTINGS = ("size", "patch_size", "merge_size", "temporal_patch_size", "image_mean", "image_std", "resample",
-                  "rescale_factor", "do_resize", "do_rescale", "do_normalize")
+_QWEN_SETTINGS = (
+    "size",
+    "patch_size",
+    "merge_size",
+    "temporal_patch_size",
+    "image_mean",
+    "image_std",
+    "resample",
+    "rescale_factor",
+    "do_resize",
+    "do_rescale",
+    "do_normalize",
+)
 
 
 class QwenImagePreparer:
@@ -75,7 +88,7 @@ class QwenImagePreparer:
 
     kind = "image"
 
-    def __init__(self, processor: Any, limits: ImageLimits = ImageLimits(), options: ImageOptions = ImageOptions()):
+    def __init__(self, processor: Any, limits: ImageLimits = IMAGE_LIMITS, options: ImageOptions = IMAGE_OPTIONS):
         self.processor = processor  # a Qwen2VLImageProcessorPil
         self.limits = limits
         self.options = options
@@ -106,8 +119,8 @@ class QwenVideoPreparer:
     def __init__(
         self,
         processor: Any,
-        limits: VideoLimits = VideoLimits(),
-        options: VideoOptions = VideoOptions(),
+        limits: VideoLimits = VIDEO_LIMITS,
+        options: VideoOptions = VIDEO_OPTIONS,
     ):
         self.processor = processor  # a Qwen2VLImageProcessorPil configured with the video pixel budget
         self.limits = limits
@@ -154,7 +167,7 @@ class WhisperAudioPreparer:
 
     kind = "audio"
 
-    def __init__(self, extractor: Any, limits: AudioLimits = AudioLimits()):
+    def __init__(self, extractor: Any, limits: AudioLimits = AUDIO_LIMITS):
         self.extractor = extractor  # a WhisperFeatureExtractor
         rate = int(extractor.sampling_rate)
         window = float(extractor.n_samples) / rate  # seconds one call covers (30 s for Whisper)
@@ -194,14 +207,25 @@ class ClipImagePreparer:
     kind = "image"
 
     def __init__(
-        self, processor: Any, tokens: int, limits: ImageLimits = ImageLimits(), options: ImageOptions = ImageOptions()
+        self, processor: Any, tokens: int, limits: ImageLimits = IMAGE_LIMITS, options: ImageOptions = IMAGE_OPTIONS
     ):
         self.processor = processor  # a CLIPImageProcessorPil / LlavaImageProcessorPil
         self.tokens = tokens  # placeholder tokens per image (the tower's patch count, maybe + CLS)
         self.limits = limits
         self.options = options
-        names = ("size", "crop_size", "do_center_crop", "do_pad", "image_mean", "image_std", "resample",
-                 "rescale_factor", "do_resize", "do_rescale", "do_normalize")
+        names = (
+            "size",
+            "crop_size",
+            "do_center_crop",
+            "do_pad",
+            "image_mean",
+            "image_std",
+            "resample",
+            "rescale_factor",
+            "do_resize",
+            "do_rescale",
+            "do_normalize",
+        )
         self.fingerprint = image_mod.fingerprint(type(processor).__name__, options, _settings(processor, names))
 
     def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:

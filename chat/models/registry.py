@@ -144,9 +144,8 @@ def load_tiny(name: str, dtype: str, torch_dtype: Any) -> Any:
     from chat.models.adapter import ModelAdapter
     from chat.models.fingerprint import model_fingerprint, tensors_digest
     from chat.models.tiny import TINY, TINY_REFUSED, build_tiny_model, tiny_config
-    from chat.models.tiny_tokenizer import ASSET_DIR
-
     from chat.models.tiny_mm import TINY_MM
+    from chat.models.tiny_tokenizer import ASSET_DIR
 
     if name in TINY_MM:
         return load_tiny_multimodal(name, dtype, torch_dtype)

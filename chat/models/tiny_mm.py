@@ -15,7 +15,15 @@ import torch
 
 from chat.models.tiny import CONTEXT, INIT_STD, SEED
 
-OMNI_TOKENS = ["<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"]
+OMNI_TOKENS = [
+    "<|vision_bos|>",
+    "<|vision_eos|>",
+    "<|IMAGE|>",
+    "<|VIDEO|>",
+    "<|AUDIO|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+]
 LLAVA_TOKENS = ["<image>"]
 OMNI_PARTS = {
     "image": "<|vision_bos|><|IMAGE|><|vision_eos|>",
@@ -33,9 +41,9 @@ TINY_MM = ("omni", "llava")
 
 def chat_template(parts: dict[str, str]) -> str:
     """ChatML whose content may be a string or a list of parts (text, and the media kinds in ``parts``)."""
-    media = "".join(
-        f"{{% elif part['type'] == '{kind}' %}}{{{{ '{text}' }}}}" for kind, text in parts.items()
-    ).replace("\n", "\\n")
+    media = "".join(f"{{% elif part['type'] == '{kind}' %}}{{{{ '{text}' }}}}" for kind, text in parts.items()).replace(
+        "\n", "\\n"
+    )
     return (
         "{% for message in messages %}"
         "{{ '<|im_start|>' + message['role'] + '\\n' }}"
@@ -176,7 +184,8 @@ def build_tiny_multimodal(name: str, dtype: torch.dtype) -> tuple[Any, Any, Any]
             tokenizer = tiny_tokenizer(LLAVA_TOKENS, LLAVA_PARTS)
             model = _seeded(LlavaForConditionalGeneration(llava_config(tokenizer)), dtype)
             processor = LlavaImageProcessorPil(
-                size={"shortest_edge": LLAVA_IMAGE_SIZE}, crop_size={"height": LLAVA_IMAGE_SIZE, "width": LLAVA_IMAGE_SIZE}
+                size={"shortest_edge": LLAVA_IMAGE_SIZE},
+                crop_size={"height": LLAVA_IMAGE_SIZE, "width": LLAVA_IMAGE_SIZE},
             )
             family = llava_family(model.config, processor)
         else:

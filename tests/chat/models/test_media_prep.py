@@ -64,7 +64,9 @@ def test_audio_tokens_match_the_omni_processor_formula():
         out = preparer.prepare(wav(seconds), None, "aud")
         frames = out.inputs["input_features"].shape[1]
         assert frames == round(seconds * 100)
-        assert out.tokens == whisper_output_tokens(frames) == int(_get_feat_extract_output_lengths(torch.tensor(frames)))
+        assert (
+            out.tokens == whisper_output_tokens(frames) == int(_get_feat_extract_output_lengths(torch.tensor(frames)))
+        )
     assert np.isfinite(out.inputs["input_features"].numpy()).all()
 
 

@@ -26,7 +26,7 @@ def model(request):
 
 def conversation(name: str) -> list[list[dict]]:
     """Turn by turn prompts (each the whole conversation so far); the replies are filled in as the turns run."""
-    a, b = png(1), png(2)  # same size, different pixels
+    a, _b = png(1), png(2)  # same size, different pixels
     c = png(3, width=90, height=40)
     first = [{"role": "system", "content": "You are a helpful assistant."}, user("What is in ", image(a), "?")]
     turns: list[list[dict]] = [first]
@@ -65,7 +65,7 @@ def test_cached_prefills_match_a_full_forward_and_repeats_are_not_encoded(model)
         assert model.media_counters["encoded"] - encoded_before == len(fresh)  # repeats come from the store
         nocache = run_to_end(Generation(model, None, TurnRequest(messages, GREEDY)))[1]
         assert nocache.token_ids == done.token_ids
-        history = messages + [{"role": "assistant", "content": done.text}]
+        history = [*messages, {"role": "assistant", "content": done.text}]
 
 
 def _items(model, message):
@@ -77,9 +77,9 @@ def _items(model, message):
 def test_a_swapped_image_of_the_same_size_hits_only_the_text_before_it(model):
     cache = PrefixCache()
     base = [{"role": "system", "content": "Describe images."}]
-    gen_a, _ = run_turn(model, cache, base + [user("Look: ", image(png(11)), " what is it?")])
-    span_a = model.render_prompt(base + [user("Look: ", image(png(11)), " what is it?")]).items[0].span
-    swapped = base + [user("Look: ", image(png(12)), " what is it?")]
+    _gen_a, _ = run_turn(model, cache, [*base, user("Look: ", image(png(11)), " what is it?")])
+    span_a = model.render_prompt([*base, user("Look: ", image(png(11)), " what is it?")]).items[0].span
+    swapped = [*base, user("Look: ", image(png(12)), " what is it?")]
     prompt_b = model.render_prompt(swapped)
     span_b = prompt_b.items[0].span
     assert (span_a.start, span_a.end) == (span_b.start, span_b.end) and span_a.content_hash != span_b.content_hash
@@ -88,7 +88,7 @@ def test_a_swapped_image_of_the_same_size_hits_only_the_text_before_it(model):
     ref = reference_logits(model, prompt_b)
     assert (ref[gen_b.cached_tokens :] - gen_b.prefill_logits).abs().max().item() < TOL
     # the same tokens with the first image give other logits: the test would see a wrong hit
-    ref_a = reference_logits(model, model.render_prompt(base + [user("Look: ", image(png(11)), " what is it?")]))
+    ref_a = reference_logits(model, model.render_prompt([*base, user("Look: ", image(png(11)), " what is it?")]))
     assert (ref_a[span_b.end :] - ref[span_b.end :]).abs().max().item() > 1e-3
 
 
@@ -139,13 +139,13 @@ def test_random_conversations_with_edits_and_regenerations_stay_exact(model, see
         else:
             if action == "edit":  # replace an earlier user message; later ones are dropped
                 messages = messages[: rng.choice(users)]
-            parts = [f"turn {step}: "] + rng.sample(pool, rng.randint(0, 2)) + ["what now?"]
-            messages = messages + [user(*parts)]
+            parts = [f"turn {step}: ", *rng.sample(pool, rng.randint(0, 2)), "what now?"]
+            messages = [*messages, user(*parts)]
         gen, done = run_turn(model, cache, messages)
         ref = reference_logits(model, model.render_prompt(messages))
         diff = (ref[gen.cached_tokens :] - gen.prefill_logits).abs().max().item()
         assert diff < TOL, f"step {step} ({action}): max |diff| {diff}"
         if action == "regenerate":
             assert gen.cached_tokens == len(gen.prompt) - 1
-        messages = messages + [{"role": "assistant", "content": done.text}]
+        messages = [*messages, {"role": "assistant", "content": done.text}]
         cache.check_invariants()

@@ -25,11 +25,19 @@ def save_tiny(name: str, path) -> None:
     if name == "omni":  # one merged file with the pixel budget as min/max_pixels, as Qwen2.5-Omni ships it
         del settings["size"]
         image_proc = family.preparers["image"].processor
-        settings["min_pixels"], settings["max_pixels"] = image_proc.size["shortest_edge"], image_proc.size["longest_edge"]
+        settings["min_pixels"], settings["max_pixels"] = (
+            image_proc.size["shortest_edge"],
+            image_proc.size["longest_edge"],
+        )
         video_proc = family.preparers["video"].processor
         (path / "video_preprocessor_config.json").write_text(
-            json.dumps({"min_pixels": video_proc.size["shortest_edge"], "max_pixels": video_proc.size["longest_edge"],
-                        "max_frames": family.preparers["video"].options.num_frames})
+            json.dumps(
+                {
+                    "min_pixels": video_proc.size["shortest_edge"],
+                    "max_pixels": video_proc.size["longest_edge"],
+                    "max_frames": family.preparers["video"].options.num_frames,
+                }
+            )
         )
     (path / "preprocessor_config.json").write_text(json.dumps(settings))
 
