@@ -4,8 +4,9 @@ The benchmarks run one after another, in the order of :data:`BENCHMARKS`, on one
 the benchmarks that take a loaded runtime). Each one's object is stored under its name, unchanged from what
 `turncache bench NAME --json` prints; a benchmark that raises is stored as ``{"error": "..."}`` and the others
 still run. The file also holds ``machine`` (CPU, cores, memory, torch / transformers / Python versions, date),
-``elapsed_s`` and ``loadavg_before`` (the 1-minute load average when each benchmark started: with two cores, any
-other load distorts timings). Charts are drawn from the saved object by :mod:`chat.bench.charts`.
+``elapsed_s``, ``loadavg_before`` (the 1-minute load average when each benchmark started: with two cores, any
+other load distorts timings) and ``rss_before_mib`` (this process's resident memory when each benchmark started,
+after collecting what the previous one left behind). Charts are drawn from the saved object by :mod:`chat.bench.charts`.
 
 Adding a benchmark is one line in :data:`BENCHMARKS`: a name and a callable from the run's :class:`Suite` to the
 benchmark's JSON object.
@@ -95,10 +96,14 @@ def run_all(suite: Suite, out_dir: Path, *, log=None) -> dict[str, Any]:
     import torch
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    results: dict[str, Any] = {"model": suite.model, "machine": machine_info(), "elapsed_s": {}, "loadavg_before": {}}
+    results: dict[str, Any] = {"model": suite.model, "machine": machine_info()}
+    for key in ("elapsed_s", "loadavg_before", "rss_before_mib"):
+        results[key] = {}
     threads = torch.get_num_threads()
     for name, bench in BENCHMARKS:
         log(f"bench {name} ...")
+        # the previous benchmark's engines and caches are garbage in reference cycles: free them before the next
+        results["rss_before_mib"][name] = round(load_bench.settled_rss_mib(), 1)
         results["loadavg_before"][name] = round(os.getloadavg()[0], 2)
         t0 = time.perf_counter()
         try:

@@ -40,7 +40,7 @@ def test_bench_all_writes_one_json_with_every_benchmark_and_valid_png_charts(tmp
     for name, keys in KEYS.items():
         assert "error" not in saved[name], saved[name]
         assert set(keys) <= saved[name].keys(), set(keys) - saved[name].keys()
-        assert saved["elapsed_s"][name] > 0
+        assert saved["elapsed_s"][name] > 0 and saved["rss_before_mib"][name] > 0
     assert saved["cache"]["entries"] == 200 and saved["cache"]["scaling_entries"][-1] == 200
     assert saved["multiturn"]["model"] == saved["serve"]["model"] == "tiny-llama"
     assert saved["serve"]["errors"] == saved["load"]["errors"] == saved["multiturn"]["errors"] == 0
