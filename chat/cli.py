@@ -197,8 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help="benchmarks that print measured figures",
-        description="With no BENCHMARK: run cache, turns, multiturn, serve and load in one process, one after "
-        "another, and write DIR/bench.json (every benchmark's object under its name, plus machine info) and PNG "
+        description="With no BENCHMARK: run cache, turns, media_turns (bench turns on tiny-omni, with images, "
+        "audio and video), multiturn, serve and load in one process, one after another, and write DIR/bench.json (every benchmark's object under its name, plus machine info) and PNG "
         "charts into DIR (about 25 minutes with the default model). With a BENCHMARK: run that one and print it.",
     )
     bench.add_argument(
@@ -227,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what, run in (
         (
             "turns",
-            "a 10-turn chat on one model: time to first token with and without the cache, decode speed",
+            "a 10-turn chat on one model: time to first token with and without the cache, decode speed "
+            "(on a multimodal model, e.g. tiny-omni, every message carries media and encoder_skipped is added)",
             _bench_turns,
         ),
         ("serve", "8 concurrent WebSocket sessions x 5 turns on a loopback server", _bench_serve),

@@ -37,6 +37,7 @@ class Suite:
     """What one `turncache bench` run shares between its benchmarks."""
 
     model: str = "smollm2"  # model spec for every model benchmark
+    media_model: str = "tiny-omni"  # the multimodal turns benchmark's model (images, audio, video)
     sizes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # per-benchmark keyword overrides (tests)
     _runtime: Any = None  # the model, loaded on first use
 
@@ -54,6 +55,7 @@ class Suite:
 BENCHMARKS: tuple[tuple[str, Callable[[Suite], dict]], ...] = (
     ("cache", lambda s: cache_bench.run(cache_bench.CacheBenchConfig(**s.kw("cache")))),
     ("turns", lambda s: turns_bench.run(s.model, **s.kw("turns"))),
+    ("media_turns", lambda s: turns_bench.run(s.media_model, **s.kw("media_turns"))),
     ("multiturn", lambda s: multiturn_bench.run_on(s.runtime(), multiturn_bench.MultiTurnConfig(**s.kw("multiturn")))),
     ("serve", lambda s: serve_bench.run_on(s.runtime(), **s.kw("serve"))),
     ("load", lambda s: load_bench.run_on(s.runtime(), **s.kw("load"))),

@@ -11,6 +11,7 @@ from chat.cli import _bench_all, _bench_multiturn, build_parser
 SMALL = {
     "cache": {"entries": 200, "queries": 50, "linear_queries": 5, "scaling_queries": 20, "scaling_linear_queries": 3},
     "turns": {"turns": 3, "reply_tokens": 6, "decode_tokens": 4, "repeats": 1},
+    "media_turns": {"turns": 3, "reply_tokens": 4, "decode_tokens": 3, "repeats": 1},
     "multiturn": {"conversations": 2, "min_user_tokens": 16, "max_user_tokens": 32, "max_reply_tokens": 4},
     "serve": {"sessions": 2, "turns": 2, "short_tokens": 4, "long_tokens": 24, "probes": 2},
     "load": {"sessions": 3, "turns": 2, "short_tokens": 4, "cache_mib": 16},
@@ -21,6 +22,8 @@ KEYS = {
               "scaling_entries", "scaling_lookup_p50_ms", "scaling_lookup_p99_ms", "scaling_linear_p99_ms"],
     "turns": ["ttft_hit_ms", "ttft_miss_ms", "ttft_floor_ms", "hf_reprefill_ms", "hit_speedup", "overhead_ratio",
               "decode_tps", "hf_decode_tps", "decode_ratio"],
+    "media_turns": ["ttft_hit_ms", "ttft_miss_ms", "hit_speedup", "decode_ratio", "media_items", "media_repeated",
+                    "encoder_skipped"],
     "multiturn": ["ttft_p50_ms_cache", "ttft_p50_ms_nocache", "speedup", "cached_token_ratio", "turns",
                   "conversations", "ttft_p50_ms_per_turn_cache", "ttft_p50_ms_per_turn_nocache",
                   "cached_token_ratio_per_turn_cache", "cached_token_ratio_per_turn_nocache"],
