@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="benchmarks that print measured figures",
         description="With no BENCHMARK: run cache, turns, media_turns (bench turns on tiny-omni, with images, "
-        "audio and video), multiturn, serve and load in one process, one after another, and write DIR/bench.json (every benchmark's object under its name, plus machine info) and PNG "
+        "audio and video), multiturn, serve and load in one process, one after another, and write "
+        "DIR/bench.json (every benchmark's object under its name, plus machine info) and PNG "
         "charts into DIR (about 25 minutes with the default model). With a BENCHMARK: run that one and print it.",
     )
     bench.add_argument(
