@@ -1,8 +1,9 @@
 """Browser tests of the web UI: Debian's Chromium, driven by Playwright, against a real server on loopback.
 
-The server runs the weightless FakeRuntime; its replies are picked by the last user message (see ``web_script``),
-so a test chooses a long slow reply, Markdown, or an injection attempt by what it types. Every test gets a fresh
-browser context (empty localStorage) and fails if the page logged a script error or opened a dialog.
+The server runs the weightless FakeMediaRuntime (media decoded, no encoder); its replies are picked by the last user
+message (see ``web_script``), so a test chooses a long slow reply, Markdown, or an injection attempt by what it
+types. Every test gets a fresh browser context (empty localStorage) and fails if the page logged a script error or
+opened a dialog.
 
 Chromium: ``/usr/bin/chromium``; when it is missing the session fixture installs the Debian package (we run as root)
 and skips the browser tests only if that install fails. Playwright itself is a dev dependency (``pip install
@@ -26,7 +27,7 @@ from chat.engine.engine import Engine
 from chat.server.app import create_app
 from chat.server.runner import BackgroundServer
 from chat.server.settings import ServerSettings
-from tests.chat.engine.fakes import END, USER, FakeRuntime
+from tests.chat.engine.fakes import END, USER, FakeMediaRuntime, FakeRuntime
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -124,8 +125,7 @@ def browser(chromium_path: str) -> Iterator:
 
 @pytest.fixture(scope="session")
 def web_server() -> Iterator[WebServer]:
-    runtime = FakeRuntime(script=web_script)
-    runtime.modalities = frozenset({"image", "audio", "video"})  # media parts pass; the fake ignores them
+    runtime = FakeMediaRuntime(script=web_script)  # decodes media (a corrupt file fails its turn), no encoder
     engine = Engine(runtime, cache=PrefixCache())
     server = BackgroundServer(create_app(engine, ServerSettings(), model_name="fake"))
     with server:

@@ -140,3 +140,46 @@ class FakeRuntime:
 
     def close_run(self, run: FakeRun) -> None:
         self.open_runs -= 1
+
+
+@dataclass(frozen=True)
+class FakePrompt:
+    tokens: tuple[int, ...]
+    spans: tuple = ()
+
+
+class FakeMediaRuntime(FakeRuntime):
+    """A FakeRuntime that takes images, audio and video: each item is decoded with :mod:`modalities` (so corrupt or
+    oversized media fail the turn, naming the item) and rendered as :data:`MEDIA_TOKENS` placeholder bytes covered by
+    a media span keyed by the sha256 of its bytes."""
+
+    MEDIA_TOKENS = 8
+    modalities = frozenset({"image", "audio", "video"})
+
+    def render_prompt(self, messages) -> FakePrompt:
+        import hashlib
+
+        from cache import MediaSpan
+        from modalities import audio, image, video
+        from modalities.parts import MediaPart
+
+        decoders = {"image": image.decode, "audio": audio.decode, "video": video.decode}
+        tokens: list[int] = []
+        spans = []
+        for m in messages:
+            tokens.append(ROLE[m["role"]])
+            parts = m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
+            for part in parts:
+                if isinstance(part, MediaPart):
+                    decoders[part.kind](part.data, declared=part.declared, item=part.item)
+                    start = len(tokens)
+                    tokens += [ord("#")] * self.MEDIA_TOKENS
+                    spans.append(MediaSpan(start, len(tokens), part.kind, hashlib.sha256(part.data).hexdigest()))
+                else:
+                    tokens += part["text"].encode()
+            tokens.append(END)
+        tokens.append(ASSISTANT)
+        return FakePrompt(tuple(tokens), tuple(spans))
+
+    def new_run(self, lease: Lease | None = None, prompt: FakePrompt | None = None) -> FakeRun:
+        return super().new_run(lease)
