@@ -67,11 +67,8 @@ def _settings(processor: Any, names: tuple[str, ...]) -> dict[str, object]:
 # ================================================================ Qwen2-VL family (Qwen2-VL, Qwen2.5-VL, Omni)
 
 
-_QWEN_SETTINGS = (
+_PIXEL_SETTINGS = (
     "size",
-    "patch_size",
-    "merge_size",
-    "temporal_patch_size",
     "image_mean",
     "image_std",
     "resample",
@@ -79,7 +76,9 @@ _QWEN_SETTINGS = (
     "do_resize",
     "do_rescale",
     "do_normalize",
-)
+)  # every Pillow image processor's settings that change its output
+_QWEN_SETTINGS = (*_PIXEL_SETTINGS, "patch_size", "merge_size", "temporal_patch_size")
+_CLIP_SETTINGS = (*_PIXEL_SETTINGS, "crop_size", "do_center_crop", "do_pad")
 
 
 class QwenImagePreparer:
@@ -213,20 +212,9 @@ class ClipImagePreparer:
         self.tokens = tokens  # placeholder tokens per image (the tower's patch count, maybe + CLS)
         self.limits = limits
         self.options = options
-        names = (
-            "size",
-            "crop_size",
-            "do_center_crop",
-            "do_pad",
-            "image_mean",
-            "image_std",
-            "resample",
-            "rescale_factor",
-            "do_resize",
-            "do_rescale",
-            "do_normalize",
+        self.fingerprint = image_mod.fingerprint(
+            type(processor).__name__, options, _settings(processor, _CLIP_SETTINGS)
         )
-        self.fingerprint = image_mod.fingerprint(type(processor).__name__, options, _settings(processor, names))
 
     def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
         decoded = image_mod.decode(data, self.limits, self.options, declared=declared, item=item)

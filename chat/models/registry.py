@@ -69,8 +69,7 @@ def load_directory(path: Path, dtype: str, *, name: str, torch_dtype: Any) -> An
     """A model directory -> adapter. The config is checked before any weights are read."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from chat.models.adapter import ModelAdapter
-    from chat.models.fingerprint import model_fingerprint, weight_files_digest
+    from chat.models.fingerprint import weight_files_digest
 
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} is not a Hugging Face model directory: it has no config.json")
@@ -90,59 +89,30 @@ def load_directory(path: Path, dtype: str, *, name: str, torch_dtype: Any) -> An
         raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
     _require_chat_template(tokenizer, path)
     model.eval()
-    return ModelAdapter(
-        model,
-        tokenizer,
-        name=name,
-        fingerprint=model_fingerprint(name, model.config, tokenizer, weight_files_digest(path)),
-        dtype=dtype,
-        context_window=_context_window(model.config, tokenizer),
-        eos_token_ids=_eos_ids(model, tokenizer),
-    )
+    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weight_files_digest(path))
 
 
 def load_multimodal_directory(path: Path, config: Any, dtype: str, *, name: str, torch_dtype: Any) -> Any:
     from chat.models.families_mm import load_multimodal
-    from chat.models.fingerprint import model_fingerprint, weight_files_digest
-    from chat.models.multimodal import MultimodalAdapter
+    from chat.models.fingerprint import weight_files_digest
 
     model, tokenizer, family = load_multimodal(path, config, torch_dtype)
-    return MultimodalAdapter(
-        model,
-        tokenizer,
-        family,
-        name=name,
-        fingerprint=model_fingerprint(name, model.config, tokenizer, weight_files_digest(path)),
-        dtype=dtype,
-        context_window=_context_window(model.config, tokenizer),
-        eos_token_ids=_eos_ids(model, tokenizer),
-    )
+    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weight_files_digest(path), family=family)
 
 
 def load_tiny_multimodal(name: str, dtype: str, torch_dtype: Any) -> Any:
-    from chat.models.fingerprint import model_fingerprint, tensors_digest
-    from chat.models.multimodal import MultimodalAdapter
+    from chat.models.fingerprint import tensors_digest
     from chat.models.tiny_mm import build_tiny_multimodal
 
     model, tokenizer, family = build_tiny_multimodal(name, torch_dtype)
-    full = f"tiny-{name}"
-    return MultimodalAdapter(
-        model,
-        tokenizer,
-        family,
-        name=full,
-        fingerprint=model_fingerprint(full, model.config, tokenizer, tensors_digest(model.state_dict().items())),
-        dtype=dtype,
-        context_window=_context_window(model.config, tokenizer),
-        eos_token_ids=_eos_ids(model, tokenizer),
-    )
+    digest = tensors_digest(model.state_dict().items())
+    return _adapter(model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=digest, family=family)
 
 
 def load_tiny(name: str, dtype: str, torch_dtype: Any) -> Any:
     from transformers import AutoTokenizer
 
-    from chat.models.adapter import ModelAdapter
-    from chat.models.fingerprint import model_fingerprint, tensors_digest
+    from chat.models.fingerprint import tensors_digest
     from chat.models.tiny import TINY, TINY_REFUSED, build_tiny_model, tiny_config
     from chat.models.tiny_mm import TINY_MM
     from chat.models.tiny_tokenizer import ASSET_DIR
@@ -156,19 +126,31 @@ def load_tiny(name: str, dtype: str, torch_dtype: Any) -> Any:
     config = tiny_config(name, len(tokenizer), special)
     check_config(config)  # refused families stop here
     model = build_tiny_model(config, torch_dtype)
-    full = f"tiny-{name}"
-    return ModelAdapter(
-        model,
-        tokenizer,
-        name=full,
-        fingerprint=model_fingerprint(full, model.config, tokenizer, tensors_digest(model.state_dict().items())),
-        dtype=dtype,
-        context_window=_context_window(model.config, tokenizer),
-        eos_token_ids=_eos_ids(model, tokenizer),
-    )
+    digest = tensors_digest(model.state_dict().items())
+    return _adapter(model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=digest)
 
 
 # ==================================================================== helpers
+
+
+def _adapter(model: Any, tokenizer: Any, *, name: str, dtype: str, weights: str, family: Any = None) -> Any:
+    """The runtime of a loaded model: a ModelAdapter, or a MultimodalAdapter when ``family`` says how it takes
+    media. ``weights`` is the digest of its weights (part of the fingerprint)."""
+    from chat.models.adapter import ModelAdapter
+    from chat.models.fingerprint import model_fingerprint
+
+    common = {
+        "name": name,
+        "fingerprint": model_fingerprint(name, model.config, tokenizer, weights),
+        "dtype": dtype,
+        "context_window": _context_window(model.config, tokenizer),
+        "eos_token_ids": _eos_ids(model, tokenizer),
+    }
+    if family is None:
+        return ModelAdapter(model, tokenizer, **common)
+    from chat.models.multimodal import MultimodalAdapter
+
+    return MultimodalAdapter(model, tokenizer, family, **common)
 
 
 def _offline() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from chat.models.tiny import CONTEXT, INIT_STD, SEED
+from chat.models.tiny import _COMMON, INIT_STD, SEED
 
 OMNI_TOKENS = [
     "<|vision_bos|>",
@@ -104,13 +104,8 @@ def omni_config(tokenizer: Any) -> Any:
             "temporal_patch_size": 2,
         },
         text_config={
+            **_COMMON,
             "vocab_size": len(tokenizer),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": CONTEXT,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
             "pad_token_id": tokenizer.pad_token_id,
             "eos_token_id": tokenizer.eos_token_id,
@@ -140,14 +135,8 @@ def llava_config(tokenizer: Any) -> Any:
             projection_dim=32,
         ),
         text_config=LlamaConfig(
+            **_COMMON,
             vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=CONTEXT,
-            tie_word_embeddings=False,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         ),
