@@ -12,6 +12,11 @@ interleave many of them on one model. Each :meth:`Generation.step` returns the e
 Entries are stored at the end of the rendered prompt (always a prefix of the next turn, whatever the chat template
 does to the finished reply) and at the end of the reply. On models with recurrent layers the prefill is split where
 snapshots are wanted: the end of the system prompt and the end of the rendered prompt.
+
+Greedy replies on runtimes that can rewind (no recurrent layers) decode speculatively: a decode step feeds the next
+token together with up to ``draft_tokens`` draft tokens found by prompt lookup (:mod:`chat.engine.drafts`), keeps the
+drafts that greedy decoding picks itself plus the token after them, and rewinds the run over the rest. A step then
+emits one token or several.
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ from typing import Any
 import torch
 
 from cache import Lease, MediaSpan, Namespace, PrefixCache
+from chat.engine.drafts import PromptLookup
 from chat.engine.errors import ContextOverflowError, InvalidMediaError
 from chat.engine.runtime import ModelRuntime, Run
 from chat.engine.sampling import SamplingParams, StopMatcher, sample
 from modalities.errors import MediaError
 
 PREFILL_CHUNK = 256  # tokens per prefill step: bounds how long other sessions wait for their next token
+DRAFT_TOKENS = 4  # most draft tokens verified per decode step (greedy replies on runtimes that can rewind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +111,7 @@ class Generation:
         request: TurnRequest,
         *,
         record_prefill_logits: bool = False,
+        draft_tokens: int = DRAFT_TOKENS,
     ) -> None:
         self.runtime = runtime  # the model
         self.cache = cache  # None: no prefix reuse (`--no-prefix-cache`)
@@ -127,6 +135,10 @@ class Generation:
         self._rng = request.params.generator()
         self._max_tokens = request.params.max_tokens
         self._cancelled = False  # set from any thread; checked before each step
+        self._draft_tokens = draft_tokens  # most draft tokens per decode step; 0: no speculation
+        self._lookup: PromptLookup | None = None  # prompt + reply so far, when this reply decodes speculatively
+        self.drafted = 0  # draft tokens verified
+        self.accepted = 0  # of those, the ones greedy decoding picked too
         self._snapshotted: set[int] = (
             set()
         )  # lengths where recurrent state was recorded  # a stop string ended the reply (nothing is held back then)
@@ -236,12 +248,52 @@ class Generation:
             return []
         self._store()  # the end of the rendered prompt: a prefix of the next turn, whatever the template does
         self.phase = Phase.DECODE
+        greedy = self.request.params.temperature == 0.0
+        if self._draft_tokens > 0 and greedy and getattr(self.runtime, "can_rewind", False):
+            self._lookup = PromptLookup(self.prompt)
         return self._accept(sample(logits[-1], self.request.params, self._rng))
 
     def _decode_step(self) -> list[Event]:
-        assert self._next is not None
+        assert self._next is not None and self._run is not None
+        draft = self._draft()
+        if draft:
+            return self._verify(draft)
         logits = self._forward([self._next])
         return self._accept(sample(logits[-1], self.request.params, self._rng))
+
+    def _draft(self) -> list[int]:
+        """Draft tokens to feed after the next one: as many as the reply's budget and the window leave room for."""
+        if self._lookup is None:
+            return []
+        assert self._run is not None
+        room = min(
+            self._draft_tokens,
+            self._max_tokens - len(self._generated) - 1,  # the step also samples one token after the drafts
+            self.runtime.context_window - self._run.length - 1,
+        )
+        return self._lookup.draft(room)
+
+    def _verify(self, draft: list[int]) -> list[Event]:
+        """Feed the next token and ``draft`` in one forward; accept the longest run of drafts that greedy decoding
+        picks itself, then the model's pick after them; rewind the run over the rejected drafts."""
+        assert self._next is not None and self._run is not None
+        base = len(self._fed)
+        fed = [self._next, *draft]
+        logits = self._forward(fed)  # [1 + len(draft), vocab]
+        picks = [sample(row, self.request.params, self._rng) for row in logits]
+        kept = 0
+        while kept < len(draft) and picks[kept] == draft[kept]:
+            kept += 1
+        self.runtime.rewind(self._run, len(draft) - kept)
+        self.drafted += len(draft)
+        self.accepted += kept
+        events: list[Event] = []
+        for i in range(kept + 1):
+            self._fed[base:] = fed[: 1 + i]  # the tokens before picks[i]: _finish rewinds the run to them
+            events.extend(self._accept(picks[i]))
+            if self.phase is Phase.DONE:
+                break
+        return events
 
     def _accept(self, token: int) -> list[Event]:
         now = time.perf_counter()
@@ -250,6 +302,8 @@ class Generation:
         self._clock.last_token = now
         self._generated.append(token)
         self._next = token
+        if self._lookup is not None:
+            self._lookup.extend([token])
         if token in self.runtime.eos_token_ids:
             return self._finish("stop")
         text, stopped = self._stops.push(self._detok.push(token))
@@ -284,6 +338,8 @@ class Generation:
                 self._text.append(tail)
                 events.append(Delta(tail, ()))
         try:
+            if self._run is not None and error is None and self._run.length > len(self._fed):
+                self.runtime.rewind(self._run, self._run.length - len(self._fed))  # accepted drafts after the end
             if self._run is not None and error is None and len(self._fed) > self.cached_tokens:
                 if self.runtime.has_recurrent_state and self._run.length not in self._snapshotted:
                     self.runtime.snapshot(self._run)

@@ -63,6 +63,9 @@ class ModelRuntime(Protocol):
         """The run is finished; buffers it owns may be handed on."""
         ...
 
+    # Optional: a runtime with ``can_rewind = True`` and ``rewind(run, n)`` (forget the last ``n`` tokens the run
+    # absorbed since it was restored or last exported) gets speculative greedy decoding (chat.engine.drafts).
+
 
 def iter_tokens(tokens: Sequence[int], chunk: int) -> Iterator[Sequence[int]]:
     for start in range(0, len(tokens), chunk):

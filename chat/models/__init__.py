@@ -4,13 +4,15 @@ Public surface::
 
     load_model(spec, dtype="float32") -> ModelAdapter     # "smollm2", "tiny-<name>", or a model directory
     ModelAdapter   name, fingerprint, dtype, context_window, eos_token_ids, vocab_size, has_recurrent_state,
-                   render, decode, detokenizer, new_run, forward, snapshot, export, close_run
+                   render, decode, detokenizer, new_run, forward, snapshot, export, close_run,
+                   can_rewind, rewind (speculative decoding), stock_model (baselines)
     RunState       one generation's live state (``.length``)
     errors         ModelError and its subclasses (chat.models.errors)
 
 Module map: ``registry`` (specs -> loaders), ``smollm2`` (GGUF -> model directory, once), ``tiny`` +
 ``tiny_tokenizer`` (seeded test models), ``families`` (what is served or refused), ``adapter`` (the runtime),
-``hf_cache`` (a transformers Cache over ``kv_rows``' copy-on-write buffers), ``detokenizer``, ``fingerprint``,
+``hf_cache`` (a transformers Cache over ``kv_rows``' copy-on-write buffers), ``fast_paths`` (faster linear layers
+and short-query attention for decoding on CPU, undone for baselines), ``detokenizer``, ``fingerprint``,
 ``baseline`` (plain ``generate`` for benchmarks).
 """
 

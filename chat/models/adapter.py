@@ -10,13 +10,18 @@ One generation::
     cache.insert(ns, tokens, model.export(run)) # views of the run's buffers; recurrent snapshots
     model.close_run(run)                        # drop the run's references
 
+Speculative decoding feeds draft tokens and forgets the rejected ones with ``model.rewind(run, n)`` (models without
+recurrent layers). The transformers model runs with the decode fast paths of :mod:`chat.models.fast_paths`;
+``with model.stock_model():`` gives it back as loaded, for baselines.
+
 Positions are always explicit (``position_ids = [length, length + q)``). Not thread-safe: one thread drives a model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +30,7 @@ import torch
 from cache import LayerState, Lease, NormalKV, RecurrentSnapshot, RecurrentState, RotatingKV, Stateless
 from chat.models.detokenizer import IncrementalDetokenizer
 from chat.models.errors import InvalidSettingError, RunStateError
+from chat.models.fast_paths import FastPaths
 from chat.models.hf_cache import CacheLayout, RunCache
 
 DEFAULT_ROTATING_MARGIN = 64  # rows kept beyond W - 1 in sliding layers: rewinds of up to this many tokens
@@ -76,6 +82,7 @@ class ModelAdapter:
         self._logits_to_keep = "logits_to_keep" in params
         if self.has_recurrent_state:
             self._learn_recurrent_layout()
+        self._fast = FastPaths.apply(model)  # faster decoding, same function (chat.models.fast_paths)
 
     # ================================================================ text
 
@@ -150,9 +157,10 @@ class ModelAdapter:
             raise InvalidSettingError("token_ids", "at least one token is needed")
         if run.length + q > self.context_window:
             raise RunStateError(f"{run.length} + {q} tokens exceed the context window of {self.context_window} tokens")
-        ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=self.device).unsqueeze(0)  # [1, q]
-        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+        token_ids = list(token_ids)
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
             raise InvalidSettingError("token_ids", f"token ids must be in [0, {self.vocab_size})")
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, q]
         kwargs: dict[str, Any] = {}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1 if last_only else 0
@@ -168,6 +176,30 @@ class ModelAdapter:
         if last_only:
             logits = logits[-1:]
         return logits.float()
+
+    @property
+    def can_rewind(self) -> bool:
+        """True when :meth:`rewind` works: every layer keeps K/V rows (no recurrent state, which cannot go back)."""
+        return not self.has_recurrent_state
+
+    def rewind(self, run: RunState, n: int) -> None:
+        """Forget the last ``n`` tokens the run absorbed, e.g. draft tokens that a verification rejected. Only
+        tokens forwarded since the run was restored or last exported can go (cache entries may hold the others).
+
+        Raises:
+            RunStateError: the run is closed or broken, the model has recurrent layers, or ``n`` reaches too far.
+        """
+        cache = self._live(run)
+        if n == 0:
+            return
+        if not self.can_rewind:
+            raise RunStateError(f"{self.name} has recurrent layers: its runs cannot be rewound")
+        rows = [cache.layers[s.layer].rows for s in self._layout.slots if s.kind in ("kv", "rotating")]
+        if not 0 < n <= run.length or any(r.seen - n < max(r.floor, r.first) or not r.at_tip() for r in rows):
+            raise RunStateError(f"cannot rewind {n} of the run's {run.length} tokens")
+        for r in rows:
+            r.drop_last(n)
+        run.length -= n
 
     def snapshot(self, run: RunState) -> None:
         """Record the recurrent layers' state at ``run.length`` (a copy), so that :meth:`export` includes it.
@@ -217,6 +249,13 @@ class ModelAdapter:
         """How many times the run's attention layers had to copy rows into a fresh buffer (for tests, benches)."""
         cache = self._live(run)
         return sum(layer.rows.copies for layer in cache.layers if hasattr(layer, "rows"))
+
+    @contextlib.contextmanager
+    def stock_model(self) -> Iterator[Any]:
+        """The transformers model exactly as loaded, for baselines such as HF ``generate``: the fast paths
+        (:mod:`chat.models.fast_paths`) are undone while the block runs. No run may be driven meanwhile."""
+        with self._fast.stock() as model:
+            yield model
 
     # ================================================================ internals
 

@@ -1,5 +1,5 @@
 """Plain transformers ``generate`` on the same weights, for benchmarks to compare against (no prefix cache, the
-stock ``DynamicCache``)."""
+stock ``DynamicCache``, the model as loaded: the adapter's fast paths are undone while it runs)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from chat.models.adapter import ModelAdapter
 def hf_generate(runtime: ModelAdapter, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
     """Greedy ``model.generate`` from ``prompt``; returns the new token ids (ending with an EOS id if one was made).
 
-    Stops at the adapter's EOS ids, as the engine does.
+    Stops at the adapter's EOS ids, as the engine does. Runs on the stock model (row-major weights, SDPA attention;
+    see :meth:`ModelAdapter.stock_model`).
     """
-    model = runtime._model  # the baseline needs the transformers model itself; it stays inside chat.models
     ids = torch.as_tensor([list(prompt)], dtype=torch.long, device=runtime.device)  # [1, n]
     eos = sorted(runtime.eos_token_ids)
-    with torch.inference_mode():
+    with runtime.stock_model() as model, torch.inference_mode():
         out = model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),

@@ -3,7 +3,10 @@
 A *buffer* is a pair of base tensors ``keys [B, H, capacity, Dk]`` and ``values [B, H, capacity, Dv]`` plus a
 :class:`_Mark` whose ``filled`` says how many rows have been written. The one rule that makes sharing safe:
 
-    rows below ``filled`` are never written again.
+    rows below ``filled`` are never written again
+
+(:meth:`AttentionRows.drop_last` lowers ``filled`` only over rows its run appended since it last exported, which no
+one else has seen).
 
 Cache entries hold views of rows below ``filled`` (what :meth:`AttentionRows.export` returns), so they never change.
 A run appends in place only while it sits at the tip of its buffer (its last row is row ``filled - 1``) and the
@@ -98,6 +101,7 @@ class AttentionRows:
         self.row0 = 0  # row of position `first`
         self.first = 0  # oldest position held
         self.seen = 0  # positions absorbed (the layer's length)
+        self.floor = 0  # positions below this were restored or exported: others may hold views of their rows
         self.copies = 0  # reallocations (with a copy of held rows) so far, for tests and benchmarks
 
     @property
@@ -139,6 +143,7 @@ class AttentionRows:
         if self.keys is None or self.values is None:
             raise ValueError("nothing to export: the layer has absorbed no tokens")
         hi = self.row0 + self.held
+        self.floor = self.seen
         if self.window is None:
             return NormalKV(self.keys[..., self.row0 : hi, :], self.values[..., self.row0 : hi, :])
         lo = hi - min(self.held, self.keep)
@@ -162,6 +167,23 @@ class AttentionRows:
             self.keys, self.values, self.mark, self.row0 = state.keys, state.values, None, 0
         self.first = seen - rows
         self.seen = seen
+        self.floor = seen
+
+    def drop_last(self, n: int) -> None:
+        """Forget the last ``n`` positions (draft tokens that a verification rejected): they must have been appended
+        by this run, in place at the tip of its own buffer, since it was restored or last exported, so that no one
+        else can hold a view of their rows. The rows are written over by the next append.
+
+        Raises:
+            ValueError: ``n`` reaches below :attr:`floor` or the run is not at the tip of its own buffer.
+        """
+        if n == 0:
+            return
+        if n < 0 or self.seen - n < max(self.floor, self.first) or not self.at_tip():
+            raise ValueError(f"cannot drop {n} of {self.seen} positions (floor {self.floor}, tip {self.at_tip()})")
+        assert self.mark is not None
+        self.seen -= n
+        self.mark.filled -= n
 
     # ---------------------------------------------------------------- helpers
 
