@@ -11,6 +11,9 @@ is the greedy reply (up to float rounding between a one-row and a multi-row forw
     lookup.extend([token])             # every token fed or sampled, in order
     draft = lookup.draft(4)            # [] when the tail was never seen before
 
+How many tokens to draft adapts to how well drafts do (:class:`DraftLength`): replies that do not repeat their
+context pay for at most one draft token now and then.
+
 No model is needed and nothing here depends on torch.
 """
 
@@ -19,6 +22,26 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 MAX_NGRAM = 3  # longest tail matched; shorter tails are tried when it was never seen
+
+
+class DraftLength:
+    """How many tokens to draft next: up by 2 after a draft was wholly accepted, down by 1 after one was wholly
+    rejected, between 1 and ``most``; a one-token draft needs a tail match of 2 tokens (1-token matches rarely
+    predict)."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most  # the cap
+        self.now = most  # tokens to draft next
+
+    @property
+    def min_ngram(self) -> int:
+        return 2 if self.now <= 1 else 1
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted and accepted == drafted:
+            self.now = min(self.most, self.now + 2)
+        elif drafted and accepted == 0:
+            self.now = max(1, self.now - 1)
 
 
 class PromptLookup:
@@ -40,13 +63,13 @@ class PromptLookup:
                 self._after[tuple(seq[end - n : end])] = end
             seq.append(int(token))
 
-    def draft(self, k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest tail (of at most
+    def draft(self, k: int, min_ngram: int = 1) -> list[int]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest tail (of ``min_ngram`` to
         ``max_ngram`` tokens) seen before; ``[]`` if none was."""
         seq = self.tokens
         if k <= 0:
             return []
-        for n in range(min(self.max_ngram, len(seq)), 0, -1):
+        for n in range(min(self.max_ngram, len(seq)), max(min_ngram, 1) - 1, -1):
             start = self._after.get(tuple(seq[len(seq) - n :]))
             if start is not None:
                 return seq[start : start + k]

@@ -14,9 +14,9 @@ does to the finished reply) and at the end of the reply. On models with recurren
 snapshots are wanted: the end of the system prompt and the end of the rendered prompt.
 
 Greedy replies on runtimes that can rewind (no recurrent layers) decode speculatively: a decode step feeds the next
-token together with up to ``draft_tokens`` draft tokens found by prompt lookup (:mod:`chat.engine.drafts`), keeps the
-drafts that greedy decoding picks itself plus the token after them, and rewinds the run over the rest. A step then
-emits one token or several.
+token together with up to ``draft_tokens`` draft tokens found by prompt lookup (:mod:`chat.engine.drafts`; fewer
+while drafts keep failing), keeps the drafts that greedy decoding picks itself plus the token after them, and rewinds
+the run over the rest. A step then emits one token or several.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from cache import Lease, MediaSpan, Namespace, PrefixCache
-from chat.engine.drafts import PromptLookup
+from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.errors import ContextOverflowError, InvalidMediaError
 from chat.engine.runtime import ModelRuntime, Run
 from chat.engine.sampling import SamplingParams, StopMatcher, sample
@@ -137,6 +137,7 @@ class Generation:
         self._cancelled = False  # set from any thread; checked before each step
         self._draft_tokens = draft_tokens  # most draft tokens per decode step; 0: no speculation
         self._lookup: PromptLookup | None = None  # prompt + reply so far, when this reply decodes speculatively
+        self._draft_len = DraftLength(draft_tokens)  # how many tokens to draft next
         self.drafted = 0  # draft tokens verified
         self.accepted = 0  # of those, the ones greedy decoding picked too
         self._snapshotted: set[int] = (
@@ -267,11 +268,11 @@ class Generation:
             return []
         assert self._run is not None
         room = min(
-            self._draft_tokens,
+            self._draft_len.now,
             self._max_tokens - len(self._generated) - 1,  # the step also samples one token after the drafts
             self.runtime.context_window - self._run.length - 1,
         )
-        return self._lookup.draft(room)
+        return self._lookup.draft(room, self._draft_len.min_ngram)
 
     def _verify(self, draft: list[int]) -> list[Event]:
         """Feed the next token and ``draft`` in one forward; accept the longest run of drafts that greedy decoding
@@ -287,6 +288,7 @@ class Generation:
         self.runtime.rewind(self._run, len(draft) - kept)
         self.drafted += len(draft)
         self.accepted += kept
+        self._draft_len.update(len(draft), kept)
         events: list[Event] = []
         for i in range(kept + 1):
             self._fed[base:] = fed[: 1 + i]  # the tokens before picks[i]: _finish rewinds the run to them

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cache import PrefixCache
-from chat.engine.drafts import PromptLookup
+from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.generation import Generation, TurnRequest, run_to_end
 from chat.engine.sampling import SamplingParams
 from tests.chat.engine.fakes import FakeRun, FakeRuntime
@@ -147,3 +147,26 @@ def test_tiny_models_give_the_same_greedy_reply_with_drafts(spec):
         replies[k] = done.token_ids
     assert replies[4] == replies[0]
     assert gens[0].drafted == 0 and gens[4].drafted > 0 and gens[4].accepted > 0
+
+
+def test_the_draft_length_adapts_to_how_drafts_do():
+    length = DraftLength(4)
+    assert (length.now, length.min_ngram) == (4, 1)
+    length.update(4, 0)
+    length.update(3, 1)  # partly accepted: unchanged
+    assert length.now == 3
+    for _ in range(5):
+        length.update(length.now, 0)
+    assert (length.now, length.min_ngram) == (1, 2)  # one token, and only on a 2-token match
+    length.update(1, 1)
+    assert length.now == 3
+    length.update(3, 3)
+    assert length.now == 4  # capped
+    length.update(0, 0)  # no draft: unchanged
+    assert length.now == 4
+
+
+def test_a_minimum_match_length_skips_single_token_matches():
+    lookup = PromptLookup([1, 2, 3, 9, 3])
+    assert lookup.draft(2) == [9, 3]
+    assert lookup.draft(2, min_ngram=2) == []
