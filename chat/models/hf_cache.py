@@ -31,6 +31,7 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
+from chat.models import ragged
 from chat.models.families import LAYER_KINDS
 from chat.models.kv_rows import AttentionRows
 
@@ -46,6 +47,9 @@ class _BufferedKV:
         keys, values = self.rows.append(key_states, value_states)  # [B, H, kv_length, D]
         self.keys, self.values = keys, values  # what other transformers code may read
         self.is_initialized = True
+        pack = ragged.current()
+        if pack is not None:  # a one-run forward (chat.models.ragged): attention reads the views from the pack
+            pack.kv, pack.window = [(keys, values)], self.rows.window
         return keys, values
 
     def get_seq_length(self) -> int:
@@ -119,6 +123,14 @@ class CacheLayout:
                 slots.append(Slot(i, part, kwargs.get("sliding_window") if part == "rotating" else None))
         self.slots: tuple[Slot, ...] = tuple(slots)
         self.recurrent: dict[int, RecurrentLayout] = {}  # layer -> its states; filled in by `learn_recurrent`
+
+    def layer_parts(self) -> list[tuple[tuple[str, ...], int | None]]:
+        """Per decoder layer: the kinds of its slots, and the sliding window of its attention part (if any)."""
+        parts: list[tuple[tuple[str, ...], int | None]] = [((), None) for _ in self.layer_types]
+        for slot in self.slots:
+            kinds, window = parts[slot.layer]
+            parts[slot.layer] = ((*kinds, slot.kind), slot.window if slot.window is not None else window)
+        return parts
 
     @property
     def has_recurrent(self) -> bool:
