@@ -22,6 +22,9 @@ def _settings(args: argparse.Namespace):
         "port": args.port,
         "model": args.model,
         "dtype": args.dtype,
+        "weights": args.weights,
+        "max_batch": args.max_batch,
+        "token_budget": args.token_budget,
         "device_cache_mib": args.device_cache_mib,
         "host_cache_mib": args.host_cache_mib,
         "auth_token": args.auth_token,
@@ -41,7 +44,7 @@ def _load(args: argparse.Namespace):
     from chat.models.errors import ModelError
 
     try:
-        return load_model(args.model, args.dtype)
+        return load_model(args.model, args.dtype, args.weights)
     except ModelError as exc:
         raise SystemExit(f"turncache: {exc}") from exc
 
@@ -78,6 +81,11 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         help="'smollm2' (built in), 'tiny-<name>', or a local Hugging Face model directory",
     )
     p.add_argument("--dtype", default="float32" if defaults else None, choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--weights",
+        choices=["float32", "bfloat16", "int8"],
+        help="format of the linear layers' weights (default: int8 for the built-in smollm2, else the dtype)",
+    )
     p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")
 
 
@@ -151,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (8000)")
     _model_flags(serve, defaults=False)
+    serve.add_argument("--max-batch", type=int, help="most turns in one batched forward (32)")
+    serve.add_argument("--token-budget", type=int, help="most tokens in one batched forward (256)")
     serve.add_argument("--device-cache-mib", type=int, help="prefix cache budget on the model's device (1024)")
     serve.add_argument("--host-cache-mib", type=int, help="prefix cache budget on the host tier (2048)")
     serve.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' on /v1/* and /metrics")

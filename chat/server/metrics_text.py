@@ -38,6 +38,9 @@ def render_metrics(m: Metrics, cache: CacheStats | None) -> str:
             "Finished turns by finish reason.",
             [(f'{{reason="{r}"}}', n) for r, n in sorted(m.finish_reasons.items())],
         )
+        metric("turncache_steps_total", "counter", "Batched forwards run by the scheduler.", [("", m.steps)])
+        metric("turncache_step_turns_total", "counter", "Turns fed, summed over steps.", [("", m.step_turns)])
+        metric("turncache_step_tokens_total", "counter", "Tokens fed, summed over steps.", [("", m.step_tokens)])
         cumulative, buckets = 0, []
         for bound, count in zip((*TTFT_BUCKETS_S, float("inf")), m.ttft_buckets, strict=True):
             cumulative += count

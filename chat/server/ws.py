@@ -22,7 +22,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 from chat.engine.content import engine_messages
 from chat.engine.engine import Engine, JobHandle
 from chat.engine.errors import EngineError
-from chat.engine.generation import Delta, Done, TurnRequest
+from chat.engine.events import Delta, Done, TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.protocol.connection import Connection
 from chat.protocol.errors import ErrorCode
