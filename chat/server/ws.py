@@ -4,8 +4,10 @@ Frames in -> ``Connection.receive`` -> events out, turns to the engine, cancels 
 on the engine's thread and are marshalled onto the event loop, where the connection turns them into ``reply.delta`` /
 ``reply.done``. All sends go through one queue, so events of one socket never interleave mid-frame.
 
-Refusals before any exchange: a browser ``Origin`` that is not allowed, or a missing or wrong token when one is set,
-closes with 1008 (policy violation). A frame over the size limit closes with 1009 (uvicorn enforces ``ws_max_size``).
+Refusals before any exchange: a browser ``Origin`` that is not allowed, or a missing or unknown key when keys are
+configured, closes with 1008 (policy violation). The key's tenant (``chat.server.auth``) owns the sessions the socket
+creates, is the only one that can resume them, and salts the cache entries of its turns. A frame over the size limit
+closes with 1009 (uvicorn enforces ``ws_max_size``).
 A client that goes away cancels its turns; each stops within one engine step.
 """
 
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from urllib.parse import urlsplit
 
@@ -30,6 +31,7 @@ from chat.protocol.parser import serialize_server_event
 from chat.protocol.server_events import Timings, Usage
 from chat.protocol.session import TurnPlan
 from chat.protocol.store import SessionStore
+from chat.server.auth import KeyRing, Tenant, bearer_of
 
 log = logging.getLogger("turncache.ws")
 POLICY_VIOLATION = 1008
@@ -51,12 +53,10 @@ def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> 
     return host is not None and urlsplit(origin).netloc == host
 
 
-def token_ok(ws: WebSocket, token: str | None) -> bool:
-    if token is None:
-        return True
-    header = ws.headers.get("authorization", "")
-    given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token", "")
-    return hmac.compare_digest(given.encode(), token.encode())
+def credential_of(ws: WebSocket) -> str | None:
+    """The key a socket presents: the ``Authorization: Bearer`` header, else the ``token`` query parameter."""
+    given = bearer_of(ws.headers.get("authorization"))
+    return given if given is not None else ws.query_params.get("token")
 
 
 def wire_usage(done: Done) -> Usage:
@@ -75,11 +75,11 @@ def wire_timings(done: Done) -> Timings:
 class ChatSocket:
     """One accepted WebSocket."""
 
-    def __init__(self, ws: WebSocket, engine: Engine, store: SessionStore, model_name: str, salt: str) -> None:
+    def __init__(self, ws: WebSocket, engine: Engine, store: SessionStore, model_name: str, tenant: Tenant) -> None:
         self.ws = ws
         self.engine = engine
-        self.conn = Connection(store, models=[model_name])
-        self.salt = salt  # the tenant's cache namespace salt
+        self.conn = Connection(store, models=[model_name], tenant=tenant.id)
+        self.salt = tenant.salt  # the tenant's cache namespace salt
         self.loop = asyncio.get_running_loop()
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue()  # serialized events; None ends the writer
         self.jobs: dict[str, JobHandle] = {}  # running turns by turn id
@@ -179,17 +179,15 @@ async def serve_socket(
     store: SessionStore,
     model_name: str,
     *,
-    token: str | None,
+    keys: KeyRing,
     allowed_origins: list[str],
-    salt_of,
 ) -> None:
     if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), allowed_origins):
         await ws.close(code=POLICY_VIOLATION, reason="origin not allowed")
         return
-    if not token_ok(ws, token):
+    tenant = keys.authenticate(credential_of(ws))
+    if tenant is None:
         await ws.close(code=POLICY_VIOLATION, reason="missing or wrong token")
         return
     await ws.accept()
-    header = ws.headers.get("authorization", "")
-    given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token")
-    await ChatSocket(ws, engine, store, model_name, salt_of(given)).run()
+    await ChatSocket(ws, engine, store, model_name, tenant).run()
