@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Callable
 
 from chat.protocol.errors import ErrorCode, ProtocolError
 from chat.protocol.ids import IdFactory, new_id
@@ -52,6 +53,11 @@ class SessionStore(ABC):
     @abstractmethod
     def save(self, session: Session) -> None:
         """Record the session's current state. The caller must call it after every change to the session."""
+
+    def when_written(self, session_id: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on any thread) once every change saved so far to ``session_id`` is durable; a store
+        that writes nowhere calls it at once. A transport uses it to acknowledge a change only once it is kept."""
+        callback()
 
     def close(self) -> None:  # noqa: B027 - optional: only stores that hold resources override it
         """Release what the store holds (a persistent store first writes what is pending). Idempotent."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -66,6 +67,9 @@ class SqliteSessionStore(InMemorySessionStore):
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every write submitted so far is on disk (tests; a clean shutdown). False on timeout."""
         return self.writer.flush(timeout)
+
+    def when_written(self, session_id: str, callback: Callable[[], None]) -> None:
+        self.writer.when_written(session_id, callback)
 
     def create(
         self, model: str, system: str | None = None, sampling: SamplingSettings | None = None, *, owner: str = ""

@@ -21,6 +21,7 @@ import queue
 import sqlite3
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,7 @@ class SessionWriter:
         self._submitted = 0  # operations submitted
         self._finished = 0  # operations written (or failed)
         self._pending: Counter[str] = Counter()  # session id -> operations not yet finished
+        self._waiters: dict[str, list[Callable[[], None]]] = {}  # session id -> called once nothing is pending
         self._known: dict[str, Known] = {}  # writer thread only: what the file holds, as this process last saw it
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="turncache-sessions", daemon=True)
@@ -121,6 +123,16 @@ class SessionWriter:
             target = self._submitted
             return self._done.wait_for(lambda: self._finished >= target, timeout)
 
+    def when_written(self, session_id: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once nothing submitted for ``session_id`` is pending: now, or on the writer thread (also
+        when the write failed: the session is then kept in memory only, and the failure is logged)."""
+        with self._done:
+            if self._pending[session_id]:
+                self._waiters.setdefault(session_id, []).append(callback)
+                return
+            del self._pending[session_id]
+        _call(callback)
+
     def close(self, timeout: float = 10.0) -> None:
         """Write what is pending (waiting at most ``timeout`` seconds), then stop the thread. Idempotent."""
         with self._done:
@@ -147,13 +159,17 @@ class SessionWriter:
             ops = [op for op in batch if op is not None]
             if ops:
                 self._write(ops)
+            ready: list[Callable[[], None]] = []
             with self._done:
                 self._finished += len(ops)
                 for op in ops:
                     self._pending[op.session_id] -= 1
                     if not self._pending[op.session_id]:
                         del self._pending[op.session_id]
+                        ready += self._waiters.pop(op.session_id, [])
                 self._done.notify_all()
+            for callback in ready:
+                _call(callback)
             if len(ops) < len(batch):
                 return
 
@@ -200,6 +216,13 @@ class SessionWriter:
             work.add(insert_messages(self._db, sid, 0, list(snap.messages)))
         self._known[sid] = Known(sid, snap.header, version, ids)
         return work
+
+
+def _call(callback: Callable[[], None]) -> None:
+    try:
+        callback()
+    except Exception:  # e.g. the event loop of a socket that is gone: nothing is waiting any more
+        log.debug("a write callback failed", exc_info=True)
 
 
 def common_prefix(old: tuple[str, ...], new: tuple[str, ...]) -> int:
