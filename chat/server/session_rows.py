@@ -275,12 +275,8 @@ def insert_messages(db: sqlite3.Connection, sid: str, start: int, messages: list
 
 def delete_messages(db: sqlite3.Connection, sid: str, start: int) -> Work:
     """Delete the messages at positions >= ``start``, and the payloads no other message refers to."""
-    digests = [
-        d
-        for (d,) in db.execute(
-            "SELECT DISTINCT hash FROM message_media WHERE session_id = ? AND position >= ?", (sid, start)
-        )
-    ]
+    query = "SELECT DISTINCT hash FROM message_media WHERE session_id = ? AND position >= ?"
+    digests = [row[0] for row in db.execute(query, (sid, start)).fetchall()]
     work = Work()
     work.deleted += db.execute(
         "DELETE FROM message_media WHERE session_id = ? AND position >= ?", (sid, start)

@@ -4,6 +4,7 @@ constant-time lookup's results, and cache salts derived from the tenant id rathe
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -118,3 +119,17 @@ def test_serve_refuses_a_malformed_keys_file_before_loading_the_model(tmp_path, 
     assert message.startswith("turncache: --api-keys-file") and str(path) in message and "entry 2" in message
     assert KEY_A not in message and "too-short" not in message
     assert "loading" not in capsys.readouterr().err  # refused before the model
+
+
+def test_the_keys_file_example_of_the_security_doc_works(tmp_path):
+    import re
+    import subprocess
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[3] / "docs" / "security.md").read_text()
+    example = re.search(r"```sh\n(key\(\).*?)\nturncache serve --api-keys-file", doc, re.S)
+    assert example is not None
+    script = example.group(1).replace("/etc/turncache/keys", str(tmp_path / "keys"))
+    subprocess.run(["bash", "-c", script.replace("python3", sys.executable)], check=True)
+    keys = read_keys_file(str(tmp_path / "keys"))
+    assert sorted(keys.values()) == ["alice", "bob"] and all(len(k) >= 40 for k in keys)
