@@ -216,3 +216,22 @@ def test_an_open_server_is_one_tenant(tmp_path):
 
         assert asyncio.run(scenario()) == ["open", "open"]
     engine.close()
+
+
+def test_keys_never_reach_the_logs(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    engine, srv = keyed_server(tmp_path, sessions_db=str(tmp_path / "sessions.sqlite3"))
+    with srv:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for key in (KEY_A, KEY_B, KEY_A + "-wrong"):
+            httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"})
+        asyncio.run(alice_session(ws_url(srv)))
+    engine.close()
+    client_side = ("websockets.client", "httpx", "httpcore")  # this test's own clients log their requests
+    server_log = "\n".join(
+        r.getMessage() + str(r.exc_info or "") for r in caplog.records if not r.name.startswith(client_side)
+    )
+    assert server_log  # the server's log is really captured
+    assert "alice-key" not in server_log and "bob-key" not in server_log
