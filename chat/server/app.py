@@ -65,6 +65,7 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
 
     Raises:
         KeysError: a keys source is unreadable or malformed.
+        SessionDbError: ``sessions_db`` cannot be opened, written or migrated.
     """
     keys = keys if keys is not None else key_ring(settings)
     app = FastAPI(title="turncache", version="0.1.0", docs_url=None, redoc_url=None)
