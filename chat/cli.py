@@ -28,6 +28,7 @@ def _settings(args: argparse.Namespace):
         "device_cache_mib": args.device_cache_mib,
         "host_cache_mib": args.host_cache_mib,
         "auth_token": args.auth_token,
+        "api_keys_file": args.api_keys_file,
         "allowed_origins": args.allowed_origin or None,
         "prefix_cache": False if args.no_prefix_cache else None,
         "sessions_db": args.sessions_db,
@@ -51,11 +52,13 @@ def _load(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
     from chat.models.errors import ModelError
+    from chat.server.auth import KeysError
     from chat.server.main import serve
+    from chat.server.session_rows import SessionDbError
 
     try:
         return serve(_settings(args))
-    except ModelError as exc:
+    except (ModelError, KeysError, SessionDbError) as exc:
         raise SystemExit(f"turncache: {exc}") from exc
 
 
@@ -164,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device-cache-mib", type=int, help="prefix cache budget on the model's device (1024)")
     serve.add_argument("--host-cache-mib", type=int, help="prefix cache budget on the host tier (2048)")
     serve.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' on /v1/* and /metrics")
+    serve.add_argument(
+        "--api-keys-file",
+        help="API keys and their tenants: a JSON object {KEY: TENANT} or 'KEY TENANT' lines; each tenant sees only "
+        "its own sessions (also TURNCACHE_API_KEYS_FILE, or the keys themselves in TURNCACHE_API_KEYS)",
+    )
     serve.add_argument("--allowed-origin", action="append", help="browser origin allowed besides the server's own")
     serve.add_argument(
         "--sessions-db",

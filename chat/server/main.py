@@ -10,7 +10,7 @@ import uvicorn
 from cache import PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.scheduler import BatchSettings
-from chat.server.app import create_app
+from chat.server.app import create_app, key_ring
 from chat.server.settings import MiB, ServerSettings
 
 
@@ -29,10 +29,11 @@ def build_engine(settings: ServerSettings) -> Engine:
 
 def serve(settings: ServerSettings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keys = key_ring(settings)  # a malformed keys file is refused before the model loads
     weights = f", {settings.weights} weights" if settings.weights else ""
     print(f"turncache: loading {settings.model} ({settings.dtype}{weights}) ...", file=sys.stderr, flush=True)
     engine = build_engine(settings)
-    app = create_app(engine, settings, model_name=engine.runtime.name)
+    app = create_app(engine, settings, model_name=engine.runtime.name, keys=keys)
     print(f"turncache: serving {engine.runtime.name} on http://{settings.host}:{settings.port}/", flush=True)
     try:
         uvicorn.run(
@@ -45,4 +46,5 @@ def serve(settings: ServerSettings) -> int:
         )
     finally:
         engine.close()
+        app.state.sessions.close()  # writes what is pending
     return 0

@@ -26,6 +26,8 @@ class ServerSettings(BaseSettings):
     device_cache_mib: int = Field(1024, ge=0, description="prefix cache budget on the model's device, MiB")
     host_cache_mib: int = Field(2048, ge=0, description="prefix cache budget on the host (offload tier), MiB")
     auth_token: SecretStr | None = Field(None, description="if set, every request must carry it")
+    api_keys_file: str | None = Field(None, description="a file of API keys and their tenants (see docs/security.md)")
+    api_keys: SecretStr | None = Field(None, description="API keys and their tenants, in the keys file's format")
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="browser origins allowed besides the server's own (e.g. http://localhost:3000)",
