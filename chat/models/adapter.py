@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ from chat.models.fast_paths import install
 from chat.models.hf_cache import CacheLayout, RunCache
 from chat.models.smoothing import CALIBRATION_TEXT
 
+_log = logging.getLogger(__name__)
 DEFAULT_ROTATING_MARGIN = 64  # rows kept beyond W - 1 in sliding layers: rewinds of up to this many tokens
 
 
@@ -183,10 +185,12 @@ class ModelAdapter:
         the logits ``[feed.logits, vocab]`` (float32) of its last ``feed.logits`` tokens (None for 0), or the error
         that feed caused. A feed is anything with ``run``, ``tokens`` and ``logits`` (``chat.engine.runtime.Feed``).
 
-        Models without recurrent layers run every feed in one packed forward (:mod:`chat.models.ragged`). If that
-        forward fails, every run is rolled back and each feed runs alone, so only the feeds that fail alone get an
-        error (their runs are left broken); the others advance as if nothing had happened. Models with recurrent
-        layers run one forward per feed (a recurrent mixer carries state along its input row).
+        Models without recurrent layers run every feed in one packed forward (:mod:`chat.models.ragged`). Models
+        with recurrent layers run their one-token feeds (decode steps) in one stacked forward, one run per batch
+        row, and every longer feed (a prefill chunk, drafts) in a forward of its own: a recurrent mixer carries
+        state along its input row, so feeds cannot share a row. If a shared forward fails, every run is rolled back
+        and each feed runs alone, so only the feeds that fail alone get an error (their runs are left broken); the
+        others advance as if nothing had happened.
 
         Errors per feed: RunStateError (closed, broken or foreign run; over the context window), InvalidSettingError
         (no tokens, a token id outside the vocabulary, ``logits`` out of range), or whatever the model raised.
@@ -204,13 +208,15 @@ class ModelAdapter:
             ready.append((i, run, feed.logits, inputs))
         if len(set(id(r) for _, r, _, _ in ready)) != len(ready):
             raise RunStateError("a run appears twice in one batch")
-        if self._packable and len(ready) > 1:
+        together = ready if self._packable else [it for it in ready if _token_count(it[3]) == 1]
+        if len(together) > 1:
             try:
-                for (i, _, _, _), logits in zip(ready, self._forward_packed(ready), strict=True):
+                forward = self._forward_packed if self._packable else self._forward_stacked
+                for (i, _, _, _), logits in zip(together, forward(together), strict=True):
                     outcomes[i] = logits
-                return outcomes
-            except Exception:
-                pass  # rolled back: find the feeds that fail on their own
+                ready = [it for it in ready if it not in together]
+            except Exception as exc:  # rolled back: each feed runs alone below; only those that fail alone get an error
+                _log.warning("a forward of %d feeds failed (%r); running them one by one", len(together), exc)
         for item in ready:
             try:
                 outcomes[item[0]] = self._forward_alone(item)
@@ -356,6 +362,35 @@ class ModelAdapter:
             at += n
         return out
 
+    def _forward_stacked(self, items: Sequence[tuple[int, RunState, int, dict[str, torch.Tensor]]]) -> list[Any]:
+        """One forward of one token per run, the runs as batch rows; all advance, or (on error) none does."""
+        pack = ragged.Pack([ragged.Slot(row, 0, 1, run.state) for row, (_, run, _, _) in enumerate(items)])
+        merged = {
+            name: torch.cat([inputs[name] for _, _, _, inputs in items], dim=-2 if name == "position_ids" else 0)
+            for name in items[0][3]
+        }
+        cache, write_back = self._layout.stacked_cache([run.state for _, run, _, _ in items], pack)
+        points = [[r.checkpoint() for r in self._attention_rows(run)] for _, run, _, _ in items]
+        try:
+            logits = self._run_model(merged, cache, pack, [0], rows=len(items))
+        except BaseException:
+            for (_, run, _, _), run_points in zip(items, points, strict=True):
+                for rows, point in zip(self._attention_rows(run), run_points, strict=True):
+                    rows.rollback(point)
+            raise
+        try:
+            with torch.inference_mode():
+                write_back()
+        except BaseException:  # some runs may hold new states, some old: none can go on
+            for _, run, _, _ in items:
+                run.broken = True
+            raise
+        out = []
+        for b, (_, run, n, _) in enumerate(items):
+            run.length += 1
+            out.append(logits[b : b + 1] if n else None)
+        return out
+
     def _forward_alone(self, item: tuple[int, RunState, int, dict[str, torch.Tensor]]) -> torch.Tensor | None:
         """One forward for one run, on its own cache (recurrent layers included); a failure breaks the run."""
         _, run, n, inputs = item
@@ -369,16 +404,17 @@ class ModelAdapter:
         run.length += q
         return logits if n else None
 
-    def _run_model(self, inputs: dict[str, torch.Tensor], cache: Any, pack: Any, keep: list[int]) -> torch.Tensor:
-        """Call the model; logits ``[len(keep), vocab]`` (float32) of the input positions ``keep``."""
+    def _run_model(
+        self, inputs: dict[str, torch.Tensor], cache: Any, pack: Any, keep: list[int], rows: int = 0
+    ) -> torch.Tensor:
+        """Call the model; logits ``[len(keep), vocab]`` (float32) of the input positions ``keep`` of the one input
+        row, or with ``rows`` batch rows of one position each, ``[rows, vocab]``."""
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         kwargs: dict[str, Any] = {"logits_to_keep": index} if self._logits_to_keep else {}
         with torch.inference_mode(), ragged.active(pack):
             out = self._model(**inputs, past_key_values=cache, use_cache=True, **kwargs)
-            logits = out.logits[0]  # [len(keep) or q, vocab]
-            if not self._logits_to_keep:
-                logits = logits[index]
-        return logits.float()
+            logits = out.logits if self._logits_to_keep else out.logits[:, index]  # [B, len(keep), vocab]
+        return (logits[:, 0] if rows else logits[0]).float()
 
     def _attention_rows(self, run: RunState) -> list[Any]:
         cache = self._live(run)

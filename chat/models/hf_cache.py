@@ -15,6 +15,7 @@ Recurrent tensors are ordered conv states first, then recurrent states, each by 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,22 @@ class BufferedHybridSlidingLayer(_BufferedKV, LinearAttentionAndSlidingWindowAtt
         self.rows = rows
 
 
+def _stack_states(layer: Any, owns: Sequence[Any]) -> None:
+    """Give ``layer`` the runs' recurrent states (layers ``owns``, one per run) stacked along the batch dimension."""
+    first = owns[0]
+    for idx, ready in first.is_conv_states_initialized.items():
+        if ready:
+            layer.conv_states[idx] = torch.cat([own.conv_states[idx] for own in owns])
+            layer.is_conv_states_initialized[idx] = True
+            layer.conv_kernel_size[idx] = first.conv_kernel_size[idx]
+    for idx, ready in first.is_recurrent_states_initialized.items():
+        if ready:
+            layer.recurrent_states[idx] = torch.cat([own.recurrent_states[idx] for own in owns])
+            layer.is_recurrent_states_initialized[idx] = True
+    layer.has_previous_state = dict(first.has_previous_state)
+    layer.device, layer.dtype = first.device, first.dtype
+
+
 class RunCache(Cache):
     """The cache one run feeds to the model: one layer object per decoder layer."""
 
@@ -154,6 +171,47 @@ class CacheLayout:
             else:
                 layers.append(DummyLayer())
         return RunCache(layers)
+
+    def stacked_cache(self, caches: Sequence[RunCache], pack: ragged.Pack) -> tuple[Cache, Callable[[], None]]:
+        """The cache of one forward of one token per run, the runs as batch rows (``pack``'s slots, in order of
+        ``caches``): attention parts route K/V to each run's own rows, recurrent states are stacked *copies* of the
+        runs' states. Returns it and ``write_back``: copy the new states into each run's own tensors; call it only
+        once the forward succeeded (until then the runs are untouched, but for rows appended to their attention)."""
+        layers: list[Any] = []
+        stacked: list[tuple[int, Any]] = []  # (decoder layer, its stacked recurrent layer)
+        for i, (kind, kwargs) in enumerate(zip(self.layer_types, self._layer_kwargs, strict=True)):
+            n_states, window = kwargs.get("number_of_states", 1), kwargs.get("sliding_window")
+            if kind == "full_attention":
+                layers.append(ragged.RaggedFullLayer(i, pack))
+                continue
+            if kind == "sliding_attention":
+                layers.append(ragged.RaggedSlidingLayer(i, pack, window))
+                continue
+            if kind in ("conv", "linear_attention"):
+                layer: Any = LinearAttentionLayer(number_of_states=n_states)
+            elif kind == "hybrid":
+                layer = ragged.RaggedHybridLayer(i, pack, n_states)
+            elif kind == "hybrid_sliding":
+                layer = ragged.RaggedHybridSlidingLayer(i, pack, window, n_states)
+            else:
+                layers.append(DummyLayer())
+                continue
+            _stack_states(layer, [c.layers[i] for c in caches])
+            layers.append(layer)
+            stacked.append((i, layer))
+
+        def write_back() -> None:
+            for i, layer in stacked:
+                for row, cache in enumerate(caches):
+                    own = cache.layers[i]
+                    for idx, tensor in layer.conv_states.items():
+                        if tensor is not None and own.conv_states.get(idx) is not None:
+                            own.conv_states[idx].copy_(tensor[row : row + 1])
+                    for idx, tensor in layer.recurrent_states.items():
+                        if tensor is not None and own.recurrent_states.get(idx) is not None:
+                            own.recurrent_states[idx].copy_(tensor[row : row + 1])
+
+        return RunCache(layers), write_back
 
     def _rows(self, window: int | None) -> AttentionRows:
         keep = 0 if window is None else window - 1 + self.margin

@@ -22,8 +22,10 @@ decoder code honour it:
 
 Outside a pack (the model called on its own, e.g. a baseline) the attention function computes what SDPA computes.
 Runs of models with recurrent layers are not packed: a recurrent mixer carries state along its input row, so
-packed runs would leak into each other (the adapter runs them one per forward). Not thread-safe: one thread drives
-a model.
+packed runs would leak into each other. Their decode steps (one token per run) are *stacked* instead: one run per
+batch row, attention routed per row the same way, recurrent states stacked into batch tensors
+(:meth:`chat.models.hf_cache.CacheLayout.stacked_cache`). Their prefill chunks run one per forward. Not thread-safe:
+one thread drives a model.
 """
 
 from __future__ import annotations
@@ -36,7 +38,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import (
+    Cache,
+    DummyLayer,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionAndSlidingWindowAttentionLayer,
+)
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 RAGGED_ATTENTION = "turncache_ragged"  # our entry in transformers' attention interface
@@ -134,6 +143,24 @@ class RaggedFullLayer(_RaggedKV, DynamicLayer):
 class RaggedSlidingLayer(_RaggedKV, DynamicSlidingWindowLayer):
     def __init__(self, layer_idx: int, pack: Pack, window: int) -> None:
         DynamicSlidingWindowLayer.__init__(self, sliding_window=window)
+        self.layer_idx = layer_idx
+        self.pack = pack
+
+
+class RaggedHybridLayer(_RaggedKV, LinearAttentionAndFullAttentionLayer):
+    """A hybrid layer of a stacked forward: attention routed per run, recurrent states stacked by the caller."""
+
+    def __init__(self, layer_idx: int, pack: Pack, number_of_states: int) -> None:
+        LinearAttentionAndFullAttentionLayer.__init__(self, number_of_states=number_of_states)
+        self.layer_idx = layer_idx
+        self.pack = pack
+
+
+class RaggedHybridSlidingLayer(_RaggedKV, LinearAttentionAndSlidingWindowAttentionLayer):
+    def __init__(self, layer_idx: int, pack: Pack, window: int, number_of_states: int) -> None:
+        LinearAttentionAndSlidingWindowAttentionLayer.__init__(
+            self, sliding_window=window, number_of_states=number_of_states
+        )
         self.layer_idx = layer_idx
         self.pack = pack
 

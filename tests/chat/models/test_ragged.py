@@ -164,3 +164,37 @@ def test_two_runs_restored_from_one_buffer_can_share_a_forward(llama):
         assert (llama.forward(fresh, [5, 6, 7, 8, *tail])[-2:] - out).abs().max().item() < 1e-5
     for lease in leases:
         cache.release(lease)
+
+
+@pytest.mark.parametrize(
+    "name", ["tiny-qwen3next", "tiny-lfm2", "tiny-falconh1", "tiny-granitemoehybrid", "tiny-zamba2"]
+)
+def test_hybrid_models_stack_decode_steps_in_one_forward_and_run_longer_feeds_alone(name):
+    model = load_model(name)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
+
+    def runs():
+        out = []
+        for p in prompts:
+            run = model.new_run()
+            model.forward(run, p)
+            out.append(run)
+        return out
+
+    alone = runs()
+    want = [model.forward(alone[0], [20]), model.forward(alone[1], [21]), model.forward(alone[2], [22, 23])]
+    want.append(model.forward(alone[0], [24]))
+    calls = []
+    hook = model._model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
+    try:
+        batched = runs()
+        calls.clear()
+        outs = model.forward_batch(
+            [Feed(batched[0], [20], 1), Feed(batched[1], [21], 1), Feed(batched[2], [22, 23], 2)]
+        )
+        assert len(calls) == 2  # the two decode steps stacked, the two-token feed alone
+        outs.append(model.forward_batch([Feed(batched[0], [24], 1)])[0])  # the states written back are right
+    finally:
+        hook.remove()
+    for out, ref in zip(outs, want, strict=True):
+        assert (out - ref).abs().max().item() < 1e-5
