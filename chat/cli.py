@@ -134,6 +134,18 @@ def _bench_load(args: argparse.Namespace) -> int:
     return main(as_json=args.json, model=args.model)
 
 
+def _bench_batch(args: argparse.Namespace) -> int:
+    from chat.bench.batch_bench import main
+
+    return main(as_json=args.json, model=args.model)
+
+
+def _bench_weights(args: argparse.Namespace) -> int:
+    from chat.bench.weights_bench import main
+
+    return main(as_json=args.json)
+
+
 def _bench_multiturn(args: argparse.Namespace) -> int:
     from chat.bench.multiturn_bench import main
 
@@ -216,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="benchmarks that print measured figures",
         description="With no BENCHMARK: run cache, turns, media_turns (bench turns on tiny-omni, with images, "
-        "audio and video), multiturn, serve and load in one process, one after another, and write "
+        "audio and video), multiturn, serve, load and batch in one process, one after another, and write "
         "DIR/bench.json (every benchmark's object under its name, plus machine info) and PNG "
         "charts into DIR (about 25 minutes with the default model). With a BENCHMARK: run that one and print it.",
     )
@@ -243,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     cache.add_argument("--entries", type=int, default=None, help="entries in the lookup benchmark (10,000)")
     cache.set_defaults(run=_bench_cache)
+    weights = bench_sub.add_parser(
+        "weights", help="the built-in model in each weight format: next-token agreement, perplexity, speed"
+    )
+    weights.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    weights.set_defaults(run=_bench_weights)
     for name, what, run in (
         (
             "turns",
@@ -252,6 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("serve", "8 concurrent WebSocket sessions x 5 turns on a loopback server", _bench_serve),
         ("load", "32 concurrent WebSocket sessions x 5 turns: throughput, latency, resident memory", _bench_load),
+        (
+            "batch",
+            "aggregate decode throughput at 1-32 concurrent sessions, single stream with and without speculation, "
+            "and transformers generate on the same prompts",
+            _bench_batch,
+        ),
         (
             "multiturn",
             "SGLang-shaped multi-turn chat: concurrent conversations x 4 turns of 256-512-token user messages, "

@@ -121,7 +121,7 @@ def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 2
     }
 
 
-TARGETS = {"errors": ("==", 0)}
+TARGETS = {"errors": ("==", 0), "completion_tokens_per_s": (">=", 100.0), "ttft_p50_ms": ("<=", 1000.0)}
 
 
 def main(as_json: bool, model: str = "smollm2") -> int:
