@@ -152,7 +152,8 @@ def test_a_failing_feed_fails_only_its_turn_and_the_others_give_their_own_replie
     done = run_all(Scheduler(rt), turns)
     assert done[1].finish_reason == "error" and str(done[1].error) == "poisoned feed"
     poisoned = turns[1]
-    assert cache.lookup(poisoned.namespace, [*poisoned.prompt, 1]) is None  # nothing of it was stored
+    match = cache.lookup(poisoned.namespace, [*poisoned.prompt, 1])
+    assert match is None or match.length == 1  # nothing of it was stored (the others share only the role token)
     for i in (0, 2, 3):
         want = alone(texts[i])
         assert (done[i].token_ids, done[i].finish_reason) == (want.token_ids, "stop")
