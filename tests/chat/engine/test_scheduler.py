@@ -147,13 +147,14 @@ def test_a_cancel_takes_effect_at_the_next_step():
 def test_a_failing_feed_fails_only_its_turn_and_the_others_give_their_own_replies():
     rt, cache = CountingRuntime(), PrefixCache()
     rt.poison = ord("!")
-    texts = ["fine one", "this one fails!", "fine two", "fine three"]
+    texts = ["fine one", "this one fails " + "late " * 10 + "!", "fine two", "fine three"]
     turns = [begun(rt, cache, request(t)) for t in texts]
-    done = run_all(Scheduler(rt), turns)
+    done = run_all(Scheduler(rt, BatchSettings(token_budget=16)), turns)  # the failing prompt's first chunks pass
     assert done[1].finish_reason == "error" and str(done[1].error) == "poisoned feed"
     poisoned = turns[1]
+    assert len(poisoned._fed) >= 16  # some of its prompt was computed before the failing chunk...
     match = cache.lookup(poisoned.namespace, [*poisoned.prompt, 1])
-    assert match is None or match.length == 1  # nothing of it was stored (the others share only the role token)
+    assert match is None or match.length == 1  # ...yet none was stored (the others share only the role token)
     for i in (0, 2, 3):
         want = alone(texts[i])
         assert (done[i].token_ids, done[i].finish_reason) == (want.token_ids, "stop")
