@@ -26,6 +26,7 @@ encoders keep their own layers and attention):
     forward gives what a forward alone gives. Activation outliers are first moved into the weights where the
     layers allow it (:mod:`chat.models.smoothing`).
 
+- **Norms.** RMSNorms that scale by their weight run as one ``F.rms_norm`` call (:class:`FastRMSNorm`).
 - **Fused projections.** Sibling ``q_proj`` / ``k_proj`` / ``v_proj`` (and ``gate_proj`` / ``up_proj``) layers that
   read the same input become :class:`FusedPart` modules over one matrix: the first part of a group computes every
   part at once (one activation quantization in int8) and keeps the result, the others take their slice when called
@@ -160,30 +161,39 @@ class Int8Matrix:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         w = weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # [out]
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # [out]: the weight's quantization step per channel
         self.q = torch.round(w / scale.unsqueeze(1)).to(torch.int8)  # [out, in], row-major
         self.scale = scale  # [out] float32
         self.bias = None if bias is None else bias.detach().float()  # [out]
+        self._step = scale / 127.0  # weight step x activation step per unit of |x| max: what int32 sums are worth
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return int8_linear(x, self.q, self.scale, self.bias)
+        return int8_linear(x, self.q, self.scale, self.bias, step=self._step)
 
     def rows(self, lo: int, hi: int) -> Int8Matrix:
         part = Int8Matrix.__new__(Int8Matrix)
-        part.q, part.scale = self.q[lo:hi], self.scale[lo:hi]
+        part.q, part.scale, part._step = self.q[lo:hi], self.scale[lo:hi], self._step[lo:hi]
         part.bias = None if self.bias is None else self.bias[lo:hi]
         return part
 
 
-def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def int8_linear(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    step: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``x @ (q * scale[:, None]).T (+ bias)`` with ``x`` quantized per token: each row of ``x`` is scaled so that its
     absolute maximum is 127, rounded to int8, multiplied by the int8 weights with int32 accumulation
-    (``torch._int_mm``), and scaled back. Float32 in, float32 out."""
+    (``torch._int_mm``), and scaled back. Float32 in, float32 out. ``step`` (= ``scale / 127``) may be passed
+    precomputed. Written with as few tensor operations as the arithmetic allows: a decode step calls it ~120 times,
+    and each operation costs about a microsecond of dispatch."""
     rows = x.reshape(-1, x.shape[-1])  # [m, in]
     amax = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12)  # [m, 1]
-    quantized = torch.round(rows * (127.0 / amax)).to(torch.int8)  # |values| <= 127
-    out = torch._int_mm(quantized, q.t()) * (amax / 127.0)  # [m, out] float32
-    out.mul_(scale)
+    quantized = rows.div(amax).mul_(127.0).round_().to(torch.int8)  # |values| <= 127
+    out = torch._int_mm(quantized, q.t()).mul(amax).mul_(scale / 127.0 if step is None else step)  # [m, out]
     if bias is not None:
         out += bias
     return out.view(*x.shape[:-1], q.shape[0])
@@ -253,6 +263,18 @@ class FusedPart(FastLinear):
         return f"{super().extra_repr()}, part={self.index} of {len(self._group.bounds)}"
 
 
+class FastRMSNorm(nn.Module):
+    """An RMSNorm that scales by its weight (:data:`chat.models.smoothing.NORMS`) as one ``F.rms_norm`` call."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.weight = original.weight  # the same parameter
+        self.eps = float(original.variance_epsilon)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
 # ==================================================================== install
 
 
@@ -268,6 +290,8 @@ class Patches:
     attention: list[tuple[Any, Any]] = field(default_factory=list)  # (decoder config, its attention implementation
     # as loaded): switched to chat.models.ragged's
     smoothed: int = 0  # linear inputs smoothed before int8 quantization (chat.models.smoothing)
+    norms: list[tuple[nn.Module, str, nn.Module, FastRMSNorm]] = field(default_factory=list)  # (parent, name,
+    # stock norm, its replacement)
 
     @property
     def fused_names(self) -> list[str]:
@@ -285,7 +309,7 @@ class Patches:
         """
         if self.weights != "float32":
             raise RuntimeError(f"the stock model is kept only with float32 weights, not {self.weights}")
-        for parent, name, original, _ in self.replaced:
+        for parent, name, original, _ in [*self.replaced, *self.norms]:
             setattr(parent, name, original)
         for config, original in self.attention:
             config._attn_implementation_internal = original
@@ -294,7 +318,7 @@ class Patches:
         finally:
             for config, _ in self.attention:
                 config._attn_implementation_internal = ragged.RAGGED_ATTENTION
-            for parent, name, _, layer in self.replaced:
+            for parent, name, _, layer in [*self.replaced, *self.norms]:
                 setattr(parent, name, layer)
 
 
@@ -321,6 +345,7 @@ def install(
     with torch.inference_mode(False), torch.no_grad():
         groups = _fuse(patches, make)
         _wrap_others(patches, make)
+        _fuse_norms(patches)
     if weights == "float32":
         _calibrate(patches, groups, calibrate_kernels)
     else:  # the loaded layers are dropped: only the chosen format's copies stay in memory
@@ -368,6 +393,18 @@ def _wrap_others(patches: Patches, make: type) -> None:
                 layer = FastLinear(child, make(child.weight, child.bias))
                 setattr(parent, name, layer)
                 patches.replaced.append((parent, name, child, layer))
+
+
+def _fuse_norms(patches: Patches) -> None:
+    """Every float32 RMSNorm of a known kind becomes a :class:`FastRMSNorm` (one operation instead of six)."""
+    for parent in list(patches.model.modules()):
+        for name, child in list(parent.named_children()):
+            weight = getattr(child, "weight", None)
+            known = type(child).__name__ in smoothing.NORMS and hasattr(child, "variance_epsilon")
+            if known and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32:
+                norm = FastRMSNorm(child)
+                setattr(parent, name, norm)
+                patches.norms.append((parent, name, child, norm))
 
 
 def _calibrate(patches: Patches, groups: list[_FusedGroup], timed: bool) -> None:
