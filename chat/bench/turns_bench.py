@@ -10,8 +10,10 @@ The chat grows to about 2,000 tokens with ~64-token user messages and greedy rep
 - ``hf_reprefill_ms``: HF ``generate`` on the whole turn-10 prompt with one new token (what a user without a prefix
   cache would do);
 - ``hit_speedup`` = miss / hit, ``overhead_ratio`` = hit / floor;
-- ``decode_tps`` and ``hf_decode_tps``: tokens per second after the first, ours vs HF ``generate``, same weights,
-  same prompt, same number of new tokens (greedy; EOS ignored by neither, so both stop at the same place).
+- ``decode_tps`` and ``hf_decode_tps``: tokens per second after the first, ours (in the model's default weight
+  format, e.g. int8 for the built-in model) vs HF ``generate`` on the float32 weights as loaded from disk, same
+  prompt, same number of new tokens (greedy; EOS ignored by neither, so both stop at the same place); ``weights``
+  names the engine's format.
 
 On a multimodal model (``--model tiny-omni``, ``tiny-llava`` or a multimodal directory) every user message also
 carries media (:data:`MEDIA_PLAN`: new images, audio clips and videos, and repeats of earlier ones, as far as the
@@ -120,12 +122,18 @@ def _median(values: list[float]) -> float:
 
 
 def run(
-    model: str = "smollm2", *, turns: int = 10, reply_tokens: int = 128, decode_tokens: int = 64, repeats: int = 3
+    model: str = "smollm2",
+    *,
+    turns: int = 10,
+    reply_tokens: int = 128,
+    decode_tokens: int = 64,
+    repeats: int = 3,
+    weights: str | None = None,
 ) -> dict[str, float]:
     from chat.models import load_model
     from chat.models.baseline import hf_generate
 
-    runtime = load_model(model)
+    runtime = load_model(model, weights=weights)
     cache = PrefixCache()
     rng = random.Random(0)
     messages: list[dict] = [{"role": "system", "content": "You are a helpful assistant."}]
@@ -182,8 +190,14 @@ def run(
     hf_prefill, hf_decode = [], []
     ours_decode = []
 
+    # the baseline is stock transformers on the float32 weights as loaded from disk (another copy when the engine
+    # runs another weight format), on the same prompt
+    stock = runtime if runtime.weights == "float32" else load_model(model, weights="float32")
+
     def baseline(n: int) -> list[int]:
-        return runtime.hf_generate(rendered, n) if runtime.modalities else hf_generate(runtime, prompt, n)
+        if stock.modalities:
+            return stock.hf_generate(stock.render_prompt(messages), n)
+        return hf_generate(stock, prompt, n)
 
     for _ in range(repeats):
         t = time.perf_counter()
@@ -218,6 +232,7 @@ def run(
         "decode_tps": _median(ours_decode),
         "hf_decode_tps": _median(hf_decode),
         "decode_ratio": _median(ours_decode) / _median(hf_decode),
+        "weights": runtime.weights,
         **media,
     }
 
