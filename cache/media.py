@@ -22,12 +22,9 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NewType
 
 from cache.errors import SpanError, TokenError
-
-ContentHash = NewType("ContentHash", str)
-"""Identity of a media item: sha256 of its bytes plus a fingerprint of the settings that turn bytes into input."""
+from modalities.identity import ContentHash  # the one type: computed there, only compared here
 
 MAX_TOKEN_ID = 2**31 - 1
 _HEAD_KEY_BASE = 2**32

@@ -74,13 +74,13 @@ def user_content(rng: random.Random, turn: int, runtime) -> str | list:
     if not kinds:
         return text
     from chat.bench import media_samples
-    from modalities.parts import MediaPart
+    from modalities.parts import MediaInput
 
     make = {"image": media_samples.picture, "audio": media_samples.tone_wav, "video": media_samples.moving_box_mp4}
     parts: list = [{"type": "text", "text": text}]
     for kind, seed in MEDIA_PLAN[turn % len(MEDIA_PLAN)]:
         if kind in kinds:
-            parts.append(MediaPart(kind, make[kind](seed), None, f"turn {turn + 1} {kind} {seed}"))
+            parts.append(MediaInput.from_bytes(kind, make[kind](seed), None, f"turn {turn + 1} {kind} {seed}"))
     return parts
 
 

@@ -2,7 +2,7 @@
 
 Text parts are joined. Media parts (``image_url``, ``input_audio``, ``video_url``) are refused with a typed error naming
 the item when the model has no such modality; otherwise their data URL / base64 payload is unpacked into a
-:class:`modalities.parts.MediaPart` (kind, bytes, declared format, item name) and the message keeps its parts in
+:class:`modalities.parts.MediaInput` (kind, bytes, declared format, item name) and the message keeps its parts in
 order. Decoding happens in the runtime (``render_prompt``), once per distinct item: a corrupt or oversized item fails
 its turn there, before any compute.
 """
@@ -13,13 +13,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from chat.engine.errors import InvalidMediaError, UnsupportedMediaError
-from modalities.parts import MediaPart
+from modalities.parts import MediaInput
 
 MEDIA_KIND = {"image_url": "image", "input_audio": "audio", "video_url": "video"}
 
 
 def engine_messages(messages: Iterable[Mapping[str, Any]], runtime) -> list[dict[str, Any]]:
-    """Messages whose content is a string, or (when media are present) a list of text dicts and MediaParts.
+    """Messages whose content is a string, or (when media are present) a list of text dicts and MediaInputs.
 
     Raises:
         UnsupportedMediaError: a media part the model cannot take.
@@ -54,7 +54,7 @@ def engine_messages(messages: Iterable[Mapping[str, Any]], runtime) -> list[dict
     return out
 
 
-def media_part(part: Mapping[str, Any], kind: str, item: str) -> MediaPart:
+def media_part(part: Mapping[str, Any], kind: str, item: str) -> MediaInput:
     """Unpack one media part's payload (no decoding), or raise InvalidMediaError naming ``item``."""
     from modalities.errors import MediaError
     from modalities.identity import decode_base64, parse_data_url
@@ -62,9 +62,9 @@ def media_part(part: Mapping[str, Any], kind: str, item: str) -> MediaPart:
     try:
         if kind == "audio":
             body = part["input_audio"]
-            return MediaPart(kind, decode_base64(body["data"], item=item), body.get("format"), item)
+            return MediaInput.from_bytes(kind, decode_base64(body["data"], item=item), body.get("format"), item)
         url = parse_data_url(part["image_url" if kind == "image" else "video_url"]["url"], item=item)
-        return MediaPart(kind, url.data, url.mime or None, item)
+        return MediaInput.from_bytes(kind, url.data, url.mime or None, item)
     except MediaError as exc:
         raise InvalidMediaError(item, str(exc)) from exc
     except (KeyError, TypeError, AttributeError) as exc:

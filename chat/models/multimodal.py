@@ -34,7 +34,7 @@ from chat.models.errors import RunStateError
 from chat.models.media_prep import PreparedMedia, Preparer
 from modalities.errors import MediaError
 from modalities.identity import content_hash
-from modalities.parts import MediaPart
+from modalities.parts import MediaInput
 from modalities.store import MediaStore
 
 MEDIA_STORE_BYTES = 512 * 1024 * 1024  # prepared inputs and encoder outputs kept for repeats
@@ -203,7 +203,7 @@ class MultimodalAdapter(ModelAdapter):
 
     def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
         """The prompt of ``messages`` whose content is a string or a list of ``{"type": "text", "text"}`` dicts and
-        :class:`MediaPart` s, through the chat template, with each item's placeholder expanded.
+        :class:`~modalities.parts.MediaInput` s, through the chat template, with each item's placeholder expanded.
 
         Raises:
             MediaError: an item is corrupt, mislabeled, over a limit, or of a kind this model does not take (its
@@ -211,7 +211,7 @@ class MultimodalAdapter(ModelAdapter):
                 the user's text contains a placeholder token).
         """
         template_messages: list[dict[str, Any]] = []
-        parts: list[MediaPart] = []
+        parts: list[MediaInput] = []
         for i, message in enumerate(messages):
             content = message.get("content")
             if isinstance(content, str):
@@ -219,7 +219,7 @@ class MultimodalAdapter(ModelAdapter):
                 continue
             pieces: list[dict[str, Any]] = []
             for j, part in enumerate(content or ()):
-                if isinstance(part, MediaPart):
+                if isinstance(part, MediaInput):
                     if part.kind not in self.modalities:
                         raise MediaError(f"{self.name} does not take {part.kind} input", item=part.item)
                     parts.append(part)
@@ -238,14 +238,14 @@ class MultimodalAdapter(ModelAdapter):
                 self.media_store.put(key, value, value.nbytes, PREPARED)
         return rendered
 
-    def _prepare_all(self, parts: Sequence[MediaPart]) -> list[tuple[str, PreparedMedia]]:
+    def _prepare_all(self, parts: Sequence[MediaInput]) -> list[tuple[str, PreparedMedia]]:
         """(content hash, prepared item) per part: from the media store, or decoded and preprocessed (each
         distinct item once per call). Nothing is stored here."""
         out: list[tuple[str, PreparedMedia]] = []
         fresh: dict[str, PreparedMedia] = {}
         for part in parts:
             preparer = self.family.preparers[part.kind]
-            key = content_hash(part.data, preparer.fingerprint)
+            key = content_hash(part.digest, preparer.fingerprint)  # the digest came with the item: no hashing
             value = fresh.get(key) or self.media_store.get(key, PREPARED)
             if value is None:
                 value = fresh[key] = preparer.prepare(part.data, part.declared, part.item)
@@ -253,7 +253,7 @@ class MultimodalAdapter(ModelAdapter):
         return out
 
     def _expand(
-        self, ids: list[int], parts: list[MediaPart], prepared: list[tuple[str, PreparedMedia]]
+        self, ids: list[int], parts: list[MediaInput], prepared: list[tuple[str, PreparedMedia]]
     ) -> RenderedPrompt:
         found = [(at, self._kind_of[t]) for at, t in enumerate(ids) if t in self._kind_of]
         if len(found) != len(parts) or any(kind != part.kind for (_, kind), part in zip(found, parts, strict=False)):

@@ -106,7 +106,7 @@ class VideoURLPart(WireModel):
 
 
 ContentPart = Annotated[TextPart | ImageURLPart | InputAudioPart | VideoURLPart, Field(discriminator="type")]
-MediaPart = ImageURLPart | InputAudioPart | VideoURLPart
+MediaContentPart = ImageURLPart | InputAudioPart | VideoURLPart  # a wire part holding media
 
 
 def _content_kind(value: Any) -> str | None:
@@ -136,7 +136,7 @@ Content = Annotated[
 """A message's content: a string, or 1..MAX_PARTS_PER_MESSAGE parts holding at most MAX_TEXT_CHARS of text."""
 
 
-def media_parts(content: str | list[Any]) -> list[MediaPart]:
+def media_parts(content: str | list[Any]) -> list[MediaContentPart]:
     """The image / audio / video parts of ``content``, in order."""
     if isinstance(content, str):
         return []

@@ -11,7 +11,7 @@ from PIL import Image
 
 from chat.engine.content import engine_messages
 from chat.engine.errors import InvalidMediaError, UnsupportedMediaError
-from modalities.parts import MediaPart
+from modalities.parts import MediaInput
 from tests.chat.engine.fakes import FakeRuntime
 
 
@@ -61,7 +61,7 @@ def test_media_is_unpacked_in_place_for_a_model_with_the_modality():
     [out] = engine_messages(message(url), runtime)
     text_a, part, text_b = out["content"]
     assert text_a == {"type": "text", "text": "what is "} and text_b == {"type": "text", "text": "this?"}
-    assert isinstance(part, MediaPart) and part.kind == "image" and part.declared == "image/png"
+    assert isinstance(part, MediaInput) and part.kind == "image" and part.declared == "image/png"
     assert part.data == base64.b64decode(url.split(",")[1]) and part.item == "messages[0].content[1]"
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from modalities.parts import MediaPart
+from modalities.parts import MediaInput
 from tests.modalities.helpers import av_video, sf_audio
 
 
@@ -27,20 +27,20 @@ def mp4(frames: int = 12) -> bytes:
     return av_video("mp4", "libx264", frames=frames, fps=10, width=64, height=48)
 
 
-def image(data: bytes, item: str = "img") -> MediaPart:
-    return MediaPart("image", data, None, item)
+def image(data: bytes, item: str = "img") -> MediaInput:
+    return MediaInput.from_bytes("image", data, None, item)
 
 
-def audio(data: bytes, item: str = "aud") -> MediaPart:
-    return MediaPart("audio", data, None, item)
+def audio(data: bytes, item: str = "aud") -> MediaInput:
+    return MediaInput.from_bytes("audio", data, None, item)
 
 
-def video(data: bytes, item: str = "vid") -> MediaPart:
-    return MediaPart("video", data, None, item)
+def video(data: bytes, item: str = "vid") -> MediaInput:
+    return MediaInput.from_bytes("video", data, None, item)
 
 
 def user(*parts) -> dict:
-    return {"role": "user", "content": [p if isinstance(p, MediaPart) else {"type": "text", "text": p} for p in parts]}
+    return {"role": "user", "content": [p if isinstance(p, MediaInput) else {"type": "text", "text": p} for p in parts]}
 
 
 def reference_logits(adapter, prompt) -> torch.Tensor:
