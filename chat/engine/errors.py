@@ -1,12 +1,14 @@
 """Errors of the turn engine::
 
 EngineError
-├── InvalidSamplingError   a sampling setting out of range (``.field`` names it)
 ├── InvalidBatchSettingError  a scheduler setting out of range (``.field`` names it; refused at start)
 ├── ContextOverflowError   the prompt does not fit the model's context window (raised before any compute)
 ├── UnsupportedMediaError  a media part for a model without that modality (``.item`` names it)
 ├── InvalidMediaError      a media part that is corrupt, mislabeled, unsupported or too large (``.item``)
 └── EngineClosedError      the engine was shut down
+
+Sampling settings are validated on the wire (``chat.protocol.sampling``), once, not here. How each error is reported
+to a client (wire code, HTTP status, WebSocket close code) is in ``chat/server/errors.py``.
 """
 
 from __future__ import annotations
@@ -16,14 +18,6 @@ class EngineError(Exception):
     """Base class of the engine's errors."""
 
     code = "internal"
-
-
-class InvalidSamplingError(EngineError, ValueError):
-    code = "invalid_sampling"
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field  # name of the offending setting
 
 
 class InvalidBatchSettingError(EngineError, ValueError):
