@@ -20,6 +20,10 @@ model takes each kind); HF ``generate`` gets the same media. One more figure:
 - ``encoder_skipped``: over turns 2-10, the media items of the prompt that had been sent before (in the history, or
   repeated in a new message) and were not encoded again, divided by the number of such items (1.0 = never
   re-encoded).
+
+On a model that takes images, a second session of 20 turns with one new photo each goes through the WebSocket's
+path (:mod:`chat.bench.media_session`): ``request_ms_per_turn``, ``render_ms_per_turn`` and ``ttft_ms_per_turn``,
+one figure per turn.
 """
 
 from __future__ import annotations
@@ -120,7 +124,13 @@ def _median(values: list[float]) -> float:
 
 
 def run(
-    model: str = "smollm2", *, turns: int = 10, reply_tokens: int = 128, decode_tokens: int = 64, repeats: int = 3
+    model: str = "smollm2",
+    *,
+    turns: int = 10,
+    reply_tokens: int = 128,
+    decode_tokens: int = 64,
+    repeats: int = 3,
+    session_turns: int = 20,
 ) -> dict[str, float]:
     from chat.models import load_model
     from chat.models.baseline import hf_generate
@@ -205,6 +215,10 @@ def run(
             "media_repeated": repeated,
             "encoder_skipped": skipped / repeated if repeated else 0.0,
         }
+    if "image" in runtime.modalities:
+        from chat.bench import media_session
+
+        media.update(media_session.run(runtime, session_turns))
     return {
         "model": runtime.name,
         "turn10_prompt_tokens": len(prompt),
