@@ -96,20 +96,32 @@ class TextPart(WireModel):
     text: Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 
+class _MediaPart(WireModel):
+    """A content part that holds media: :meth:`media` hands it to the engine."""
+
+    def payload(self) -> tuple[MediaText, str, str | None]:
+        """(validated payload, kind, declared format)."""
+        raise NotImplementedError
+
+    def media(self, item: str) -> MediaInput:
+        """The engine's view of this part (no decoding, no hashing); ``item`` names it in errors."""
+        text, kind, declared = self.payload()
+        assert isinstance(text, MediaText), "media parts are made by validation"
+        return text.media(kind, declared, item)
+
+
 class ImageURL(WireModel):
     url: Annotated[str, _media("image", data_url=True)]  # data:image/<subtype>;base64,<data>
     detail: Literal["auto", "low", "high"] | None = None  # accepted for OpenAI compatibility; ignored
 
 
-class ImageURLPart(WireModel):
+class ImageURLPart(_MediaPart):
     type: Literal["image_url"] = "image_url"
     image_url: ImageURL
 
-    def media(self, item: str) -> MediaInput:
-        """The engine's view of this part (no decoding, no hashing); ``item`` names it in errors."""
+    def payload(self) -> tuple[MediaText, str, str | None]:
         url = self.image_url.url
-        assert isinstance(url, MediaText)
-        return url.media("image", url.declared, item)
+        return url, "image", getattr(url, "declared", None)  # type: ignore[return-value]
 
 
 class InputAudio(WireModel):
@@ -117,30 +129,25 @@ class InputAudio(WireModel):
     format: AudioFormat  # the container, e.g. "wav"
 
 
-class InputAudioPart(WireModel):
+class InputAudioPart(_MediaPart):
     type: Literal["input_audio"] = "input_audio"
     input_audio: InputAudio
 
-    def media(self, item: str) -> MediaInput:
-        """The engine's view of this part (no decoding, no hashing); ``item`` names it in errors."""
-        data = self.input_audio.data
-        assert isinstance(data, MediaText)
-        return data.media("audio", self.input_audio.format, item)
+    def payload(self) -> tuple[MediaText, str, str | None]:
+        return self.input_audio.data, "audio", self.input_audio.format  # type: ignore[return-value]
 
 
 class VideoURL(WireModel):
     url: Annotated[str, _media("video", data_url=True)]  # data:video/<subtype>;base64,<data>
 
 
-class VideoURLPart(WireModel):
+class VideoURLPart(_MediaPart):
     type: Literal["video_url"] = "video_url"
     video_url: VideoURL
 
-    def media(self, item: str) -> MediaInput:
-        """The engine's view of this part (no decoding, no hashing); ``item`` names it in errors."""
+    def payload(self) -> tuple[MediaText, str, str | None]:
         url = self.video_url.url
-        assert isinstance(url, MediaText)
-        return url.media("video", url.declared, item)
+        return url, "video", getattr(url, "declared", None)  # type: ignore[return-value]
 
 
 ContentPart = Annotated[TextPart | ImageURLPart | InputAudioPart | VideoURLPart, Field(discriminator="type")]
@@ -178,7 +185,7 @@ def media_parts(content: str | list[Any] | None) -> list[MediaContentPart]:
     """The image / audio / video parts of ``content``, in order."""
     if content is None or isinstance(content, str):
         return []
-    return [p for p in content if isinstance(p, ImageURLPart | InputAudioPart | VideoURLPart)]
+    return [p for p in content if isinstance(p, _MediaPart)]
 
 
 def is_blank(content: str | list[Any]) -> bool:
