@@ -38,7 +38,7 @@ from modalities.errors import ItemRef, MediaTooLargeError, MediaURLError
 
 ContentHash = NewType("ContentHash", str)
 """Identity of a media item as model input: 64 lowercase hex digits (see the module docstring). The one type of it:
-``cache.ContentHash`` is this type, re-exported."""
+the cache, which imports nothing of turncache, keeps and compares it as the ``str`` it is."""
 
 MediaDigest = NewType("MediaDigest", str)
 """sha256 of an item's encoded bytes, 64 lowercase hex digits: what a request sent, before any settings apply."""
