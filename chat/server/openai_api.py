@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from chat.engine.engine import Engine
 from chat.engine.events import Done, TurnRequest
+from chat.protocol.client_events import ModelName
 from chat.protocol.content import ChatMessage, Content, PromptMessage, check_media_count
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_MESSAGES
@@ -59,7 +60,7 @@ class ChatCompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = None
+    model: ModelName | None = None
     messages: list[HttpMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     temperature: float | None = None
     top_p: float | None = None

@@ -82,6 +82,12 @@ def test_health_and_metrics(server):
         ),
         ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, 400, "invalid_sampling", "stop"),
         (
+            {"messages": [{"role": "user", "content": "x"}], "model": "m" * (L.MAX_MODEL_CHARS + 1)},
+            400,
+            "invalid_request",
+            "model",
+        ),
+        (
             {
                 "messages": [
                     {
