@@ -9,8 +9,9 @@ Parts::
     {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,..."}}
 
 Media travels inline, base64-encoded: only ``data:`` URLs are accepted (the server never fetches a URL). Validating
-a media part reads its base64 (strict: the padded alphabet only; :func:`modalities.identity.parse_data_url`) and
-hashes the bytes once (:func:`modalities.identity.media_digest`); the part keeps the digest, and
+a media part reads its data URL header (:func:`modalities.identity.parse_data_url`), decodes its base64 (strict:
+the padded alphabet only) and hashes the bytes once (:func:`modalities.identity.media_digest`); the part keeps the
+digest (:class:`MediaText`), and
 :meth:`ImageURLPart.media` (etc.) hands the engine a :class:`modalities.parts.MediaInput` that carries it, so a
 stored message's items are never decoded or hashed again for a later turn. Decoding the bytes into pixels, samples
 or frames is the job of ``modalities/``, which reports ``invalid_media`` for content it cannot read.

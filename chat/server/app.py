@@ -17,12 +17,11 @@ from fastapi.staticfiles import StaticFiles
 
 from chat.engine.engine import Engine
 from chat.engine.errors import EngineError
-from chat.protocol.content import INVALID_MEDIA
 from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
 from chat.server import openai_api
 from chat.server.auth import KeyRing, Tenant, bearer_of
-from chat.server.errors import RequestError, describe
+from chat.server.errors import RequestError, describe, validation_error
 from chat.server.metrics_text import render_metrics, render_session_metrics
 from chat.server.session_db import SqliteSessionStore
 from chat.server.settings import MiB, ServerSettings
@@ -61,21 +60,6 @@ def error_response(exc: BaseException) -> JSONResponse:
         log.error("request failed", exc_info=exc)
     error = {"message": reported.message, "type": reported.transport.kind, "code": reported.code.value}
     return JSONResponse({"error": {**error, "param": reported.param}}, status_code=status)
-
-
-def validation_error(errors: list[dict]) -> RequestError:
-    """The refusal of a request body that does not validate: ``invalid_media`` naming the part
-    (``messages[i].content[j]``) when a media part is at fault, else ``invalid_request`` naming the field."""
-    media = [e for e in errors if e.get("type") == INVALID_MEDIA]
-    first = media[0] if media else errors[0] if errors else {}
-    loc = [p for p in first.get("loc", ()) if p != "body"]
-    if media:
-        at = [p for p in loc if isinstance(p, int)][:2]
-        item = f"messages[{at[0]}].content[{at[1]}]" if len(at) == 2 else f"messages[{at[0]}]" if at else None
-        return RequestError(ErrorCode.INVALID_MEDIA, f"{item or 'messages'}: {first.get('msg')}", param=item)
-    where = ".".join(str(p) for p in loc)
-    message = f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request"
-    return RequestError(ErrorCode.INVALID_REQUEST, message, param=where or None)
 
 
 def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, keys: KeyRing | None = None) -> FastAPI:

@@ -6,7 +6,8 @@ here and nowhere else.
 Exceptions and their wire code::
 
     ProtocolError (chat.protocol)          its .code: the WebSocket protocol's refusals (docs/protocol.md)
-    RequestError (below)                   its .code: what the HTTP transport refuses (body, key, envelope, model)
+    RequestError (below)                   its .code: what the HTTP transport refuses (body, key, envelope, model;
+                                            a body that does not validate: validation_error)
     ContextOverflowError                   context_overflow
     UnsupportedMediaError                  invalid_media   (.item names the part)
     InvalidMediaError, MediaError          invalid_media   (.item)
@@ -25,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chat.engine.errors import ContextOverflowError, EngineClosedError, InvalidMediaError, UnsupportedMediaError
+from chat.protocol.content import INVALID_MEDIA
 from chat.protocol.errors import ErrorCode, ProtocolError
 from modalities.errors import MediaError
 
@@ -91,6 +93,21 @@ class Reported:
     message: str  # safe to show: our own errors' messages, a fixed text for internal ones
     param: str | None  # the field or media item concerned, when known
     transport: Transport  # HTTP status / type, WebSocket close code
+
+
+def validation_error(errors: list[dict]) -> RequestError:
+    """The refusal of a request body that does not validate: ``invalid_media`` naming the part
+    (``messages[i].content[j]``) when a media part is at fault, else ``invalid_request`` naming the field."""
+    media = [e for e in errors if e.get("type") == INVALID_MEDIA]
+    first = media[0] if media else errors[0] if errors else {}
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    if media:
+        at = [p for p in loc if isinstance(p, int)][:2]
+        item = f"messages[{at[0]}].content[{at[1]}]" if len(at) == 2 else f"messages[{at[0]}]" if at else None
+        return RequestError(ErrorCode.INVALID_MEDIA, f"{item or 'messages'}: {first.get('msg')}", param=item)
+    where = ".".join(str(p) for p in loc)
+    message = f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request"
+    return RequestError(ErrorCode.INVALID_REQUEST, message, param=where or None)
 
 
 def code_of(exc: BaseException) -> ErrorCode:
