@@ -17,11 +17,9 @@ from __future__ import annotations
 class EngineError(Exception):
     """Base class of the engine's errors."""
 
-    code = "internal"
-
 
 class InvalidBatchSettingError(EngineError, ValueError):
-    code = "invalid_setting"
+    """A scheduler setting out of range, refused when the engine starts."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -29,7 +27,7 @@ class InvalidBatchSettingError(EngineError, ValueError):
 
 
 class ContextOverflowError(EngineError, ValueError):
-    code = "context_overflow"
+    """The prompt leaves no room for a reply in the model's context window."""
 
     def __init__(self, prompt_tokens: int, context_window: int) -> None:
         super().__init__(
@@ -41,13 +39,11 @@ class ContextOverflowError(EngineError, ValueError):
 
 
 class EngineClosedError(EngineError):
-    code = "engine_closed"
+    """The engine was shut down and takes no more turns."""
 
 
 class UnsupportedMediaError(EngineError, ValueError):
     """A media part was sent to a model without that modality (``.item`` names it, e.g. "messages[1].content[0]")."""
-
-    code = "invalid_media"
 
     def __init__(self, item: str, kind: str, model: str) -> None:
         super().__init__(f"{item}: the model {model!r} does not accept {kind} input")
@@ -60,8 +56,6 @@ class InvalidMediaError(EngineError, ValueError):
 
     ``.item`` names it (e.g. "messages[1].content[0]"); the message says what is wrong in words a user can act on.
     """
-
-    code = "invalid_media"
 
     def __init__(self, item: str, message: str) -> None:
         super().__init__(message)
