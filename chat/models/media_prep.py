@@ -159,12 +159,11 @@ class QwenVideoPreparer:
             return frames
         from chat.models.mrope import MediaGrid, audio_in_video_runs
 
-        video_tokens = frames.tokens
-        grid = MediaGrid("video", 0, 4 + video_tokens + track.tokens, frames.grid_thw, frames.second_per_grid,
-                         audio_length=track.tokens)  # fmt: skip
+        span = 4 + frames.tokens + track.tokens  # the item in the prompt: 4 markers, the video's and the audio's tokens
+        grid = MediaGrid("video", 0, span, frames.grid_thw, frames.second_per_grid, audio_length=track.tokens)
         return PreparedMedia(
             "video",
-            tokens=2 + video_tokens + track.tokens,  # <audio_bos> runs <audio_eos> (the template has the vision pair)
+            tokens=span - 2,  # <audio_bos> runs <audio_eos> (the template's vision markers frame them)
             inputs={**frames.inputs, **track.inputs},
             grid_thw=frames.grid_thw,
             second_per_grid=frames.second_per_grid,
