@@ -15,6 +15,7 @@ from typing import Any
 from chat.models.errors import ModelLoadError, UnsupportedArchitectureError
 from chat.models.media_prep import ClipImagePreparer, QwenImagePreparer, QwenVideoPreparer, WhisperAudioPreparer
 from chat.models.multimodal import (
+    AUDIO_IN_VIDEO_MARKERS,
     MultimodalFamily,
     llava_image_rows,
     omni_audio_rows,
@@ -36,7 +37,6 @@ REFUSED = {
     "change its answers",
 }
 DEFAULT_VIDEO_FRAMES = 16
-AUDIO_IN_VIDEO_MARKERS = ("vision_start", "audio_start", "audio_end", "vision_end")  # config names, in span order
 
 
 def is_multimodal(config: Any) -> bool:

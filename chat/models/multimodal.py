@@ -43,6 +43,8 @@ from modalities.store import MediaStore
 
 MEDIA_STORE_BYTES = 512 * 1024 * 1024  # prepared inputs and encoder outputs kept for repeats
 PREPARED = "prepared"  # media store stage of a PreparedMedia
+AUDIO_IN_VIDEO_MARKERS = ("vision_start", "audio_start", "audio_end", "vision_end")  # MultimodalFamily.markers' keys,
+# in span order (and the configs' `<name>_token_id` attributes)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -430,7 +432,7 @@ class MultimodalAdapter(ModelAdapter):
             return self.family.encoders[it.span.kind.value](self._full, prep)
         video = self.family.encoders["video"](self._full, prep)  # [video tokens, hidden]
         audio = self.family.encoders["audio"](self._full, prep)  # [audio tokens, hidden]
-        marks = [self.family.markers[name] for name in ("vision_start", "audio_start", "audio_end", "vision_end")]
+        marks = [self.family.markers[name] for name in AUDIO_IN_VIDEO_MARKERS]
         ends = self._embed(torch.tensor(marks, device=self.device)).to(video.dtype)  # [4, hidden]
         pieces, taken = [ends[:2]], {"video": 0, "audio": 0}
         for kind, count in prep.runs:
