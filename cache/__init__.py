@@ -22,7 +22,7 @@ from cache.layers import (
     RotatingKV,
     Stateless,
 )
-from cache.media import ContentHash, MediaKind, MediaSpan
+from cache.media import MediaKind, MediaSpan
 from cache.namespace import Namespace
 from cache.prefix_cache import DEVICE, HOST, CacheStats, Lease, PrefixCache, PrefixMatch
 from cache.radix import EntryId
@@ -32,7 +32,6 @@ __all__ = [
     "HOST",
     "CacheError",
     "CacheStats",
-    "ContentHash",
     "EntryId",
     "LayerState",
     "LayoutError",

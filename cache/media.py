@@ -22,12 +22,8 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NewType
 
 from cache.errors import SpanError, TokenError
-
-ContentHash = NewType("ContentHash", str)
-"""Identity of a media item: sha256 of its bytes plus a fingerprint of the settings that turn bytes into input."""
 
 MAX_TOKEN_ID = 2**31 - 1
 _HEAD_KEY_BASE = 2**32
@@ -47,7 +43,7 @@ class MediaSpan:
     start: int  # first token position of the item
     end: int  # one past its last token position
     kind: MediaKind  # image, audio or video
-    content_hash: ContentHash  # what the item is; equal hashes mean equal model input
+    content_hash: str  # what the item is (a modalities.identity.ContentHash); equal hashes mean equal model input
 
     def __post_init__(self) -> None:
         if not isinstance(self.start, int) or not isinstance(self.end, int):

@@ -63,15 +63,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from cache import PrefixCache
-    from chat.engine.errors import InvalidSamplingError
-    from chat.engine.sampling import SamplingParams
+    from chat.protocol.sampling import SamplingSettings
+    from chat.server.turns import sampling_params
     from chat.terminal import chat_loop
 
-    try:
-        params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    except InvalidSamplingError as exc:
-        raise SystemExit(f"turncache: --{exc.field.replace('_', '-')}: {exc}") from exc
+    try:  # the wire's ranges: the engine does not check them again
+        settings = SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        flag = str(first["loc"][0]).replace("_", "-")
+        raise SystemExit(f"turncache: --{flag}: {first['msg']}") from exc
+    params = sampling_params(settings)
     runtime = _load(args)
     cache = None if args.no_prefix_cache else PrefixCache()
     return chat_loop(runtime, cache, params, system=args.system)

@@ -1,14 +1,21 @@
 """Content identity of media items, and parsing of the ``data:`` URLs that carry them.
 
-Identity = sha256 over a fingerprint of the settings that turn bytes into model input, then the raw bytes::
+Two digests, computed at different times:
 
-    content_hash = sha256( b"turncache-media/1\\0" + sha256(canonical JSON of {kind, processor, settings}) + data )
+- :func:`media_digest`: sha256 of an item's encoded bytes (:data:`MediaDigest`). A request's media is hashed once,
+  when its wire form is validated (``chat.protocol.content``), and the digest travels with the stored message, so a
+  later turn of the same conversation neither decodes nor hashes that item again.
+- :func:`content_hash`: the item as model input (:data:`ContentHash`), from the bytes' digest and a fingerprint of
+  the settings that turn bytes into model input::
 
-It is computed from the bytes alone, before any decoding, so a cache hit can skip decoding and encoding. Equal
-hashes mean equal model input as long as the fingerprint lists every setting that affects it (processor class,
-max_pixels, sample rate, frame count / fps, EXIF policy, and each decoder's own ``DECODER_VERSION``). A setting left
-out can cause a wrong hit; a setting written differently (``2`` and ``2.0`` are normalized, ``[1, 2]`` and
-``(1, 2)`` too) only costs a miss.
+    content_hash = sha256( b"turncache-media/2\\0" + sha256(canonical JSON of {kind, processor, settings})
+                           + sha256(data) )
+
+Both are computed from the bytes alone, before any decoding, so a cache hit can skip decoding and encoding; the
+second costs a few hundred bytes of hashing whatever the item's size. Equal content hashes mean equal model input as
+long as the fingerprint lists every setting that affects it (processor class, max_pixels, sample rate, frame count /
+fps, EXIF policy, and each decoder's own ``DECODER_VERSION``). A setting left out can cause a wrong hit; a setting
+written differently (``2`` and ``2.0`` are normalized, ``[1, 2]`` and ``(1, 2)`` too) only costs a miss.
 
 Remote URLs (``http:``, ``https:``, ``file:``, ...) are refused with :class:`MediaURLError`: this package never
 touches the network or the filesystem.
@@ -30,9 +37,13 @@ from typing import NewType
 from modalities.errors import ItemRef, MediaTooLargeError, MediaURLError
 
 ContentHash = NewType("ContentHash", str)
-"""Identity of a media item: 64 lowercase hex digits (see the module docstring). Same shape as ``cache.ContentHash``."""
+"""Identity of a media item as model input: 64 lowercase hex digits (see the module docstring). The one type of it:
+the cache, which imports nothing of turncache, keeps and compares it as the ``str`` it is."""
 
-_DOMAIN = b"turncache-media/1\0"
+MediaDigest = NewType("MediaDigest", str)
+"""sha256 of an item's encoded bytes, 64 lowercase hex digits: what a request sent, before any settings apply."""
+
+_DOMAIN = b"turncache-media/2\0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +73,26 @@ def fingerprint(kind: str, processor: str, settings: Mapping[str, object]) -> Fi
     return Fingerprint(text=text, digest=hashlib.sha256(text.encode("ascii")).digest())
 
 
-def content_hash(data: bytes | bytearray | memoryview, fp: Fingerprint) -> ContentHash:
-    """The identity of ``data`` turned into model input as ``fp`` describes. Does not decode anything."""
+def media_digest(data: bytes | bytearray | memoryview) -> MediaDigest:
+    """sha256 of ``data``, the encoded bytes of one item (hex)."""
+    return MediaDigest(hashlib.sha256(data).hexdigest())
+
+
+def content_hash(data: bytes | bytearray | memoryview | MediaDigest, fp: Fingerprint) -> ContentHash:
+    """The identity of ``data`` turned into model input as ``fp`` describes. Does not decode anything.
+
+    ``data`` is the encoded bytes, or their :func:`media_digest` (a ``str``): the result is the same, and from the
+    digest it costs nothing that grows with the item.
+
+    Raises:
+        ValueError: a digest that is not 64 hex digits (a programming error).
+    """
+    digest = data if isinstance(data, str) else media_digest(data)
+    if len(digest) != 64:
+        raise ValueError(f"a media digest is 64 hex digits, got {digest[:80]!r}")
     h = hashlib.sha256(_DOMAIN)
     h.update(fp.digest)
-    h.update(data)
+    h.update(bytes.fromhex(digest))
     return ContentHash(h.hexdigest())
 
 
@@ -112,10 +138,11 @@ class DataURL:
     data: bytes  # the decoded payload
 
 
-def parse_data_url(url: str, *, max_bytes: int | None = None, item: ItemRef = None) -> DataURL:
+def parse_data_url(url: str, *, max_bytes: int | None = None, item: ItemRef = None, strict: bool = False) -> DataURL:
     """Parse a base64 ``data:`` URL. Never fetches anything.
 
-    ``max_bytes`` is checked against the payload's length before the base64 is decoded.
+    ``max_bytes`` is checked against the payload's length before the base64 is decoded; ``strict`` is passed on to
+    :func:`decode_base64`.
 
     Raises:
         MediaURLError: ``url`` is not a string or not a ``data:`` URL (code ``remote_url`` for http(s), file and
@@ -149,12 +176,15 @@ def parse_data_url(url: str, *, max_bytes: int | None = None, item: ItemRef = No
         if not eq or not key.strip():
             raise MediaURLError(f"the data URL parameter {raw[:40]!r} is malformed.", item=item)
         params.append((key.strip().lower(), value.strip()))
-    data = decode_base64(payload, max_bytes=max_bytes, item=item)
+    data = decode_base64(payload, max_bytes=max_bytes, item=item, strict=strict)
     return DataURL(mime=mime, params=tuple(params), data=data)
 
 
-def decode_base64(payload: str | bytes, *, max_bytes: int | None = None, item: ItemRef = None) -> bytes:
-    """Decode standard base64, tolerating ASCII whitespace and missing ``=`` padding.
+def decode_base64(
+    payload: str | bytes, *, max_bytes: int | None = None, item: ItemRef = None, strict: bool = False
+) -> bytes:
+    """Decode standard base64, tolerating ASCII whitespace and missing ``=`` padding unless ``strict`` (the wire
+    protocol's rule: the canonical alphabet, padded, nothing else).
 
     Raises:
         MediaURLError: characters outside the base64 alphabet, or a length no base64 text can have
@@ -168,31 +198,30 @@ def decode_base64(payload: str | bytes, *, max_bytes: int | None = None, item: I
             raise MediaURLError("the content is not valid base64.", item=item, code="invalid_base64") from None
     else:
         raw = bytes(payload)
-    if any(space in raw for space in _SPACES):  # memchr scans; the copy is made only when needed
+    if not strict and any(space in raw for space in _SPACES):  # memchr scans; the copy is made only when needed
         raw = raw.translate(None, b"".join(_SPACES))
-    if max_bytes is not None and len(raw) * 3 // 4 - 2 > max_bytes:
-        approx = len(raw) * 3 // 4
-        raise MediaTooLargeError(
-            f"the media is about {approx:,} bytes; the limit (max_bytes) is {max_bytes:,}.",
-            limit="max_bytes",
-            maximum=max_bytes,
-            actual=approx,
-            item=item,
-        )
-    if len(raw) % 4 == 1:
-        raise MediaURLError("the content is not valid base64.", item=item, code="invalid_base64")
-    if len(raw) % 4:
-        raw += b"=" * (4 - len(raw) % 4)  # tolerate missing padding
-    try:  # validate=True refuses characters outside the alphabet and misplaced or excess '='
-        data = base64.b64decode(raw, validate=True)
-    except binascii.Error:
+    _check_size(len(raw) * 3 // 4, max_bytes, item, slack=2, about="about ")
+    try:
+        if strict:  # refuses anything but the alphabet, padded to a multiple of four
+            data = binascii.a2b_base64(raw, strict_mode=True)
+        else:
+            if len(raw) % 4 == 1:
+                raise binascii.Error("no base64 text has this length")
+            raw += b"=" * (-len(raw) % 4)  # tolerate missing padding
+            data = base64.b64decode(raw, validate=True)  # refuses characters outside the alphabet, misplaced '='
+    except (binascii.Error, ValueError):
         raise MediaURLError("the content is not valid base64.", item=item, code="invalid_base64") from None
-    if max_bytes is not None and len(data) > max_bytes:
+    _check_size(len(data), max_bytes, item)
+    return data
+
+
+def _check_size(size: int, max_bytes: int | None, item: ItemRef, *, slack: int = 0, about: str = "") -> None:
+    """Refuse ``size`` bytes (``slack`` more allowed, for an estimate from the base64 length) above ``max_bytes``."""
+    if max_bytes is not None and size - slack > max_bytes:
         raise MediaTooLargeError(
-            f"the media is {len(data):,} bytes; the limit (max_bytes) is {max_bytes:,}.",
+            f"the media is {about}{size:,} bytes; the limit (max_bytes) is {max_bytes:,}.",
             limit="max_bytes",
             maximum=max_bytes,
-            actual=len(data),
+            actual=size,
             item=item,
         )
-    return data

@@ -63,3 +63,16 @@ def moving_box_mp4(seed: int, frames: int = 16, fps: int = 8, width: int = 96, h
         for packet in stream.encode(None):
             box.mux(packet)
     return buf.getvalue()
+
+
+def photo(seed: int, width: int = 1024, height: int = 768, quality: int = 90) -> bytes:
+    """A JPEG with the noise of a camera picture over a gradient (about as many bytes as a phone photo of that size)."""
+    from PIL import Image
+
+    rng = np.random.RandomState(seed)
+    x = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
+    y = np.linspace(0, 255, height, dtype=np.float32)[:, None, None]
+    base = (x * rng.rand(3) + y * rng.rand(3)) / 2 + rng.normal(0, 24, (height, width, 3))
+    buf = io.BytesIO()
+    Image.fromarray(base.clip(0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()

@@ -22,6 +22,10 @@ model takes each kind); HF ``generate`` gets the same media. One more figure:
 - ``encoder_skipped``: over turns 2-10, the media items of the prompt that had been sent before (in the history, or
   repeated in a new message) and were not encoded again, divided by the number of such items (1.0 = never
   re-encoded).
+
+On a model that takes images, a second session of 20 turns with one new photo each goes through the WebSocket's
+path (:mod:`chat.bench.media_session`): ``request_ms_per_turn``, ``render_ms_per_turn`` and ``ttft_ms_per_turn``,
+one figure per turn.
 """
 
 from __future__ import annotations
@@ -76,13 +80,13 @@ def user_content(rng: random.Random, turn: int, runtime) -> str | list:
     if not kinds:
         return text
     from chat.bench import media_samples
-    from modalities.parts import MediaPart
+    from modalities.parts import MediaInput
 
     make = {"image": media_samples.picture, "audio": media_samples.tone_wav, "video": media_samples.moving_box_mp4}
     parts: list = [{"type": "text", "text": text}]
     for kind, seed in MEDIA_PLAN[turn % len(MEDIA_PLAN)]:
         if kind in kinds:
-            parts.append(MediaPart(kind, make[kind](seed), None, f"turn {turn + 1} {kind} {seed}"))
+            parts.append(MediaInput.from_bytes(kind, make[kind](seed), None, f"turn {turn + 1} {kind} {seed}"))
     return parts
 
 
@@ -129,6 +133,7 @@ def run(
     decode_tokens: int = 64,
     repeats: int = 3,
     weights: str | None = None,
+    session_turns: int = 20,
 ) -> dict[str, float]:
     from chat.models import load_model
     from chat.models.baseline import hf_generate
@@ -219,6 +224,10 @@ def run(
             "media_repeated": repeated,
             "encoder_skipped": skipped / repeated if repeated else 0.0,
         }
+    if "image" in runtime.modalities:
+        from chat.bench import media_session
+
+        media.update(media_session.run(runtime, session_turns))
     return {
         "model": runtime.name,
         "turn10_prompt_tokens": len(prompt),

@@ -8,7 +8,7 @@
     │   ├── BusyError                             busy, not_generating
     │   ├── ContextOverflowError                  context_overflow
     │   ├── UnauthorizedError                     unauthorized
-    │   └── ServerError                           internal, and any code this client does not know
+    │   └── ServerError                           internal, unavailable, and any code this client does not know
     ├── ChatConnectionError                     the transport failed
     │   ├── ConnectFailed                         could not open the WebSocket (refused, handshake rejected, bad URL)
     │   ├── ConnectionLost                        the connection closed while the client was using it
@@ -68,7 +68,8 @@ class UnauthorizedError(ChatError):
 
 
 class ServerError(ChatError):
-    """``internal``: a bug or a model failure on the server (also used for codes this client does not know)."""
+    """``internal``: a bug or a model failure on the server; ``unavailable``: it is shutting down (also used for codes
+    this client does not know)."""
 
 
 _BY_CODE: dict[str, type[ChatError]] = {
@@ -84,6 +85,7 @@ _BY_CODE: dict[str, type[ChatError]] = {
     "not_generating": BusyError,
     "context_overflow": ContextOverflowError,
     "unauthorized": UnauthorizedError,
+    "unavailable": ServerError,
     "internal": ServerError,
 }
 

@@ -18,9 +18,9 @@ Pure functions, no I/O besides reading the files you name::
 - a PIL image: an image part (PNG);
 - a :class:`pathlib.Path` (or any ``os.PathLike``): the kind comes from the suffix (``.png`` ... image, ``.wav`` ...
   audio, ``.mp4`` ... video), then from the file's first bytes;
-- ``bytes``: the kind and format come from the first bytes (PNG, JPEG, GIF, WebP, BMP, TIFF; WAV, FLAC, Ogg, MP3;
-  MP4, WebM). ISO BMFF (MP4 / M4A) and EBML (WebM / Matroska) bytes are taken as video unless wrapped in
-  :class:`Audio`.
+- ``bytes``: the kind and format come from the first bytes, read by the server's own sniffer
+  (:func:`modalities.formats.sniff`: PNG, JPEG, GIF, WebP, BMP, TIFF, AVIF, HEIF; WAV, FLAC, Ogg, MP3; MP4, WebM).
+  ISO BMFF (MP4 / M4A) and EBML (WebM / Matroska) bytes are taken as video unless wrapped in :class:`Audio`.
 
 Audio samples (a numpy array, ``[frames]`` or ``[frames, channels]``, float in [-1, 1] or integer PCM) are encoded as
 16-bit PCM WAV with soundfile. Pillow, numpy and soundfile are imported only when such values are given.
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from chat.client.errors import MediaEncodingError
+from modalities.formats import sniff
 
 Part = dict[str, Any]
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview | Any  # Any: PIL images, numpy arrays
@@ -113,7 +114,7 @@ def image_part(source: Source, *, mime: str | None = None) -> Part:
         data, mime = _png_bytes(source), "image/png"
     else:
         data, suffix = _read(source, "image")
-        mime = mime or _IMAGE_MIME.get(_sniff(data) or "") or IMAGE_SUFFIXES.get(suffix)
+        mime = mime or _IMAGE_MIME.get(sniff(data) or "") or IMAGE_SUFFIXES.get(suffix)
         if mime is None:
             raise MediaEncodingError(f"cannot tell the image format of {_describe(source)}; pass mime=")
     return {"type": "image_url", "image_url": {"url": _data_url(mime, data)}}
@@ -126,7 +127,7 @@ def audio_part(source: Source, *, sample_rate: int | None = None, format: str | 
         data, format = _wav_bytes(source, sample_rate), "wav"
     else:
         data, suffix = _read(source, "audio")
-        format = format or _AUDIO_FORMAT.get(_sniff(data) or "") or AUDIO_SUFFIXES.get(suffix)
+        format = format or _AUDIO_FORMAT.get(sniff(data) or "") or AUDIO_SUFFIXES.get(suffix)
         if format is None:
             raise MediaEncodingError(f"cannot tell the audio format of {_describe(source)}; pass format=")
     return {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode("ascii"), "format": format}}
@@ -135,7 +136,7 @@ def audio_part(source: Source, *, sample_rate: int | None = None, format: str | 
 def video_part(source: Source, *, mime: str | None = None) -> Part:
     """A ``video_url`` part holding the video as a data URL."""
     data, suffix = _read(source, "video")
-    mime = mime or VIDEO_SUFFIXES.get(suffix) or _VIDEO_MIME.get(_sniff(data) or "")
+    mime = mime or VIDEO_SUFFIXES.get(suffix) or _VIDEO_MIME.get(sniff(data) or "")
     if mime is None:
         raise MediaEncodingError(f"cannot tell the video format of {_describe(source)}; pass mime=")
     return {"type": "video_url", "video_url": {"url": _data_url(mime, data)}}
@@ -186,40 +187,12 @@ _IMAGE_MIME = {
     "webp": "image/webp",
     "bmp": "image/bmp",
     "tiff": "image/tiff",
-}
+    "avif": "image/avif",
+    "heif": "image/heif",
+}  # containers modalities.formats.sniff names -> the data URL's type
 _AUDIO_FORMAT = {"wav": "wav", "flac": "flac", "ogg": "ogg", "mp3": "mp3"}
 _VIDEO_MIME = {"isobmff": "video/mp4", "ebml": "video/webm"}
 _PNG_MODES = {"1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"}
-
-
-def _sniff(data: bytes) -> str | None:
-    """The container the bytes start with (a subset of ``modalities.formats.sniff``), or None."""
-    head = data[:16]
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
-    if head.startswith(b"\xff\xd8\xff"):
-        return "jpeg"
-    if head.startswith((b"GIF87a", b"GIF89a")):
-        return "gif"
-    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
-        return "webp"
-    if head.startswith(b"RIFF") and head[8:12] == b"WAVE":
-        return "wav"
-    if head.startswith(b"BM"):
-        return "bmp"
-    if head.startswith((b"II*\x00", b"MM\x00*")):
-        return "tiff"
-    if head.startswith(b"fLaC"):
-        return "flac"
-    if head.startswith(b"OggS"):
-        return "ogg"
-    if head.startswith(b"ID3") or (len(head) > 1 and head[0] == 0xFF and (head[1] & 0xE6) in (0xE2, 0xE4, 0xE6)):
-        return "mp3"
-    if head[4:8] == b"ftyp":
-        return "isobmff"
-    if head.startswith(b"\x1a\x45\xdf\xa3"):
-        return "ebml"
-    return None
 
 
 def _read(source: Source, kind: str) -> tuple[bytes, str]:
@@ -253,7 +226,7 @@ def _path_part(path: Path) -> Part:
 
 
 def _bytes_part(data: bytes, origin: Path | None = None) -> Part:
-    found = _sniff(data)
+    found = sniff(data)
     if found in _IMAGE_MIME:
         return image_part(data, mime=_IMAGE_MIME[found])
     if found in _AUDIO_FORMAT:

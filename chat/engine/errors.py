@@ -1,12 +1,14 @@
 """Errors of the turn engine::
 
 EngineError
-├── InvalidSamplingError   a sampling setting out of range (``.field`` names it)
 ├── InvalidBatchSettingError  a scheduler setting out of range (``.field`` names it; refused at start)
 ├── ContextOverflowError   the prompt does not fit the model's context window (raised before any compute)
 ├── UnsupportedMediaError  a media part for a model without that modality (``.item`` names it)
 ├── InvalidMediaError      a media part that is corrupt, mislabeled, unsupported or too large (``.item``)
 └── EngineClosedError      the engine was shut down
+
+Sampling settings are validated on the wire (``chat.protocol.sampling``), once, not here. How each error is reported
+to a client (wire code, HTTP status, WebSocket close code) is in ``chat/server/errors.py``.
 """
 
 from __future__ import annotations
@@ -15,19 +17,9 @@ from __future__ import annotations
 class EngineError(Exception):
     """Base class of the engine's errors."""
 
-    code = "internal"
-
-
-class InvalidSamplingError(EngineError, ValueError):
-    code = "invalid_sampling"
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field  # name of the offending setting
-
 
 class InvalidBatchSettingError(EngineError, ValueError):
-    code = "invalid_setting"
+    """A scheduler setting out of range, refused when the engine starts."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -35,7 +27,7 @@ class InvalidBatchSettingError(EngineError, ValueError):
 
 
 class ContextOverflowError(EngineError, ValueError):
-    code = "context_overflow"
+    """The prompt leaves no room for a reply in the model's context window."""
 
     def __init__(self, prompt_tokens: int, context_window: int) -> None:
         super().__init__(
@@ -47,13 +39,11 @@ class ContextOverflowError(EngineError, ValueError):
 
 
 class EngineClosedError(EngineError):
-    code = "engine_closed"
+    """The engine was shut down and takes no more turns."""
 
 
 class UnsupportedMediaError(EngineError, ValueError):
     """A media part was sent to a model without that modality (``.item`` names it, e.g. "messages[1].content[0]")."""
-
-    code = "invalid_media"
 
     def __init__(self, item: str, kind: str, model: str) -> None:
         super().__init__(f"{item}: the model {model!r} does not accept {kind} input")
@@ -66,8 +56,6 @@ class InvalidMediaError(EngineError, ValueError):
 
     ``.item`` names it (e.g. "messages[1].content[0]"); the message says what is wrong in words a user can act on.
     """
-
-    code = "invalid_media"
 
     def __init__(self, item: str, message: str) -> None:
         super().__init__(message)

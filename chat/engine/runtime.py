@@ -82,7 +82,7 @@ class ModelRuntime(Protocol):
         ...
 
     def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
-        """The prompt of ``messages`` (text, or text and ``modalities.parts.MediaPart`` s).
+        """The prompt of ``messages`` (text, or text and ``modalities.parts.MediaInput`` s).
 
         Raises:
             modalities.errors.MediaError: a media item is corrupt, over a limit, or of a kind the model does not take.

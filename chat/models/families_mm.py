@@ -1,8 +1,9 @@
 """Which multimodal families are served, and how each takes media (placeholders, preparers, encoders, positions).
 
-Served: Qwen2-VL and Qwen2.5-VL (images, video; 3-D mRoPE), the Qwen2.5-Omni thinker (images, audio, video; 3-D
-mRoPE), LLaVA (images; 1-D RoPE). Refused with a reason: Gemma3 (its image tokens attend to each other
-bidirectionally, which a causal prefill over a cached prefix does not reproduce) and every other multimodal family.
+Served: Qwen2-VL and Qwen2.5-VL (images, video; 3-D mRoPE), the Qwen2.5-Omni thinker (images, audio, and video with
+its audio track interleaved, as ``use_audio_in_video``; 3-D mRoPE), LLaVA (images; 1-D RoPE). Refused with a
+reason: Gemma3 (its image tokens attend to each other bidirectionally, which a causal prefill over a cached prefix
+does not reproduce) and every other multimodal family.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from chat.models.errors import ModelLoadError, UnsupportedArchitectureError
 from chat.models.media_prep import ClipImagePreparer, QwenImagePreparer, QwenVideoPreparer, WhisperAudioPreparer
 from chat.models.multimodal import (
+    AUDIO_IN_VIDEO_MARKERS,
     MultimodalFamily,
     llava_image_rows,
     omni_audio_rows,
@@ -69,29 +71,39 @@ def qwen_family(
     video_frames: int = DEFAULT_VIDEO_FRAMES,
     audio_extractor: Any | None = None,
 ) -> MultimodalFamily:
-    """Qwen2-VL / Qwen2.5-VL / Qwen2.5-Omni thinker."""
+    """Qwen2-VL / Qwen2.5-VL / Qwen2.5-Omni thinker. With both video and audio (Omni), a video's audio track is
+    interleaved with its frames (``use_audio_in_video``): the video preparer takes the audio preparer, and the
+    family names the four marker tokens around such an item."""
     from chat.models.mrope import MropeSpec
 
+    mrope = MropeSpec.from_config(config)
     placeholders = {"image": _token(config, "image_token_id", "image_token_index")}
     preparers: dict[str, Any] = {"image": QwenImagePreparer(image_processor)}
     encoders: dict[str, Any] = {"image": qwen_image_rows}
+    audio = WhisperAudioPreparer(audio_extractor) if audio_extractor is not None else None
+    markers: dict[str, int | None] = {}
+    if audio is not None:
+        placeholders["audio"] = _token(config, "audio_token_id", "audio_token_index")
+        preparers["audio"] = audio
+        encoders["audio"] = omni_audio_rows
     if video_processor is not None:
         placeholders["video"] = _token(config, "video_token_id", "video_token_index")
-        preparers["video"] = QwenVideoPreparer(video_processor, options=VideoOptions(num_frames=video_frames))
+        in_video = audio if audio is not None and mrope.family == "qwen2_5_omni" else None
+        options = VideoOptions(num_frames=video_frames)
+        preparers["video"] = QwenVideoPreparer(video_processor, options=options, audio=in_video, mrope=mrope)
         encoders["video"] = qwen_video_rows
-    if audio_extractor is not None:
-        placeholders["audio"] = _token(config, "audio_token_id", "audio_token_index")
-        preparers["audio"] = WhisperAudioPreparer(audio_extractor)
-        encoders["audio"] = omni_audio_rows
-    missing = [kind for kind, token in placeholders.items() if token is None]
+        if in_video is not None:
+            markers = {name: _token(config, f"{name}_token_id") for name in AUDIO_IN_VIDEO_MARKERS}
+    missing = [kind for kind, token in {**placeholders, **markers}.items() if token is None]
     if missing:
-        raise ModelLoadError(f"the config names no placeholder token for {', '.join(missing)}")
+        raise ModelLoadError(f"the config names no token for {', '.join(missing)}")
     return MultimodalFamily(
         name=str(config.model_type),
         placeholders=placeholders,
         preparers=preparers,
         encoders=encoders,
-        mrope=MropeSpec.from_config(config),
+        mrope=mrope,
+        markers=markers,  # type: ignore[arg-type]  # checked above: no None left
     )
 
 

@@ -6,6 +6,9 @@ transformers (torchvision is not usable here), ``WhisperFeatureExtractor`` for a
 for video frames (the same layout as transformers' Qwen2-VL video processor). Every preparer has a
 :class:`modalities.Fingerprint` naming its class and every setting that changes its output, so that the content hash
 ``sha256(bytes) + fingerprint`` identifies the prepared result.
+
+A Qwen2.5-Omni video with an audio track is one item made of several token runs (``use_audio_in_video``): its frames
+and its sound, each prepared as its own kind would be, interleaved by time chunks (:attr:`PreparedMedia.runs`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from modalities import audio as audio_mod
 from modalities import image as image_mod
 from modalities import video as video_mod
 from modalities.audio import AudioOptions
+from modalities.errors import UnsupportedFormatError
 from modalities.identity import Fingerprint
 from modalities.image import ImageOptions
 from modalities.limits import AudioLimits, ImageLimits, VideoLimits
@@ -40,6 +44,9 @@ class PreparedMedia:
     inputs: Mapping[str, torch.Tensor] = field(repr=False)  # the encoder's inputs (family specific names)
     grid_thw: tuple[int, int, int] | None = None  # image / video: patches along time, height, width (before merging)
     second_per_grid: float | None = None  # video: seconds covered by one temporal patch
+    audio_tokens: int | None = None  # a video with its audio track: the audio's tokens (its features in `inputs`)
+    runs: tuple[tuple[str, int], ...] = ()  # a video with its audio track: ("video", n) / ("audio", m) token runs in
+    # prompt order, between <vision_bos><audio_bos> and <audio_eos><vision_eos>; () for every other item
 
     @property
     def nbytes(self) -> int:
@@ -111,7 +118,12 @@ class QwenImagePreparer:
 class QwenVideoPreparer:
     """Videos for Qwen2-VL-style vision towers: N evenly spaced frames (see :mod:`modalities.video`), each resized
     and normalised by the image processor, grouped ``temporal_patch_size`` frames per temporal patch (the last frame
-    repeated to fill the last group), in the row layout of transformers' Qwen2-VL video processor."""
+    repeated to fill the last group), in the row layout of transformers' Qwen2-VL video processor.
+
+    With ``audio`` (Qwen2.5-Omni, ``use_audio_in_video``), a video's own audio track is prepared by that preparer and
+    interleaved with the frames by time chunks (``mrope`` gives the chunking rule); a video without an audio stream
+    is prepared as video alone. An audio track over the audio preparer's limits fails the item.
+    """
 
     kind = "video"
 
@@ -120,6 +132,9 @@ class QwenVideoPreparer:
         processor: Any,
         limits: VideoLimits = VIDEO_LIMITS,
         options: VideoOptions = VIDEO_OPTIONS,
+        *,
+        audio: WhisperAudioPreparer | None = None,
+        mrope: Any = None,
     ):
         self.processor = processor  # a Qwen2VLImageProcessorPil configured with the video pixel budget
         self.limits = limits
@@ -127,11 +142,47 @@ class QwenVideoPreparer:
         self.merge = int(processor.merge_size)
         self.temporal = int(processor.temporal_patch_size)
         self.patch = int(processor.patch_size)
-        self.fingerprint = video_mod.fingerprint(
-            type(processor).__name__ + "/frames", options, _settings(processor, _QWEN_SETTINGS)
-        )
+        self.audio = audio  # prepares the video's audio track (Omni); None: the track is not used
+        self.mrope = mrope  # chat.models.mrope.MropeSpec: how audio and video interleave (with `audio`)
+        if audio is not None and mrope is None:
+            raise ValueError("a video preparer that takes the audio track needs the model's MropeSpec")
+        settings = _settings(processor, _QWEN_SETTINGS)
+        if audio is not None:  # the track and the interleaving change the item's model input
+            interleave = {"time_scale": mrope.time_scale, "seconds_per_chunk": mrope.seconds_per_chunk}
+            settings["audio_in_video"] = {"audio": audio.fingerprint.text, **interleave}
+        self.fingerprint = video_mod.fingerprint(type(processor).__name__ + "/frames", options, settings)
 
     def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
+        frames = self._frames(data, declared, item)
+        track = self._audio_track(data, declared, item)
+        if track is None:
+            return frames
+        from chat.models.mrope import MediaGrid, audio_in_video_runs
+
+        span = 4 + frames.tokens + track.tokens  # the item in the prompt: 4 markers, the video's and the audio's tokens
+        grid = MediaGrid("video", 0, span, frames.grid_thw, frames.second_per_grid, audio_length=track.tokens)
+        return PreparedMedia(
+            "video",
+            tokens=span - 2,  # <audio_bos> runs <audio_eos> (the template's vision markers frame them)
+            inputs={**frames.inputs, **track.inputs},
+            grid_thw=frames.grid_thw,
+            second_per_grid=frames.second_per_grid,
+            audio_tokens=track.tokens,
+            runs=audio_in_video_runs(self.mrope, grid),
+        )
+
+    def _audio_track(self, data: bytes, declared: str | None, item: str) -> PreparedMedia | None:
+        """The video's audio, prepared; None without an audio preparer or an audio stream."""
+        if self.audio is None:
+            return None
+        try:
+            return self.audio.prepare(data, declared, item)
+        except UnsupportedFormatError as exc:
+            if exc.code == "no_stream":
+                return None
+            raise
+
+    def _frames(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
         decoded = video_mod.decode(data, self.limits, self.options, declared=declared, item=item)
         frames = list(decoded.frames)
         while len(frames) % self.temporal:

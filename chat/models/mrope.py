@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FAMILIES", "KINDS", "VISION_ADVANCES", "MediaGrid", "MropeSpec", "mrope_positions"]
+__all__ = ["FAMILIES", "KINDS", "VISION_ADVANCES", "MediaGrid", "MropeSpec", "audio_in_video_runs", "mrope_positions"]
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen2_5_omni")
 KINDS = ("image", "video", "audio")
@@ -222,6 +222,21 @@ def mrope_positions(
     return positions, position
 
 
+def audio_in_video_runs(spec: MropeSpec, grid: MediaGrid) -> tuple[tuple[str, int], ...]:
+    """The token runs of an Omni video with its audio interleaved (``grid.audio_length`` set), between its two begin
+    and two end markers: ``("video", n)`` and ``("audio", m)`` by time chunks, the video's first in each chunk. This
+    is the layout transformers' processor writes and the order its ``get_rope_index`` places positions in; render a
+    prompt with it and :func:`mrope_positions` gives every token its position.
+
+    Raises:
+        ValueError: ``grid`` is not a video with ``audio_length``, or ``spec`` is not Qwen2.5-Omni's.
+    """
+    if grid.kind != "video" or grid.audio_length is None or spec.family != "qwen2_5_omni":
+        raise ValueError(f"audio-in-video runs need a Qwen2.5-Omni video with audio_length, got {grid!r}")
+    _, _, runs = _interleaved(spec, grid)
+    return tuple((kind, hi - lo) for kind, lo, hi in runs if hi > lo)
+
+
 # ==================================================================================================== internals
 
 
@@ -330,23 +345,32 @@ def _grid(temporal: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 def _audio_in_video(spec: MropeSpec, item: MediaGrid, position: int) -> tuple[torch.Tensor, int]:
     """Omni ``use_audio_in_video``: two begin markers at ``p``, video and audio interleaved by time chunks from
     ``p + 1``, two end markers at ``1 +`` the largest position of the *last chunk* (transformers' rule), text after."""
+    start = position + 1
+    video, audio, runs = _interleaved(spec, item)  # offsets from start
+    parts = [_text(position, 1), _text(position, 1)]
+    parts += [(video if kind == "video" else audio)[:, lo:hi] + start for kind, lo, hi in runs]
+    end = int(parts[-1].max()) + 1  # the last chunk of the longer list (audio's if equal): never empty
+    parts += [_text(end, 1), _text(end, 1)]
+    return torch.cat(parts, dim=1), end + 1
+
+
+def _interleaved(spec: MropeSpec, item: MediaGrid) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, int, int]]]:
+    """An audio-in-video item's video and audio position offsets (``[3, n]`` each, from the first token after the
+    markers) and its chunks in token order: ``(kind, lo, hi)`` slices of those offsets, video then audio per chunk."""
     _, h, w = item.grid_thw  # type: ignore[misc]
     m = spec.spatial_merge_size
-    start = position + 1
-    video = _grid(_temporal(spec, item), h // m, w // m)  # offsets from start
+    video = _grid(_temporal(spec, item), h // m, w // m)
     audio = _text(0, item.audio_length)  # type: ignore[arg-type]
     per_chunk = int(spec.time_scale * spec.seconds_per_chunk)
     video_chunks = _chunk_bounds(video[0].tolist(), per_chunk)
     audio_chunks = _chunk_bounds(audio[0].tolist(), per_chunk)
-    parts = [_text(position, 1), _text(position, 1)]
+    runs: list[tuple[str, int, int]] = []
     for j in range(max(len(video_chunks), len(audio_chunks))):
         if j < len(video_chunks):
-            parts.append(video[:, slice(*video_chunks[j])] + start)
+            runs.append(("video", *video_chunks[j]))
         if j < len(audio_chunks):
-            parts.append(audio[:, slice(*audio_chunks[j])] + start)
-    end = int(parts[-1].max()) + 1  # the last chunk of the longer list (audio's if equal): never empty
-    parts += [_text(end, 1), _text(end, 1)]
-    return torch.cat(parts, dim=1), end + 1
+            runs.append(("audio", *audio_chunks[j]))
+    return video, audio, runs
 
 
 def _chunk_bounds(values: list[int], per_chunk: int) -> list[tuple[int, int]]:

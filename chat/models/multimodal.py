@@ -10,7 +10,11 @@ One turn::
     cache.insert(ns, tokens, model.export(run), media=spans, extras=model.extras(run))
 
 Only items that lie after the restored prefix are ever encoded, and an item encoded in an earlier turn is taken from
-the media store (stage ``"encoded:<model fingerprint>"``) instead of running the encoder again.
+the media store (stage ``"encoded:<model fingerprint>"``) instead of running the encoder again. Items arrive as
+:class:`modalities.parts.MediaInput` s carrying the digest of their bytes, so rendering an earlier item neither
+decodes nor hashes it. A Qwen2.5-Omni video with its audio track is one item of several token runs
+(:attr:`PreparedMedia.runs`): one cache span from ``<vision_bos>`` to ``<vision_eos>``, its rows the two encoders'
+outputs interleaved between the markers' embeddings.
 
 The language model runs on ``inputs_embeds``: text embeddings with the encoder's rows written over each item's
 placeholder tokens, so a prefill may start or stop anywhere (a cached prefix never ends inside an item). Qwen-family
@@ -34,11 +38,13 @@ from chat.models.errors import RunStateError
 from chat.models.media_prep import PreparedMedia, Preparer
 from modalities.errors import MediaError
 from modalities.identity import content_hash
-from modalities.parts import MediaPart
+from modalities.parts import MediaInput
 from modalities.store import MediaStore
 
 MEDIA_STORE_BYTES = 512 * 1024 * 1024  # prepared inputs and encoder outputs kept for repeats
 PREPARED = "prepared"  # media store stage of a PreparedMedia
+AUDIO_IN_VIDEO_MARKERS = ("vision_start", "audio_start", "audio_end", "vision_end")  # MultimodalFamily.markers' keys,
+# in span order (and the configs' `<name>_token_id` attributes)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -70,6 +76,8 @@ class MultimodalFamily:
     preparers: Mapping[str, Preparer]  # kind -> bytes to encoder inputs
     encoders: Mapping[str, Encoder]  # kind -> encoder inputs to embedding rows
     mrope: Any = None  # chat.models.mrope.MropeSpec for 3-D positions, None for 1-D
+    markers: Mapping[str, int] = field(default_factory=dict)  # Omni videos with audio: "vision_start", "audio_start",
+    # "audio_end", "vision_end" -> token ids (the four markers framing an interleaved item); empty otherwise
 
 
 @dataclass(slots=True, eq=False)
@@ -159,6 +167,8 @@ class MultimodalAdapter(ModelAdapter):
         by_kind: dict[str, list[PreparedMedia]] = {"image": [], "video": [], "audio": []}
         for it in prompt.items:
             by_kind[it.span.kind.value].append(it.prepared)
+            if it.prepared.runs:  # a video's audio track: among the audio clips, in prompt order
+                by_kind["audio"].append(it.prepared)
         ids = torch.tensor([list(prompt.tokens)], device=self.device)
         out: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         images, videos, clips = by_kind["image"], by_kind["video"], by_kind["audio"]
@@ -179,6 +189,8 @@ class MultimodalAdapter(ModelAdapter):
                 batch[i, :, : f.shape[1]] = f
                 mask[i, : f.shape[1]] = 1
             out["input_features"], out["feature_attention_mask"] = batch, mask
+        if any(it.prepared.runs for it in prompt.items):
+            out["use_audio_in_video"] = True  # type: ignore[assignment]  # transformers: every video carries its audio
         return out
 
     def hf_generate(self, prompt: RenderedPrompt, max_new_tokens: int) -> list[int]:
@@ -203,7 +215,7 @@ class MultimodalAdapter(ModelAdapter):
 
     def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
         """The prompt of ``messages`` whose content is a string or a list of ``{"type": "text", "text"}`` dicts and
-        :class:`MediaPart` s, through the chat template, with each item's placeholder expanded.
+        :class:`~modalities.parts.MediaInput` s, through the chat template, with each item's placeholder expanded.
 
         Raises:
             MediaError: an item is corrupt, mislabeled, over a limit, or of a kind this model does not take (its
@@ -211,7 +223,7 @@ class MultimodalAdapter(ModelAdapter):
                 the user's text contains a placeholder token).
         """
         template_messages: list[dict[str, Any]] = []
-        parts: list[MediaPart] = []
+        parts: list[MediaInput] = []
         for i, message in enumerate(messages):
             content = message.get("content")
             if isinstance(content, str):
@@ -219,7 +231,7 @@ class MultimodalAdapter(ModelAdapter):
                 continue
             pieces: list[dict[str, Any]] = []
             for j, part in enumerate(content or ()):
-                if isinstance(part, MediaPart):
+                if isinstance(part, MediaInput):
                     if part.kind not in self.modalities:
                         raise MediaError(f"{self.name} does not take {part.kind} input", item=part.item)
                     parts.append(part)
@@ -238,14 +250,14 @@ class MultimodalAdapter(ModelAdapter):
                 self.media_store.put(key, value, value.nbytes, PREPARED)
         return rendered
 
-    def _prepare_all(self, parts: Sequence[MediaPart]) -> list[tuple[str, PreparedMedia]]:
+    def _prepare_all(self, parts: Sequence[MediaInput]) -> list[tuple[str, PreparedMedia]]:
         """(content hash, prepared item) per part: from the media store, or decoded and preprocessed (each
         distinct item once per call). Nothing is stored here."""
         out: list[tuple[str, PreparedMedia]] = []
         fresh: dict[str, PreparedMedia] = {}
         for part in parts:
             preparer = self.family.preparers[part.kind]
-            key = content_hash(part.data, preparer.fingerprint)
+            key = content_hash(part.digest, preparer.fingerprint)  # the digest came with the item: no hashing
             value = fresh.get(key) or self.media_store.get(key, PREPARED)
             if value is None:
                 value = fresh[key] = preparer.prepare(part.data, part.declared, part.item)
@@ -253,7 +265,7 @@ class MultimodalAdapter(ModelAdapter):
         return out
 
     def _expand(
-        self, ids: list[int], parts: list[MediaPart], prepared: list[tuple[str, PreparedMedia]]
+        self, ids: list[int], parts: list[MediaInput], prepared: list[tuple[str, PreparedMedia]]
     ) -> RenderedPrompt:
         found = [(at, self._kind_of[t]) for at, t in enumerate(ids) if t in self._kind_of]
         if len(found) != len(parts) or any(kind != part.kind for (_, kind), part in zip(found, parts, strict=False)):
@@ -270,11 +282,36 @@ class MultimodalAdapter(ModelAdapter):
         for (at, kind), part, (key, prep) in zip(found, parts, prepared, strict=True):
             tokens.extend(ids[cursor:at])
             start = len(tokens)
-            tokens.extend([ids[at]] * prep.tokens)
-            items.append(PromptItem(MediaSpan(start, len(tokens), kind, key), prep, part.item))
+            if prep.runs:  # a video with its audio: one item, its span from <vision_bos> to <vision_eos>
+                tokens.extend(self._interleaved_tokens(ids, at, prep, part.item))
+                start, end = start - 1, len(tokens) + 1
+            else:
+                tokens.extend([ids[at]] * prep.tokens)
+                end = len(tokens)
+            items.append(PromptItem(MediaSpan(start, end, kind, key), prep, part.item))
             cursor = at + 1
         tokens.extend(ids[cursor:])
         return RenderedPrompt(tuple(tokens), tuple(items))
+
+    def _interleaved_tokens(self, ids: list[int], at: int, prep: PreparedMedia, item: str) -> list[int]:
+        """What replaces the video placeholder at ``ids[at]`` for a video with its audio: ``<audio_bos>``, the video
+        and audio placeholder runs, ``<audio_eos>``; the template's vision markers must frame it.
+
+        Raises:
+            MediaError: the chat template does not put the vision markers around the placeholder.
+        """
+        marks = self.family.markers
+        if not (0 < at < len(ids) - 1 and ids[at - 1] == marks["vision_start"] and ids[at + 1] == marks["vision_end"]):
+            raise MediaError(
+                "the chat template does not frame the video with its vision markers, so its audio cannot be used",
+                item=item,
+            )
+        placeholder = {"video": self.family.placeholders["video"], "audio": self.family.placeholders["audio"]}
+        out = [marks["audio_start"]]
+        for kind, count in prep.runs:
+            out += [placeholder[kind]] * count
+        out.append(marks["audio_end"])
+        return out
 
     # ================================================================ runs
 
@@ -303,6 +340,7 @@ class MultimodalAdapter(ModelAdapter):
                     length=it.span.end - it.span.start,
                     grid_thw=it.prepared.grid_thw,
                     second_per_grid=it.prepared.second_per_grid,
+                    audio_length=it.prepared.audio_tokens,
                 )
                 for it in items
             ]
@@ -374,7 +412,7 @@ class MultimodalAdapter(ModelAdapter):
         stage = f"encoded:{self.fingerprint}"
         rows = self.media_store.get(key, stage)
         if rows is None:
-            rows = self.family.encoders[it.span.kind.value](self._full, it.prepared)
+            rows = self._encode(it)
             want = it.span.end - it.span.start
             if rows.dim() != 2 or rows.shape[0] != want:
                 raise RunStateError(f"{it.item}: the encoder returned {tuple(rows.shape)} rows, the prompt has {want}")
@@ -385,6 +423,24 @@ class MultimodalAdapter(ModelAdapter):
             plan.reused += 1
         plan.features[key] = rows
         return rows
+
+    def _encode(self, it: PromptItem) -> torch.Tensor:
+        """The rows of one item's span: its encoder's output; for a video with its audio, the four markers' token
+        embeddings around the video's and the audio's rows, run by run."""
+        prep = it.prepared
+        if not prep.runs:
+            return self.family.encoders[it.span.kind.value](self._full, prep)
+        video = self.family.encoders["video"](self._full, prep)  # [video tokens, hidden]
+        audio = self.family.encoders["audio"](self._full, prep)  # [audio tokens, hidden]
+        marks = [self.family.markers[name] for name in AUDIO_IN_VIDEO_MARKERS]
+        ends = self._embed(torch.tensor(marks, device=self.device)).to(video.dtype)  # [4, hidden]
+        pieces, taken = [ends[:2]], {"video": 0, "audio": 0}
+        for kind, count in prep.runs:
+            source = video if kind == "video" else audio
+            pieces.append(source[taken[kind] : taken[kind] + count].to(video.dtype))
+            taken[kind] += count
+        pieces.append(ends[2:])
+        return torch.cat(pieces)
 
 
 # ==================================================================== encoders

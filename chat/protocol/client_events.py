@@ -12,11 +12,10 @@ from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from chat.protocol.base import WireModel
-from chat.protocol.content import ChatMessage, UserContent, media_parts
+from chat.protocol.content import ChatMessage, UserContent, check_media_count
 from chat.protocol.limits import (
     MAX_EVENT_ID_CHARS,
     MAX_ID_CHARS,
-    MAX_MEDIA_PER_CONVERSATION,
     MAX_MESSAGES,
     MAX_MODEL_CHARS,
     MAX_TEXT_CHARS,
@@ -123,10 +122,7 @@ class CompletionCreate(_ClientEvent):
             raise PydanticCustomError("message_order", "a system message may only come first")
         if self.messages[-1].role != "user":
             raise PydanticCustomError("message_order", "the last message must be a user message")
-        if sum(len(media_parts(m.content)) for m in self.messages) > MAX_MEDIA_PER_CONVERSATION:
-            raise PydanticCustomError(
-                "too_many_media", "more than {n} media items in one conversation", {"n": MAX_MEDIA_PER_CONVERSATION}
-            )
+        check_media_count(self.messages)
         return self
 
 

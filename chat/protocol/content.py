@@ -1,4 +1,5 @@
-"""Message content as in OpenAI chat completions: a string, or a list of typed parts.
+"""Message content as in OpenAI chat completions: a string, or a list of typed parts. The one description of it, for
+both transports: the WebSocket protocol and the OpenAI-compatible HTTP API (``chat/server/openai_api.py``).
 
 Parts::
 
@@ -7,53 +8,88 @@ Parts::
     {"type": "input_audio", "input_audio": {"data": "<base64>", "format": "wav"}}
     {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,..."}}
 
-Media travels inline, base64-encoded: only ``data:`` URLs are accepted (the server never fetches a URL). This module
-checks the form (data URL of the right kind, valid base64, non-empty); decoding the bytes into pixels, samples or
-frames is the job of ``modalities/``, which reports ``invalid_media`` for content it cannot read.
+Media travels inline, base64-encoded: only ``data:`` URLs are accepted (the server never fetches a URL). Validating
+a media part reads its data URL header (:func:`modalities.identity.parse_data_url`), decodes its base64 (strict:
+the padded alphabet only) and hashes the bytes once (:func:`modalities.identity.media_digest`); the part keeps the
+digest (:class:`MediaText`), and
+:meth:`ImageURLPart.media` (etc.) hands the engine a :class:`modalities.parts.MediaInput` that carries it, so a
+stored message's items are never decoded or hashed again for a later turn. Decoding the bytes into pixels, samples
+or frames is the job of ``modalities/``, which reports ``invalid_media`` for content it cannot read.
 """
 
 from __future__ import annotations
 
-import binascii
-import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import AfterValidator, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
 from chat.protocol.base import WireModel
 from chat.protocol.limits import (
+    MAX_MEDIA_PER_CONVERSATION,
     MAX_MEDIA_PER_TURN,
     MAX_PARTS_PER_MESSAGE,
     MAX_TEXT_CHARS,
     AudioFormat,
 )
+from modalities import identity
+from modalities.errors import MediaError
+from modalities.identity import MediaDigest
+from modalities.parts import Base64Text, MediaInput
 
-INVALID_MEDIA = "invalid_media"  # the pydantic error type that the parser maps to ErrorCode.INVALID_MEDIA
-_DATA_URL = re.compile(r"data:(?P<kind>[a-z]+)/[A-Za-z0-9.+-]+;base64,", re.ASCII)
+INVALID_MEDIA = "invalid_media"  # the pydantic error type that the transports report as ErrorCode.INVALID_MEDIA
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 Role = Literal["system", "user", "assistant"]
 
 
-def _check_base64(data: str, what: str) -> str:
-    if not data:
-        raise PydanticCustomError(INVALID_MEDIA, "{what} is empty", {"what": what})
+class MediaText(str):
+    """Validated media text, a data URL or bare base64 (audio), that keeps what validating it learned: the digest of
+    its bytes and where its base64 starts. It serializes as the plain string it is."""
+
+    digest: MediaDigest  # sha256 of the decoded bytes
+    start: int  # where the base64 begins
+    declared: str | None  # the data URL's MIME type (None for bare base64)
+
+    @classmethod
+    def checked(cls, text: str, kind: str, *, data_url: bool) -> MediaText:
+        """``text`` validated as media of ``kind``: its base64 decoded (strict) and its bytes hashed, once.
+
+        Raises:
+            PydanticCustomError: ``invalid_media``, saying what is wrong.
+        """
+        declared, start = _read_data_url(text, kind) if data_url else (None, 0)
+        try:
+            data = identity.decode_base64(text[start:], strict=True)
+        except MediaError:
+            raise PydanticCustomError(INVALID_MEDIA, "the {kind} data is not valid base64", {"kind": kind}) from None
+        if not data:
+            raise PydanticCustomError(INVALID_MEDIA, "the {kind} data is empty", {"kind": kind})
+        out = cls(text)
+        out.digest, out.start, out.declared = identity.media_digest(data), start, declared
+        return out
+
+    def media(self, kind: str, declared: str | None, item: str) -> MediaInput:
+        """The engine's view of this media (no decoding, no hashing); ``item`` names it in errors."""
+        return MediaInput(kind, self.digest, Base64Text(self, self.start), declared, item)
+
+
+def _read_data_url(url: str, kind: str) -> tuple[str, int]:
+    """Check the header of ``url``: a base64 data URL of ``kind``. Return its MIME type and where its base64 starts."""
+    expected = "expected a data URL 'data:{kind}/<subtype>;base64,<data>'"
     try:
-        binascii.a2b_base64(data, strict_mode=True)
-    except (binascii.Error, ValueError):
-        raise PydanticCustomError(INVALID_MEDIA, "{what} is not valid base64", {"what": what}) from None
-    return data
+        header = identity.parse_data_url(url[: url.find(",") + 1] if "," in url else url)  # the header only
+    except MediaError as exc:
+        context = {"kind": kind, "detail": exc.detail}
+        raise PydanticCustomError(INVALID_MEDIA, expected + ": {detail}", context) from None
+    if header.mime.partition("/")[0] != kind:
+        raise PydanticCustomError(INVALID_MEDIA, expected, {"kind": kind})
+    return header.mime, url.index(",") + 1
 
 
-def _check_data_url(url: str, kind: str) -> str:
-    match = _DATA_URL.match(url)
-    if match is None or match["kind"] != kind:
-        raise PydanticCustomError(
-            INVALID_MEDIA, "expected a data URL 'data:{kind}/<subtype>;base64,<data>'", {"kind": kind}
-        )
-    _check_base64(url[match.end() :], f"the {kind} data")
-    return url
+def _media(kind: str, *, data_url: bool) -> AfterValidator:
+    return AfterValidator(lambda text: MediaText.checked(text, kind, data_url=data_url))
 
 
 class TextPart(WireModel):
@@ -61,52 +97,62 @@ class TextPart(WireModel):
     text: Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 
+class _MediaPart(WireModel):
+    """A content part that holds media: :meth:`media` hands it to the engine."""
+
+    def payload(self) -> tuple[MediaText, str, str | None]:
+        """(validated payload, kind, declared format)."""
+        raise NotImplementedError
+
+    def media(self, item: str) -> MediaInput:
+        """The engine's view of this part (no decoding, no hashing); ``item`` names it in errors."""
+        text, kind, declared = self.payload()
+        assert isinstance(text, MediaText), "media parts are made by validation"
+        return text.media(kind, declared, item)
+
+
 class ImageURL(WireModel):
-    url: str  # data:image/<subtype>;base64,<data>
+    url: Annotated[str, _media("image", data_url=True)]  # data:image/<subtype>;base64,<data>
     detail: Literal["auto", "low", "high"] | None = None  # accepted for OpenAI compatibility; ignored
 
-    @field_validator("url")
-    @classmethod
-    def _image_data_url(cls, url: str) -> str:
-        return _check_data_url(url, "image")
 
-
-class ImageURLPart(WireModel):
+class ImageURLPart(_MediaPart):
     type: Literal["image_url"] = "image_url"
     image_url: ImageURL
 
+    def payload(self) -> tuple[MediaText, str, str | None]:
+        url = self.image_url.url
+        return url, "image", getattr(url, "declared", None)  # type: ignore[return-value]
+
 
 class InputAudio(WireModel):
-    data: str  # base64 of the file's bytes (no data: prefix, as in OpenAI)
+    data: Annotated[str, _media("audio", data_url=False)]  # base64 of the file's bytes (no data: prefix, as in OpenAI)
     format: AudioFormat  # the container, e.g. "wav"
 
-    @field_validator("data")
-    @classmethod
-    def _base64(cls, data: str) -> str:
-        return _check_base64(data, "the audio data")
 
-
-class InputAudioPart(WireModel):
+class InputAudioPart(_MediaPart):
     type: Literal["input_audio"] = "input_audio"
     input_audio: InputAudio
 
+    def payload(self) -> tuple[MediaText, str, str | None]:
+        return self.input_audio.data, "audio", self.input_audio.format  # type: ignore[return-value]
+
 
 class VideoURL(WireModel):
-    url: str  # data:video/<subtype>;base64,<data>
-
-    @field_validator("url")
-    @classmethod
-    def _video_data_url(cls, url: str) -> str:
-        return _check_data_url(url, "video")
+    url: Annotated[str, _media("video", data_url=True)]  # data:video/<subtype>;base64,<data>
 
 
-class VideoURLPart(WireModel):
+class VideoURLPart(_MediaPart):
     type: Literal["video_url"] = "video_url"
     video_url: VideoURL
 
+    def payload(self) -> tuple[MediaText, str, str | None]:
+        url = self.video_url.url
+        return url, "video", getattr(url, "declared", None)  # type: ignore[return-value]
+
 
 ContentPart = Annotated[TextPart | ImageURLPart | InputAudioPart | VideoURLPart, Field(discriminator="type")]
-MediaPart = ImageURLPart | InputAudioPart | VideoURLPart
+MediaContentPart = ImageURLPart | InputAudioPart | VideoURLPart  # a wire part holding media
 
 
 def _content_kind(value: Any) -> str | None:
@@ -136,11 +182,11 @@ Content = Annotated[
 """A message's content: a string, or 1..MAX_PARTS_PER_MESSAGE parts holding at most MAX_TEXT_CHARS of text."""
 
 
-def media_parts(content: str | list[Any]) -> list[MediaPart]:
+def media_parts(content: str | list[Any] | None) -> list[MediaContentPart]:
     """The image / audio / video parts of ``content``, in order."""
-    if isinstance(content, str):
+    if content is None or isinstance(content, str):
         return []
-    return [p for p in content if isinstance(p, ImageURLPart | InputAudioPart | VideoURLPart)]
+    return [p for p in content if isinstance(p, _MediaPart)]
 
 
 def is_blank(content: str | list[Any]) -> bool:
@@ -163,7 +209,8 @@ UserContent = Annotated[Content, AfterValidator(_check_turn_content)]
 
 
 class ChatMessage(WireModel):
-    """One message of a ``completion.create`` list. Media is allowed in user messages only."""
+    """One message of a ``completion.create`` list (the HTTP API's messages extend it). Media is allowed in user
+    messages only."""
 
     role: Role
     content: Content
@@ -175,6 +222,15 @@ class ChatMessage(WireModel):
                 INVALID_MEDIA, "only user messages may hold media, not {role}", {"role": self.role}
             )
         return self
+
+
+def check_media_count(messages: list[Any]) -> None:
+    """Refuse a message list (``completion.create``, an HTTP request) holding more than MAX_MEDIA_PER_CONVERSATION
+    media items: a pydantic custom error, for a model validator."""
+    if sum(len(media_parts(m.content)) for m in messages) > MAX_MEDIA_PER_CONVERSATION:
+        raise PydanticCustomError(
+            "too_many_media", "more than {n} media items in one conversation", {"n": MAX_MEDIA_PER_CONVERSATION}
+        )
 
 
 StoredContent = Annotated[
@@ -198,3 +254,13 @@ def to_wire(content: str | list[Any]) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
     return [p.model_dump(exclude_none=True) for p in content]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptMessage:
+    """One message of a prompt for the engine: a role and validated content, whose media parts carry their digests
+    (see the module docstring). A :class:`~chat.protocol.session.TurnPlan` holds these; the transports turn them
+    into the engine's messages (``chat.server.turns.engine_messages``)."""
+
+    role: Role  # "system", "user" or "assistant"
+    content: str | list[Any]  # a string, or TextPart / media parts as validated

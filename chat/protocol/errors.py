@@ -1,4 +1,4 @@
-"""The protocol's one error type and its codes.
+"""The protocol's one error type, and the wire codes of both transports.
 
 Everything the protocol layer refuses is a :class:`ProtocolError` carrying an :class:`ErrorCode`; a server sends it
 to the client as an ``error`` event (``ErrorEvent.of(exc)``) and keeps the connection open::
@@ -8,10 +8,12 @@ to the client as an ``error`` event (``ErrorEvent.of(exc)``) and keeps the conne
       session ....... busy, not_generating, invalid_event (edit / regenerate that does not fit), context_overflow,
                       unknown_session (closed)
       connection .... no_session, unknown_session, unknown_model; store: unknown_session, busy (full)
-      engine/server . context_overflow, invalid_media, internal, unauthorized (never raised here)
+      engine/server . context_overflow, invalid_media, unavailable, internal, unauthorized (never raised here)
 
-Only the transport raises ``unauthorized``; the engine reports ``context_overflow``, ``invalid_media`` and
-``internal`` through ``Session.on_error``.
+Only the transport raises ``unauthorized``; the engine reports ``context_overflow``, ``invalid_media``,
+``unavailable`` and ``internal`` through ``Session.on_error``. Some codes belong to the HTTP API only (it has no
+events): ``invalid_request``, ``invalid_sampling``, ``model_not_found``, ``too_large``. What each code becomes on
+each transport (HTTP status, WebSocket close code) is the table in ``chat/server/errors.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ class ErrorCode(enum.StrEnum):
     NOT_GENERATING = "not_generating"  # turn.cancel with nothing to cancel
     CONTEXT_OVERFLOW = "context_overflow"  # the prompt does not fit the model, or the conversation hit a limit
     UNAUTHORIZED = "unauthorized"  # the transport refused the credentials
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # a browser page of another origin (the WebSocket closes with 1008)
+    UNAVAILABLE = "unavailable"  # the server is shutting down: the engine takes no more turns
     INTERNAL = "internal"  # a bug or a model failure; the session is left as it was before the turn
+    # HTTP only:
+    INVALID_REQUEST = "invalid_request"  # the request body is malformed or breaks a limit (`param` names the field)
+    INVALID_SAMPLING = "invalid_sampling"  # a sampling field out of range (`param` names it)
+    MODEL_NOT_FOUND = "model_not_found"  # `model` is not served here (OpenAI's code for it)
+    TOO_LARGE = "too_large"  # the body exceeds --max-body-mib (a WebSocket frame over its limit closes with 1009)
 
 
 class ProtocolError(Exception):

@@ -1,8 +1,10 @@
-"""Every limit the wire protocol enforces, in one place.
+"""Every limit the wire enforces, in one place, for both transports: the WebSocket protocol and the
+OpenAI-compatible HTTP API (``chat/server/openai_api.py``) read the same constants through the same content and
+sampling types.
 
-The parser and the wire types read these constants; ``docs/protocol.md`` lists them in a table. A server should also
-pass :data:`MAX_FRAME_BYTES` to its WebSocket library (``max_size``) so that a larger frame is refused before it is
-buffered.
+The parser and the wire types read these constants; ``docs/protocol.md`` lists them in a table (and
+``docs/security.md`` with every other limit). A server should also pass :data:`MAX_FRAME_BYTES` to its WebSocket
+library (``max_size``) so that a larger frame is refused before it is buffered.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ MAX_MODEL_CHARS = 256  # a model name
 MAX_TEXT_CHARS = 262_144  # text of one message (all its text parts together), also the system prompt
 MAX_PARTS_PER_MESSAGE = 64  # content parts in one message
 MAX_MEDIA_PER_TURN = 16  # image / audio / video items in the content of one turn.create or turn.edit
-MAX_MESSAGES = 512  # messages in one conversation (a session's, or a completion.create list), system included
+MAX_MESSAGES = 512  # messages in one conversation (a session's, a completion.create list, an HTTP request), system
+# included
 MAX_MEDIA_PER_CONVERSATION = 64  # media items in one conversation
 
 MAX_TEMPERATURE = 5.0  # temperature is in [0, MAX_TEMPERATURE]; 0 means greedy

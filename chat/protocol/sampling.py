@@ -1,6 +1,6 @@
-"""Sampling settings, validated with the same ranges as the engine's ``SamplingParams``.
-
-The defaults equal the engine's, so ``SamplingParams(**settings.model_dump())`` builds the engine's object.
+"""Sampling settings: the only place their ranges are checked, for both transports (the WebSocket events and the
+HTTP API's sampling fields, ``chat/server/openai_api.py``). The engine's ``SamplingParams`` does not check them
+again; ``chat.server.turns.sampling_params`` converts. The defaults equal the engine's.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from chat.protocol.client_events import (
     CompletionCreate,
@@ -33,7 +33,7 @@ from chat.protocol.client_events import (
     TurnEdit,
     TurnRegenerate,
 )
-from chat.protocol.content import ConversationMessage, FinishReason, media_parts, to_wire
+from chat.protocol.content import ConversationMessage, FinishReason, PromptMessage, media_parts
 from chat.protocol.errors import ErrorCode, ProtocolError
 from chat.protocol.ids import IdFactory, new_id
 from chat.protocol.limits import MAX_MEDIA_PER_CONVERSATION, MAX_MESSAGES
@@ -71,7 +71,7 @@ class TurnPlan:
 
     turn_id: str  # names the turn in every later call and event
     kind: TurnKind  # which client event asked for it
-    messages: tuple[dict[str, Any], ...]  # OpenAI-shaped, system first, last is the user message being answered
+    messages: tuple[PromptMessage, ...]  # system first, last is the user message being answered
     sampling: SamplingSettings  # a snapshot: session.update during the turn does not change it
     model: str  # the model that must answer
     session_id: str | None  # None in stateless mode
@@ -362,10 +362,10 @@ class Session:
             self.state = SessionState.IDLE
 
 
-def render(system: str | None, history: list[ConversationMessage]) -> tuple[dict[str, Any], ...]:
-    """The OpenAI-shaped message list for the engine: the system prompt (if any), then the history."""
-    head = ({"role": "system", "content": system},) if system is not None else ()
-    return head + tuple({"role": m.role, "content": to_wire(m.content)} for m in history)
+def render(system: str | None, history: list[ConversationMessage]) -> tuple[PromptMessage, ...]:
+    """The prompt's messages: the system prompt (if any), then the history, as stored (media keep their digests)."""
+    head = (PromptMessage("system", system),) if system is not None else ()
+    return head + tuple(PromptMessage(m.role, m.content) for m in history)
 
 
 def check_conversation_limits(messages: int, media: int, event_id: str | None) -> None:
@@ -395,7 +395,7 @@ def plan_completion(event: CompletionCreate, model: str, new_id: IdFactory = new
     The caller must track that the turn is running (for ``busy`` and ``turn.cancel``) and build its events with
     ``plan.delta`` / ``plan.done`` / ``plan.failed``.
     """
-    messages = tuple({"role": m.role, "content": to_wire(m.content)} for m in event.messages)
+    messages = tuple(PromptMessage(m.role, m.content) for m in event.messages)
     return TurnPlan(
         turn_id=new_id("turn"),
         kind="completion",

@@ -17,10 +17,11 @@ from fastapi.staticfiles import StaticFiles
 
 from chat.engine.engine import Engine
 from chat.engine.errors import EngineError
+from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
 from chat.server import openai_api
 from chat.server.auth import KeyRing, Tenant, bearer_of
-from chat.server.errors import RequestError, describe, public_message
+from chat.server.errors import RequestError, describe, validation_error
 from chat.server.metrics_text import render_metrics, render_session_metrics
 from chat.server.session_db import SqliteSessionStore
 from chat.server.settings import MiB, ServerSettings
@@ -52,11 +53,13 @@ def session_store(settings: ServerSettings) -> InMemorySessionStore:
 
 
 def error_response(exc: BaseException) -> JSONResponse:
-    status, code, kind, param = describe(exc)
+    """OpenAI's error body for ``exc``, with the status of its code (``chat/server/errors.py``)."""
+    reported = describe(exc)
+    status = reported.transport.status
     if status >= 500:
         log.error("request failed", exc_info=exc)
-    body = {"error": {"message": public_message(exc), "type": kind, "code": code, "param": param}}
-    return JSONResponse(body, status_code=status)
+    error = {"message": reported.message, "type": reported.transport.kind, "code": reported.code.value}
+    return JSONResponse({"error": {**error, "param": reported.param}}, status_code=status)
 
 
 def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, keys: KeyRing | None = None) -> FastAPI:
@@ -79,22 +82,19 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > settings.max_body_mib * MiB):
             return error_response(
-                RequestError("too_large", f"request bodies are limited to {settings.max_body_mib} MiB", status=413)
+                RequestError(ErrorCode.TOO_LARGE, f"request bodies are limited to {settings.max_body_mib} MiB")
             )
         protected = request.url.path.startswith("/v1/") or request.url.path == "/metrics"
         if protected:
             tenant = keys.authenticate(bearer_of(request.headers.get("authorization")))
             if tenant is None:
-                return error_response(RequestError("unauthorized", "missing or wrong bearer token", status=401))
+                return error_response(RequestError(ErrorCode.UNAUTHORIZED, "missing or wrong bearer token"))
             request.state.tenant = tenant
         return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request"
-        return error_response(RequestError("invalid_request", message, param=where or None))
+        return error_response(validation_error(list(exc.errors())))
 
     @app.exception_handler(RequestError)
     async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
@@ -126,12 +126,8 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
         if body.model not in (None, model_name):
-            raise RequestError(
-                "model_not_found",
-                f"unknown model {body.model!r}; this server runs {model_name!r}",
-                status=404,
-                param="model",
-            )
+            message = f"unknown model {body.model!r}; this server runs {model_name!r}"
+            raise RequestError(ErrorCode.MODEL_NOT_FOUND, message, param="model")
         tenant: Tenant = request.state.tenant
         turn = openai_api.build_turn(body, tenant.salt, engine.runtime)
         if body.stream:

@@ -3,6 +3,13 @@
 Every response carries ``usage.prompt_tokens_details.cached_tokens``: in a non-streaming response, and in the last
 chunk of a stream (whether or not ``stream_options.include_usage`` was asked for; clients ignore what they do not
 know). Each request is stateless: the client sends the whole conversation, and the prefix cache finds what it has.
+
+Messages use the WebSocket protocol's content types and limits (``chat.protocol.content``, ``chat.protocol.limits``)
+in an OpenAI envelope (:class:`HttpMessage`); sampling fields are validated once, by the protocol's
+``SamplingSettings``; usage and timings are converted by ``chat.server.turns``, errors reported by
+``chat.server.errors`` — the same as on the WebSocket. Since every request carries the whole conversation, each of
+its media items is decoded and hashed once per request (by validation); the engine neither decodes nor hashes an
+item whose prepared form it holds.
 """
 
 from __future__ import annotations
@@ -11,61 +18,36 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from chat.engine.content import engine_messages
 from chat.engine.engine import Engine
 from chat.engine.events import Done, TurnRequest
-from chat.engine.sampling import SamplingParams
+from chat.protocol.client_events import ModelName
+from chat.protocol.content import ChatMessage, Content, PromptMessage, check_media_count
+from chat.protocol.errors import ErrorCode
+from chat.protocol.limits import MAX_MESSAGES
+from chat.protocol.sampling import SamplingSettings
 from chat.server.errors import RequestError
+from chat.server.turns import turn_request, wire_timings, wire_usage
 
-MAX_MESSAGES = 1_000
-MAX_TEXT_CHARS = 1_000_000
-
-
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str = Field(max_length=MAX_TEXT_CHARS)
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop")  # same names as SamplingSettings'
 
 
-class ImageURL(BaseModel):
-    url: str
-    detail: str | None = None
+class HttpMessage(ChatMessage):
+    """One message of a request: the protocol's content types and rules (``ChatMessage``), with OpenAI's extras:
+    the ``developer`` role (taken as ``system``), ``content: null``, ``name`` (ignored), unknown fields ignored."""
 
+    model_config = ConfigDict(extra="ignore")
 
-class ImagePart(BaseModel):
-    type: Literal["image_url"]
-    image_url: ImageURL
-
-
-class InputAudio(BaseModel):
-    data: str  # base64
-    format: str  # "wav", "mp3", ...
-
-
-class AudioPart(BaseModel):
-    type: Literal["input_audio"]
-    input_audio: InputAudio
-
-
-class VideoURL(BaseModel):
-    url: str
-
-
-class VideoPart(BaseModel):
-    type: Literal["video_url"]
-    video_url: VideoURL
-
-
-ContentPart = Annotated[TextPart | ImagePart | AudioPart | VideoPart, Field(discriminator="type")]
-
-
-class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
+    role: Literal["system", "developer", "user", "assistant"]  # type: ignore[assignment]
+    content: Content | None = None  # type: ignore[assignment]
     name: str | None = None
+
+    def prompt(self) -> PromptMessage:
+        role = "system" if self.role == "developer" else self.role
+        return PromptMessage(role, "" if self.content is None else self.content)
 
 
 class StreamOptions(BaseModel):
@@ -73,10 +55,13 @@ class StreamOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
+    """The body of ``POST /v1/chat/completions``. Sampling fields are taken as sent and validated once, by
+    :meth:`sampling` (the protocol's ``SamplingSettings``)."""
+
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    model: ModelName | None = None
+    messages: list[HttpMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None  # extension: not in the OpenAI API
@@ -88,42 +73,29 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = 1
 
+    @model_validator(mode="after")
+    def _media_count(self) -> ChatCompletionRequest:
+        check_media_count(self.messages)
+        return self
 
-def to_sampling(req: ChatCompletionRequest) -> SamplingParams:
-    """Raises InvalidSamplingError (naming the field) for values out of range."""
-    if req.n != 1:
-        raise RequestError("invalid_request", "only n=1 is supported", param="n")
-    kwargs: dict = {}
-    for name in ("temperature", "top_p", "top_k", "seed"):
-        value = getattr(req, name)
-        if value is not None:
-            kwargs[name] = value
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    if max_tokens is not None:
-        kwargs["max_tokens"] = max_tokens
-    if req.stop is not None:
-        kwargs["stop"] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
-    return SamplingParams(**kwargs)
+    def sampling(self) -> SamplingSettings:
+        """The request's sampling settings (fields left out or null take the defaults).
 
-
-def usage_json(done: Done) -> dict:
-    u = done.usage
-    return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    }
-
-
-def timings_json(done: Done) -> dict:
-    t = done.timings
-    return {
-        "ttft_ms": round(t.ttft_ms, 3),
-        "prefill_ms": round(t.prefill_ms, 3),
-        "decode_tokens_per_s": round(t.decode_tokens_per_s, 3),
-        "total_ms": round(t.total_ms, 3),
-    }
+        Raises:
+            RequestError: ``invalid_sampling`` naming the field out of range; ``invalid_request`` for ``n != 1``.
+        """
+        if self.n != 1:
+            raise RequestError(ErrorCode.INVALID_REQUEST, "only n=1 is supported", param="n")
+        values = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if max_tokens is not None:
+            values["max_tokens"] = max_tokens
+        try:
+            return SamplingSettings.model_validate(values)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            field = str(first["loc"][0]) if first["loc"] else "sampling"
+            raise RequestError(ErrorCode.INVALID_SAMPLING, f"{field}: {first['msg']}", param=field) from None
 
 
 def _finish_reason(done: Done) -> str:
@@ -131,9 +103,15 @@ def _finish_reason(done: Done) -> str:
 
 
 def build_turn(req: ChatCompletionRequest, salt: str, runtime) -> TurnRequest:
-    """Raises UnsupportedMediaError, InvalidSamplingError, RequestError."""
-    messages = engine_messages([m.model_dump(exclude_none=True) for m in req.messages], runtime)
-    return TurnRequest(messages, to_sampling(req), salt=salt)
+    """Raises UnsupportedMediaError, RequestError."""
+    return turn_request([m.prompt() for m in req.messages], req.sampling(), salt=salt, runtime=runtime)
+
+
+def _usage_and_timings(done: Done) -> dict:
+    return {
+        "usage": wire_usage(done).model_dump(),
+        "timings": wire_timings(done).model_dump(exclude_none=True),
+    }
 
 
 async def complete(engine: Engine, turn: TurnRequest, model: str) -> dict:
@@ -157,8 +135,7 @@ async def complete(engine: Engine, turn: TurnRequest, model: str) -> dict:
                 "finish_reason": _finish_reason(done),
             }
         ],
-        "usage": usage_json(done),
-        "timings": timings_json(done),
+        **_usage_and_timings(done),
     }
 
 
@@ -187,5 +164,5 @@ async def stream(engine: Engine, turn: TurnRequest, model: str) -> AsyncIterator
             error = {"message": "generation failed; the server logged the details", "type": "server_error"}
             yield f"data: {json.dumps({'error': error})}\n\n"
         else:
-            yield chunk({}, _finish_reason(event), usage=usage_json(event), timings=timings_json(event))
+            yield chunk({}, _finish_reason(event), **_usage_and_timings(event))
     yield "data: [DONE]\n\n"

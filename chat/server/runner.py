@@ -9,12 +9,14 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
+from chat.protocol.limits import MAX_FRAME_BYTES
+
 
 class BackgroundServer:
     """uvicorn in a thread on ``host``; ``port=0`` picks a free port. Use as a context manager; leaving it also closes
     the app's session store (which writes what is pending)."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, ws_max_size: int = 16 * 1024 * 1024):
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, ws_max_size: int = MAX_FRAME_BYTES):
         config = uvicorn.Config(
             app,
             host=host,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from chat.protocol.limits import MAX_FRAME_BYTES
+
 MiB = 1024 * 1024
 
 
@@ -33,7 +35,7 @@ class ServerSettings(BaseSettings):
         description="browser origins allowed besides the server's own (e.g. http://localhost:3000)",
     )
     max_body_mib: int = Field(32, ge=1, description="largest HTTP request body, MiB")
-    max_ws_frame_mib: int = Field(16, ge=1, description="largest WebSocket message, MiB")
+    max_ws_frame_mib: int = Field(MAX_FRAME_BYTES // MiB, ge=1, description="largest WebSocket message, MiB")
     max_sessions: int = Field(1000, ge=1, description="sessions kept in memory")
     sessions_db: str | None = Field(
         None, description="SQLite file where sessions persist across restarts (None or '': memory only)"

@@ -7,8 +7,9 @@ on the engine's thread and are marshalled onto the event loop, where the connect
 Refusals before any exchange: a browser ``Origin`` that is not allowed, or a missing or unknown key when keys are
 configured, closes with 1008 (policy violation). The key's tenant (``chat.server.auth``) owns the sessions the socket
 creates, is the only one that can resume them, and salts the cache entries of its turns. A frame over the size limit
-closes with 1009 (uvicorn enforces ``ws_max_size``).
-A client that goes away cancels its turns; each stops within one engine step.
+closes with 1009 (uvicorn enforces ``ws_max_size``). Close codes and every error's wire code come from the one table
+in ``chat/server/errors.py``; turns are built, and their usage and timings reported, by ``chat/server/turns.py``, as
+on HTTP. A client that goes away cancels its turns; each stops within one engine step.
 
 An event that acknowledges a change to a session (``session.created``, ``session.updated``, a ``reply.done`` that
 committed a reply) is sent once the store has written that change (``SessionStore.when_written``), so a client that
@@ -25,29 +26,20 @@ from urllib.parse import urlsplit
 
 from fastapi import WebSocket, WebSocketDisconnect
 
-from chat.engine.content import engine_messages
 from chat.engine.engine import Engine, JobHandle
-from chat.engine.errors import EngineError
-from chat.engine.events import Delta, Done, TurnRequest
-from chat.engine.sampling import SamplingParams
+from chat.engine.events import Delta, Done
 from chat.protocol.connection import Connection
 from chat.protocol.errors import ErrorCode
 from chat.protocol.parser import serialize_server_event
-from chat.protocol.server_events import ReplyDone, SessionCreated, SessionUpdated, Timings, Usage
+from chat.protocol.server_events import ReplyDone, SessionCreated, SessionUpdated
 from chat.protocol.session import TurnPlan
 from chat.protocol.store import SessionStore
 from chat.server.auth import KeyRing, Tenant, bearer_of
+from chat.server.errors import TRANSPORT, describe
+from chat.server.turns import turn_request, wire_timings, wire_usage
 
 log = logging.getLogger("turncache.ws")
-POLICY_VIOLATION = 1008
 WRITE_WAIT_S = 1.0  # the longest an acknowledgment waits for its session's write before it is sent anyway
-
-ENGINE_CODES = {
-    "context_overflow": ErrorCode.CONTEXT_OVERFLOW,
-    "invalid_sampling": ErrorCode.INVALID_EVENT,
-    "engine_closed": ErrorCode.INTERNAL,
-    "invalid_media": ErrorCode.INVALID_MEDIA,
-}
 
 
 def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
@@ -63,19 +55,6 @@ def credential_of(ws: WebSocket) -> str | None:
     """The key a socket presents: the ``Authorization: Bearer`` header, else the ``token`` query parameter."""
     given = bearer_of(ws.headers.get("authorization"))
     return given if given is not None else ws.query_params.get("token")
-
-
-def wire_usage(done: Done) -> Usage:
-    u = done.usage
-    return Usage.of(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
-
-
-def wire_timings(done: Done) -> Timings:
-    t = done.timings
-    ttft = t.ttft_ms if done.usage.completion_tokens else None
-    return Timings(
-        ttft_ms=ttft, decode_tokens_per_s=t.decode_tokens_per_s, total_ms=t.total_ms, prefill_ms=t.prefill_ms
-    )
 
 
 class ChatSocket:
@@ -160,17 +139,13 @@ class ChatSocket:
         if plan.session_id is not None:
             self.turn_sessions[plan.turn_id] = plan.session_id
         try:
-            request = TurnRequest(
-                engine_messages(plan.messages, self.engine.runtime),
-                SamplingParams(**plan.sampling.model_dump()),
-                salt=self.salt,
-            )
+            request = turn_request(plan.messages, plan.sampling, salt=self.salt, runtime=self.engine.runtime)
             self.jobs[plan.turn_id] = self.engine.submit(
                 request, lambda event: self.loop.call_soon_threadsafe(self._on_event, plan.turn_id, event)
             )
-        except EngineError as exc:
+        except Exception as exc:  # media the model does not take, a closed engine, a bug: this turn fails alone
             self.turn_sessions.pop(plan.turn_id, None)
-            self._send(self.conn.on_error(plan.turn_id, ENGINE_CODES.get(exc.code, ErrorCode.INTERNAL), str(exc)))
+            self._send(self._failed(plan.turn_id, exc))
 
     def _on_event(self, turn_id: str, event) -> None:
         """An engine result for one turn, on the event loop."""
@@ -194,13 +169,17 @@ class ChatSocket:
                 events = self.conn.on_done(
                     turn_id, event.text, event.finish_reason, wire_usage(event), wire_timings(event)
                 )
-        elif isinstance(event, EngineError):
-            events = self.conn.on_error(turn_id, ENGINE_CODES.get(event.code, ErrorCode.INTERNAL), str(event))
         else:
-            log.error("turn %s failed", turn_id, exc_info=event)
-            events = self.conn.on_error(turn_id, ErrorCode.INTERNAL, "internal error; the server logged the details")
+            events = self._failed(turn_id, event)
         committed = any(isinstance(e, ReplyDone) and e.message_id is not None for e in events)
         self._send(events, written=session_id if committed else None)
+
+    def _failed(self, turn_id: str, exc: BaseException) -> list:
+        """The events that end a turn that failed with ``exc`` before or instead of a Done."""
+        reported = describe(exc)
+        if reported.code is ErrorCode.INTERNAL:
+            log.error("turn %s failed", turn_id, exc_info=exc)
+        return self.conn.on_error(turn_id, reported.code, reported.message)
 
 
 async def serve_socket(
@@ -213,11 +192,11 @@ async def serve_socket(
     allowed_origins: list[str],
 ) -> None:
     if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), allowed_origins):
-        await ws.close(code=POLICY_VIOLATION, reason="origin not allowed")
+        await ws.close(code=TRANSPORT[ErrorCode.ORIGIN_NOT_ALLOWED].ws_close, reason="origin not allowed")
         return
     tenant = keys.authenticate(credential_of(ws))
     if tenant is None:
-        await ws.close(code=POLICY_VIOLATION, reason="missing or wrong token")
+        await ws.close(code=TRANSPORT[ErrorCode.UNAUTHORIZED].ws_close, reason="missing or wrong token")
         return
     await ws.accept()
     await ChatSocket(ws, engine, store, model_name, tenant).run()

@@ -19,7 +19,9 @@ def test_public_names() -> None:
             "Fingerprint",
             "ImageLimits",
             "ImageOptions",
+            "MediaDigest",
             "MediaError",
+            "MediaInput",
             "MediaLimits",
             "MediaStore",
             "MediaTooLargeError",
@@ -32,6 +34,7 @@ def test_public_names() -> None:
             "content_hash",
             "decode_base64",
             "image",
+            "media_digest",
             "parse_data_url",
             "video",
         ]
@@ -46,3 +49,16 @@ def test_each_modality_module_has_the_same_shape() -> None:
         assert callable(module.fingerprint)
         assert isinstance(module.DECODER_VERSION, int)
         assert module.CONTAINERS
+
+
+def test_importing_the_package_loads_no_decoder() -> None:
+    """The Python client sniffs formats and hashes with this package; it must not pull numpy, Pillow or PyAV."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import modalities, modalities.formats, modalities.identity, modalities.parts; "
+        "print(*sorted(m for m in ('numpy', 'PIL', 'av', 'soundfile', 'torch') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []

@@ -11,7 +11,7 @@ from chat.cli import _bench_all, _bench_multiturn, build_parser
 SMALL = {
     "cache": {"entries": 200, "queries": 50, "linear_queries": 5, "scaling_queries": 20, "scaling_linear_queries": 3},
     "turns": {"turns": 3, "reply_tokens": 6, "decode_tokens": 4, "repeats": 1},
-    "media_turns": {"turns": 3, "reply_tokens": 4, "decode_tokens": 3, "repeats": 1},
+    "media_turns": {"turns": 3, "reply_tokens": 4, "decode_tokens": 3, "repeats": 1, "session_turns": 2},
     "multiturn": {"conversations": 2, "min_user_tokens": 16, "max_user_tokens": 32, "max_reply_tokens": 4},
     "serve": {"sessions": 2, "turns": 2, "short_tokens": 4, "long_tokens": 24, "probes": 2},
     "load": {"sessions": 3, "turns": 2, "short_tokens": 4, "cache_mib": 16},

@@ -149,3 +149,14 @@ def test_a_missing_or_empty_file_is_a_media_encoding_error(tmp_path: Path):
     with pytest.raises(MediaEncodingError, match="empty"):
         image_part(tmp_path / "empty.png")
     assert issubclass(MediaEncodingError, ValueError)
+
+
+def test_bytes_are_sniffed_by_the_servers_own_sniffer():
+    """One sniffer (modalities.formats.sniff) serves the client and the decoders: an AVIF, which shares MP4's box
+    structure, goes as an image."""
+    import chat.client.media as client_media
+    from modalities import formats
+
+    assert client_media.sniff is formats.sniff
+    avif = b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00avifmif1miaf" + b"\x00" * 16
+    assert to_content([avif])[0]["image_url"]["url"].startswith("data:image/avif;base64,")

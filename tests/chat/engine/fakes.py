@@ -187,11 +187,9 @@ class FakeMediaRuntime(FakeRuntime):
     modalities = frozenset({"image", "audio", "video"})
 
     def render_prompt(self, messages) -> FakePrompt:
-        import hashlib
-
         from cache import MediaSpan
         from modalities import audio, image, video
-        from modalities.parts import MediaPart
+        from modalities.parts import MediaInput
 
         decoders = {"image": image.decode, "audio": audio.decode, "video": video.decode}
         tokens: list[int] = []
@@ -200,11 +198,11 @@ class FakeMediaRuntime(FakeRuntime):
             tokens.append(ROLE[m["role"]])
             parts = m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
             for part in parts:
-                if isinstance(part, MediaPart):
+                if isinstance(part, MediaInput):
                     decoders[part.kind](part.data, declared=part.declared, item=part.item)
                     start = len(tokens)
                     tokens += [ord("#")] * self.MEDIA_TOKENS
-                    spans.append(MediaSpan(start, len(tokens), part.kind, hashlib.sha256(part.data).hexdigest()))
+                    spans.append(MediaSpan(start, len(tokens), part.kind, part.digest))
                 else:
                     tokens += part["text"].encode()
             tokens.append(END)

@@ -4,7 +4,9 @@ conversations (hits and misses, edits, regenerations, different lengths, a cance
 fails inside the forward) give the logits (max |diff| <= 1e-4) and the greedy tokens of the same turn run alone:
 replayed on its own, from the cache as the round found it, with the same chunks.
 
-In float32 they also give what a run without any cache gives (whole prompt, other chunking). int8 is held to the
+In float32 they also give what a run without any cache gives (whole prompt, other chunking). Greedy tokens may part
+only at a near tie (the two best logits within the tolerance: float rounding of another kernel shape may pick either;
+the comparison ends there). int8 is held to the
 first comparison only: it quantizes each token's activations, so the last-bit differences that attention computed
 over other chunk shapes shows (BLAS kernels differ by matrix shape) can move an int8 rounding, and a cached prefix
 then gives logits close to, not within 1e-4 of, a recomputation.
@@ -150,8 +152,9 @@ def replay(recorder: Recorder, cache, req, feeds: list[tuple[int, bool]]) -> tup
     table = recorder.rows[id(turn._run)] = {}
     events = []
     for size, decoding in feeds:
+        if turn.done:  # it parted from the batched turn at a near tie (see same_reply) and ended sooner
+            break
         feed = turn.next_feed(size, drafts=decoding and size > 1)
-        assert len(feed.tokens) == size
         (out,) = recorder.forward_batch([feed])
         events = turn.fail(out) if isinstance(out, Exception) else turn.absorb(out)
     if not turn.done:
@@ -170,15 +173,35 @@ def run_fresh(recorder: Recorder, req) -> tuple[Turn, Done, dict]:
             return turn, events[-1], table
 
 
+def near_tie(row: torch.Tensor) -> bool:
+    """The two best logits are within the tolerance of each other: float rounding may pick either."""
+    top = row.topk(2).values
+    return (top[0] - top[1]).item() <= 2 * TOLERANCE
+
+
+def same_reply(done: Done, prompt_length: int, reference: tuple[Turn, Done, dict]) -> None:
+    """The replies are the same, or part at a token that the reference picked out of a near tie."""
+    theirs = reference[1].token_ids
+    for k, (a, b) in enumerate(zip(done.token_ids, theirs, strict=False)):
+        if a != b:
+            assert near_tie(reference[2][prompt_length + k - 1][1]), f"reply token {k} differs without a near tie"
+            return
+    if done.finish_reason != "cancelled":
+        assert len(done.token_ids) == len(theirs)
+
+
 def compare(turn: Turn, done: Done, table: dict, reference: tuple[Turn, Done, dict]) -> float:
-    """Largest logit difference over the positions the batched turn computed; the tokens fed must agree."""
+    """Largest logit difference over the positions the batched turn computed, up to where the two replies part at a
+    near tie (:func:`same_reply`); the tokens fed must agree up to there."""
     ref_turn, ref_done, ref_table = reference
     sequence = [*ref_turn.prompt, *ref_done.token_ids]
     assert turn.prompt == ref_turn.prompt
     worst = 0.0
     for position in range(turn.cached_tokens, max(table, default=-1) + 1):
         token, row = table[position]
-        assert token == sequence[position], f"position {position}: fed {token}, alone {sequence[position]}"
+        if position >= len(sequence) or position not in ref_table or token != sequence[position]:
+            assert position > len(turn.prompt) and near_tie(ref_table[position - 1][1]), f"position {position}"
+            break
         worst = max(worst, (row - ref_table[position][1]).abs().max().item())
     return worst
 
@@ -256,15 +279,12 @@ def test_turns_in_a_batch_give_what_they_give_alone(model):
             assert "poisoned input" in str(results[poisoned][1].error)
             for i, (turn, done, table, feeds) in enumerate(results[:poisoned]):
                 alone = replay(recorder, held, requests[i], feeds)
-                assert (alone[1].token_ids, alone[1].finish_reason) == (done.token_ids, done.finish_reason)
                 assert alone[0].cached_tokens == turn.cached_tokens
+                same_reply(done, len(turn.prompt), alone)
                 worst = max(worst, compare(turn, done, table, alone))
                 if weights == "float32":
                     fresh = run_fresh(recorder, requests[i])
-                    want = fresh[1].token_ids
-                    assert done.token_ids == (
-                        want[: len(done.token_ids)] if done.finish_reason == "cancelled" else want
-                    )
+                    same_reply(done, len(turn.prompt), fresh)
                     worst = max(worst, compare(turn, done, table, fresh))
                 hits += turn.cached_tokens > 0
                 if done.finish_reason != "cancelled":

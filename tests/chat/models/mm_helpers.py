@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
+from fractions import Fraction
 
 import numpy as np
 import torch
 from PIL import Image
 
-from modalities.parts import MediaPart
+from modalities.parts import MediaInput
 from tests.modalities.helpers import av_video, sf_audio
 
 
@@ -27,20 +28,48 @@ def mp4(frames: int = 12) -> bytes:
     return av_video("mp4", "libx264", frames=frames, fps=10, width=64, height=48)
 
 
-def image(data: bytes, item: str = "img") -> MediaPart:
-    return MediaPart("image", data, None, item)
+def mp4_with_audio(frames: int = 12, fps: int = 10, freq: float = 440.0, rate: int = 16_000) -> bytes:
+    """An H.264 + AAC (mono) MP4: the frames of :func:`tests.modalities.helpers.video_frame` and a sine as long as
+    the video."""
+    import av
+
+    from tests.modalities.helpers import video_frame
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as box:
+        pictures = box.add_stream("libx264", rate=fps)
+        pictures.width, pictures.height, pictures.pix_fmt = 64, 48, "yuv420p"
+        sound = box.add_stream("aac", rate=rate)
+        sound.layout = "mono"
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(video_frame(i, 64, 48), format="rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, fps)
+            box.mux(pictures.encode(frame))
+        box.mux(pictures.encode(None))
+        t = np.arange(frames * rate // fps) / rate
+        samples = (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+        for at in range(0, len(samples), 1024):
+            chunk = av.AudioFrame.from_ndarray(samples[None, at : at + 1024], format="fltp", layout="mono")
+            chunk.sample_rate, chunk.pts, chunk.time_base = rate, at, Fraction(1, rate)
+            box.mux(sound.encode(chunk))
+        box.mux(sound.encode(None))
+    return buf.getvalue()
 
 
-def audio(data: bytes, item: str = "aud") -> MediaPart:
-    return MediaPart("audio", data, None, item)
+def image(data: bytes, item: str = "img") -> MediaInput:
+    return MediaInput.from_bytes("image", data, None, item)
 
 
-def video(data: bytes, item: str = "vid") -> MediaPart:
-    return MediaPart("video", data, None, item)
+def audio(data: bytes, item: str = "aud") -> MediaInput:
+    return MediaInput.from_bytes("audio", data, None, item)
+
+
+def video(data: bytes, item: str = "vid") -> MediaInput:
+    return MediaInput.from_bytes("video", data, None, item)
 
 
 def user(*parts) -> dict:
-    return {"role": "user", "content": [p if isinstance(p, MediaPart) else {"type": "text", "text": p} for p in parts]}
+    return {"role": "user", "content": [p if isinstance(p, MediaInput) else {"type": "text", "text": p} for p in parts]}
 
 
 def reference_logits(adapter, prompt) -> torch.Tensor:

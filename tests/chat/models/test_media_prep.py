@@ -9,7 +9,7 @@ import torch
 from chat.models.media_prep import QwenImagePreparer, QwenVideoPreparer, WhisperAudioPreparer, whisper_output_tokens
 from modalities.errors import CorruptMediaError, MediaTooLargeError, UnsupportedFormatError
 from modalities.video import VideoOptions
-from tests.chat.models.mm_helpers import mp4, png, wav
+from tests.chat.models.mm_helpers import mp4, mp4_with_audio, png, wav
 from tests.modalities.helpers import sf_audio
 
 
@@ -98,3 +98,41 @@ def test_fingerprints_differ_when_a_setting_that_changes_the_input_differs():
     small, large = QwenImagePreparer(qwen_processor(56 * 56)), QwenImagePreparer(qwen_processor(112 * 112))
     assert small.fingerprint != large.fingerprint
     assert small.fingerprint == QwenImagePreparer(qwen_processor(56 * 56)).fingerprint
+
+
+def omni_video_preparers():
+    from transformers import WhisperFeatureExtractor
+
+    from chat.models.mrope import MropeSpec
+
+    spec = MropeSpec("qwen2_5_omni", 2, time_scale=25.0, seconds_per_chunk=2.0)
+    audio = WhisperAudioPreparer(WhisperFeatureExtractor(feature_size=16))
+    with_audio = QwenVideoPreparer(qwen_processor(56 * 56), audio=audio, mrope=spec)
+    return with_audio, QwenVideoPreparer(qwen_processor(56 * 56))
+
+
+def test_a_video_with_its_audio_track_is_one_item_of_interleaved_runs():
+    with_audio, frames_only = omni_video_preparers()
+    data = mp4_with_audio(frames=30)  # 3 s: two 2-second chunks of video and of audio
+    out, plain = with_audio.prepare(data, "video/mp4", "vid"), frames_only.prepare(data, "video/mp4", "vid")
+    video_tokens = plain.tokens
+    assert out.runs == (("video", 12), ("audio", 50), ("video", 4), ("audio", 25))
+    assert sum(n for kind, n in out.runs if kind == "video") == video_tokens and out.audio_tokens == 75
+    assert out.tokens == 2 + video_tokens + out.audio_tokens  # <audio_bos> runs <audio_eos>
+    assert torch.equal(out.inputs["pixel_values_videos"], plain.inputs["pixel_values_videos"])
+    track = with_audio.audio.prepare(data, "video/mp4", "vid")  # the track, prepared as an audio item would be
+    assert torch.equal(out.inputs["input_features"], track.inputs["input_features"]) and track.tokens == 75
+    assert with_audio.fingerprint != frames_only.fingerprint  # the track is part of the item's identity
+
+
+def test_a_silent_video_is_video_alone_and_a_track_over_the_window_is_refused():
+    with_audio, frames_only = omni_video_preparers()
+    silent = with_audio.prepare(mp4(), None, "vid")
+    assert (
+        silent.runs == ()
+        and silent.audio_tokens is None
+        and silent.tokens == frames_only.prepare(mp4(), None, "v").tokens
+    )
+    with pytest.raises(MediaTooLargeError) as err:
+        with_audio.prepare(mp4_with_audio(frames=31, fps=1), None, "messages[1].content[0]")
+    assert err.value.item == "messages[1].content[0]" and err.value.limit == "max_seconds"

@@ -13,8 +13,19 @@ from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.engine.turn import Turn, run_to_end
 from chat.models import load_model
+from chat.models.multimodal import AUDIO_IN_VIDEO_MARKERS
 from tests.chat.engine.recording import run_recorded
-from tests.chat.models.mm_helpers import audio, image, mp4, png, reference_logits, user, video, wav
+from tests.chat.models.mm_helpers import (
+    audio,
+    image,
+    mp4,
+    mp4_with_audio,
+    png,
+    reference_logits,
+    user,
+    video,
+    wav,
+)
 
 TOL = 1e-4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
@@ -150,3 +161,48 @@ def test_random_conversations_with_edits_and_regenerations_stay_exact(model, see
             assert gen.cached_tokens == len(gen.prompt) - 1
         messages = [*messages, {"role": "assistant", "content": done.text}]
         cache.check_invariants()
+
+
+def test_videos_with_their_audio_are_one_item_each_and_cached_prefills_stay_exact():
+    """Qwen2.5-Omni's use_audio_in_video: a video's frames and its sound interleave in time chunks inside one item
+    (one cache span, from <vision_bos> to <vision_eos>); the cache never cuts it, and every prefill served from the
+    cache gives the logits of transformers' own forward with use_audio_in_video=True. (transformers takes that flag
+    for a whole prompt: every video here has an audio track.)"""
+    model = load_model("tiny-omni")
+    markers = model.family.markers
+    cache = PrefixCache()
+    long_clip, short_clip = mp4_with_audio(frames=30, freq=440.0), mp4_with_audio(frames=12, freq=660.0)
+    turns = [
+        [{"role": "system", "content": "Watch and listen."}, user("What happens in ", video(long_clip), "?")],
+        [user("And here, next to ", image(png(3)), ": ", video(short_clip), audio(wav(0.5)))],
+        [user(video(long_clip), " Is this the first clip again?")],  # a repeat: found by its digest, not encoded
+    ]
+    history: list[dict] = []
+    for number, new in enumerate(turns):
+        messages = history + new
+        encoded_before = model.media_counters["encoded"]
+        gen, done = run_turn(model, cache, messages)
+        prompt = model.render_prompt(messages)
+        videos = [it for it in prompt.items if it.span.kind.value == "video"]
+        for it in videos:  # one span holding both kinds of runs, framed by the four markers
+            span = prompt.tokens[it.span.start : it.span.end]
+            assert [span[0], span[1], span[-2], span[-1]] == [markers[name] for name in AUDIO_IN_VIDEO_MARKERS]
+            assert {kind for kind, _ in it.prepared.runs} == {"video", "audio"}
+            assert span.count(model.family.placeholders["audio"]) == it.prepared.audio_tokens
+        assert len(videos) == number + 1  # the conversation's videos so far
+        assert not any(it.span.start < gen.cached_tokens < it.span.end for it in prompt.items)
+        ref = reference_logits(model, prompt)
+        diff = (ref[gen.cached_tokens :] - gen.prefill_logits).abs().max().item()
+        assert diff < TOL, f"turn {number}: max |diff| {diff}"
+        if number > 0:
+            assert gen.cached_tokens > videos[0].span.end  # restored past an interleaved item
+        if number == 2:
+            assert model.media_counters["encoded"] == encoded_before  # the repeated clip's rows came from the store
+        history = [*messages, {"role": "assistant", "content": done.text}]
+    # a silent video next to one with sound (transformers cannot take both in one prompt): the cached prefill
+    # gives the logits of our own uncached prefill
+    mixed = [*history, user("Both: ", video(mp4()), video(short_clip))]
+    gen, _ = run_turn(model, cache, mixed)
+    _, _, full = run_recorded(model, None, TurnRequest(mixed, GREEDY))
+    assert gen.cached_tokens > 0 and (full[gen.cached_tokens :] - gen.prefill_logits).abs().max().item() < TOL
+    cache.check_invariants()

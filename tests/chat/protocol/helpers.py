@@ -33,6 +33,7 @@ from chat.protocol import (
     TurnStarted,
     Usage,
 )
+from chat.protocol.content import to_wire
 from chat.protocol.ids import IdFactory
 
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
@@ -40,6 +41,11 @@ IMAGE_PART = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,
 AUDIO_PART = {"type": "input_audio", "input_audio": {"data": "UklGRiQAAABXQVZF", "format": "wav"}}
 VIDEO_PART = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAAIGZ0eXBpc29t"}}
 TEXT_PART = {"type": "text", "text": "What is in this picture?"}
+
+
+def plan_json(plan) -> tuple[dict, ...]:
+    """A plan's messages as OpenAI-shaped JSON (what they were before they kept their validated parts)."""
+    return tuple({"role": m.role, "content": to_wire(m.content)} for m in plan.messages)
 
 
 def counter_ids() -> IdFactory:

@@ -92,3 +92,14 @@ def test_the_python_client_runs(capsys):
     out = capsys.readouterr().out
     assert "'model': 'test-model'" in out
     assert "Paris.\n[stop] 20 prompt tokens (12 cached), 3 completion tokens, first token after 5.0 ms" in out
+
+
+def test_the_error_table_gives_the_http_status_of_the_servers_one_table():
+    from chat.server.errors import TRANSPORT
+
+    rows = table_rows("Error codes")
+    assert set(TRANSPORT) == set(ErrorCode)
+    for code, transport in TRANSPORT.items():
+        assert rows[code.value].split("|")[0].strip() == str(transport.status), code
+        if transport.ws_close is not None:
+            assert f"closed with {transport.ws_close}" in rows[code.value] or "closes with" in rows[code.value], code

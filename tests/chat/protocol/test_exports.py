@@ -17,7 +17,8 @@ PUBLIC = {
     "Pong",
     # content and settings
     "Content", "ContentPart", "TextPart", "ImageURLPart", "ImageURL", "InputAudioPart", "InputAudio", "VideoURLPart",
-    "VideoURL", "ChatMessage", "ConversationMessage", "FinishReason", "SamplingSettings",
+    "VideoURL", "ChatMessage", "ConversationMessage", "FinishReason", "SamplingSettings", "MediaContentPart",
+    "MediaText", "PromptMessage",
     # errors, parsing, state
     "ErrorCode", "ProtocolError", "parse_client_event", "parse_server_event", "serialize_server_event",
     "Session", "SessionState", "TurnPlan", "plan_completion", "SessionStore", "InMemorySessionStore", "Connection",

@@ -22,7 +22,7 @@ from chat.protocol import (
     Usage,
 )
 from chat.protocol import limits as L
-from tests.chat.protocol.helpers import IMAGE_PART, counter_ids
+from tests.chat.protocol.helpers import IMAGE_PART, counter_ids, plan_json
 
 USAGE = Usage.of(10, 2, cached_tokens=4)
 TIMINGS = Timings(ttft_ms=5.0, decode_tokens_per_s=20.0, total_ms=60.0)
@@ -59,7 +59,7 @@ def test_a_turn_plans_the_rendered_conversation_and_commits_on_done(session):
     assert session.state is SessionState.IDLE
     plan = session.create_turn(TurnCreate(event_id="e1", content="Hi"))
     assert session.state is SessionState.GENERATING and session.turn_id == plan.turn_id
-    assert plan.messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"})
+    assert plan_json(plan) == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"})
     assert plan.kind == "create" and plan.model == "m" and plan.session_id == session.id and plan.reply_to == "e1"
     assert session.messages == []  # nothing is committed before the reply is done
 
@@ -82,13 +82,13 @@ def test_a_turn_plans_the_rendered_conversation_and_commits_on_done(session):
 def test_the_next_turn_renders_the_whole_history(session):
     turn(session, "one", "1")
     plan = session.create_turn(TurnCreate(content=[{"type": "text", "text": "two"}, IMAGE_PART]))
-    assert [m["role"] for m in plan.messages] == ["system", "user", "assistant", "user"]
-    assert plan.messages[-1]["content"] == [{"type": "text", "text": "two"}, IMAGE_PART]
+    assert [m["role"] for m in plan_json(plan)] == ["system", "user", "assistant", "user"]
+    assert plan_json(plan)[-1]["content"] == [{"type": "text", "text": "two"}, IMAGE_PART]
 
 
 def test_without_a_system_prompt_the_plan_starts_with_the_user():
     plan = Session("m").create_turn(TurnCreate(content="Hi"))
-    assert plan.messages == ({"role": "user", "content": "Hi"},)
+    assert plan_json(plan) == ({"role": "user", "content": "Hi"},)
 
 
 def test_a_length_reply_is_kept(session):
@@ -170,7 +170,7 @@ def test_regenerate_answers_the_same_prompt_and_replaces_the_reply(session):
     user_id = session.messages[2].id
     plan = session.regenerate(TurnRegenerate(event_id="r"))
     assert plan.kind == "regenerate" and plan.user_message_id == user_id
-    assert [m["content"] for m in plan.messages] == ["Be brief.", "one", "1", "two"]
+    assert [m["content"] for m in plan_json(plan)] == ["Be brief.", "one", "1", "two"]
     assert contents(session)[-1] == ("assistant", "2")  # the old reply stays until the new one is done
     [done] = session.on_done(plan.turn_id, "2 again", "stop", USAGE, TIMINGS)
     assert contents(session) == [("user", "one"), ("assistant", "1"), ("user", "two"), ("assistant", "2 again")]
@@ -202,7 +202,7 @@ def test_edit_replaces_the_user_message_and_drops_what_follows(session, by):
     target = {"index": 2} if by == "index" else {"message_id": old_id}
     plan = session.edit(TurnEdit(content="TWO", **target))
     assert plan.kind == "edit" and plan.user_message_id != old_id  # a new branch, a new id
-    assert [m["content"] for m in plan.messages] == ["Be brief.", "one", "1", "TWO"]
+    assert [m["content"] for m in plan_json(plan)] == ["Be brief.", "one", "1", "TWO"]
     assert len(session.messages) == 6  # unchanged until done
     session.on_done(plan.turn_id, "2'", "stop", USAGE, TIMINGS)
     assert contents(session) == [("user", "one"), ("assistant", "1"), ("user", "TWO"), ("assistant", "2'")]
@@ -213,7 +213,7 @@ def test_edit_replaces_the_user_message_and_drops_what_follows(session, by):
 def test_edit_of_the_first_message_starts_over(session):
     turn(session, "one", "1")
     plan = session.edit(TurnEdit(index=0, content="uno"))
-    assert plan.messages == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "uno"})
+    assert plan_json(plan) == ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "uno"})
 
 
 EDIT_ERRORS = {
@@ -284,7 +284,7 @@ def test_update_changes_only_what_was_sent(session):
     session.update(SessionUpdate.model_validate({"system": None}))
     assert session.system is None
     plan = session.create_turn(TurnCreate(content="Hi"))
-    assert plan.messages[0]["role"] == "user" and plan.sampling.top_k == 3
+    assert plan_json(plan)[0]["role"] == "user" and plan.sampling.top_k == 3
 
 
 def test_a_closed_session_refuses_client_events_but_finishes_its_turn(session):
@@ -324,7 +324,7 @@ def test_the_media_in_a_conversation_is_limited(session):
     err = refused(session.create_turn, TurnCreate(content=[IMAGE_PART]))
     assert err.code is ErrorCode.CONTEXT_OVERFLOW and "media" in err.message
     plan = session.edit(TurnEdit(index=0, content="no picture"))  # editing drops media: allowed again
-    assert sum(isinstance(m["content"], list) for m in plan.messages) == 0
+    assert sum(isinstance(m["content"], list) for m in plan_json(plan)) == 0
 
 
 def test_info_reports_the_settings_and_state(session):

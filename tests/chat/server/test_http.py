@@ -8,6 +8,8 @@ import httpx
 import openai
 import pytest
 
+from chat.protocol import limits as L
+from tests.chat.protocol.helpers import IMAGE_PART as IMAGE
 from tests.chat.server.conftest import make_server
 
 
@@ -69,6 +71,41 @@ def test_health_and_metrics(server):
             "messages[0].content[0]",
         ),
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "context_overflow", None),
+        # the protocol's limits and content rules, shared with the WebSocket
+        ({"messages": [{"role": "user", "content": "x" * (L.MAX_TEXT_CHARS + 1)}]}, 400, "invalid_request", None),
+        ({"messages": [{"role": "user", "content": "x"}] * (L.MAX_MESSAGES + 1)}, 400, "invalid_request", "messages"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": L.MAX_REPLY_TOKENS + 1},
+            400,
+            "invalid_sampling",
+            "max_tokens",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, 400, "invalid_sampling", "stop"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "model": "m" * (L.MAX_MODEL_CHARS + 1)},
+            400,
+            "invalid_request",
+            "model",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,QUJ"}}],
+                    }
+                ]
+            },
+            400,
+            "invalid_media",
+            "messages[0].content[0]",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [IMAGE]}]},
+            400,
+            "invalid_media",
+            "messages[1]",
+        ),
     ],
 )
 def test_bad_requests_get_typed_errors(server, body, status, code, param):
@@ -129,3 +166,29 @@ def test_no_prefix_cache_gives_the_same_greedy_replies():
         engine.close()
     assert [t for t, _ in replies[0]] == [t for t, _ in replies[1]]
     assert replies[0][-1][1] > 0 and all(c == 0 for _, c in replies[1])
+
+
+def test_a_shut_down_engine_is_unavailable_on_both_transports():
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    from tests.chat.server.test_ws import Client, ws_url
+
+    engine, srv = make_server()
+    with srv:
+        engine.close()
+        r = chat(srv.url, [{"role": "user", "content": "x"}])
+        assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable"
+
+        async def turn() -> dict:
+            async with connect(ws_url(srv)) as ws:
+                c = Client(ws)
+                await c.send(type="session.create")
+                await c.until("session.created")
+                await c.send(type="turn.create", content="x")
+                error, _ = await c.until("error")
+                return error
+
+        error = asyncio.run(turn())
+        assert error["code"] == "unavailable" and "shut down" in error["message"]

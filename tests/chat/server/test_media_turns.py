@@ -60,3 +60,46 @@ def test_image_turns_hit_the_cache_and_repeats_are_not_encoded(omni):
     prompts = [d["usage"]["prompt_tokens"] for d in dones]
     assert cached[0] == 0 and 0 < cached[1] < prompts[1] and cached[1] < cached[2] < prompts[2]
     assert runtime.media_counters["encoded"] - encoded_before == 2  # the image once, the clip once
+
+
+def test_each_turn_decodes_and_hashes_only_its_new_items(omni, monkeypatch):
+    """The digest validation computed is kept with the stored message: turn N of a session decodes (base64) and
+    hashes the bytes of its own new image only, never those of the N - 1 images before it."""
+    from modalities import identity
+
+    srv, _ = omni
+    work = {"decoded": 0, "hashed": 0}  # bytes
+    decode, digest = identity.decode_base64, identity.media_digest
+
+    def counted_decode(*args, **kwargs):
+        data = decode(*args, **kwargs)
+        work["decoded"] += len(data)
+        return data
+
+    def counted_digest(data):
+        work["hashed"] += len(data)
+        return digest(data)
+
+    monkeypatch.setattr(identity, "decode_base64", counted_decode)
+    monkeypatch.setattr(identity, "media_digest", counted_digest)
+    images = [png(60 + n, width=40 + 8 * n) for n in range(5)]  # all different, of growing size
+
+    async def scenario() -> list[tuple[dict, dict]]:
+        async with connect(ws_url(srv), max_size=None) as ws:
+            c = Client(ws)
+            await c.send(type="session.create", sampling={"max_tokens": 2})
+            await c.until("session.created")
+            per_turn = []
+            for n, data in enumerate(images):
+                work.update(decoded=0, hashed=0)
+                await c.send(type="turn.create", content=[{"type": "text", "text": f"picture {n}"}, image_part(data)])
+                done, _ = await c.until("reply.done")
+                per_turn.append((done, dict(work)))
+            return per_turn
+
+    per_turn = asyncio.run(scenario())
+    for n, (done, work_done) in enumerate(per_turn):
+        assert done["finish_reason"] in ("stop", "length")
+        assert n == 0 or done["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        size = len(images[n])
+        assert work_done == {"decoded": 2 * size, "hashed": size}, n  # validation, then preparation; one hash
