@@ -72,7 +72,7 @@ class DiskRecord:
     name: str  # file stem: a digest of (namespace digest, header JSON)
     namespace: str  # namespace digest
     header: EntryHeader  # tokens, media, extras, layer descriptions, chunks, layout, bytes
-    text: str  # the header as stored (JSON)
+    text: str | None  # the header as stored (JSON) until the file is written; None after (the name vouches for it)
     layers: tuple[LayerState, ...] | None = field(default=None, repr=False)  # tensors to write while the write is
     # queued or running; None once the cache has collected its outcome, and for records found at startup
     written: bool = False  # the file is complete on disk
@@ -131,7 +131,7 @@ class DiskTier:
     def plan(
         self,
         ns_digest: str,
-        tokens: Sequence[int],
+        tokens: array,
         media: tuple[MediaSpan, ...],
         extras: tuple[tuple[int, Any], ...],
         layers: Sequence[LayerState],
@@ -142,7 +142,7 @@ class DiskTier:
         chunked = any(isinstance(s, NormalKV) for s in layers)
         chunks = chunk_digests(ns_digest, keys, self.chunk_tokens) if chunked else ()
         header = EntryHeader(
-            tuple(tokens),
+            tokens,
             media,
             extras,
             describe_layers(layers),
@@ -196,7 +196,8 @@ class DiskTier:
         path = self._entry_path(record.name)
         try:
             meta, own = read_tensors(path, ENTRY_FORMAT)
-            if meta.get("namespace") != record.namespace or meta.get("entry") != record.text:
+            text = meta.get("entry")
+            if meta.get("namespace") != record.namespace or entry_name(record.namespace, str(text)) != record.name:
                 raise DiskFormatError(f"{path.name}: does not hold the entry its name promises")
             chunks = []
             for digest in record.header.chunks:
@@ -227,6 +228,7 @@ class DiskTier:
             except queue.Empty:
                 return out
             record.layers = None
+            record.text = None
             record.written = error is None and not record.cancelled
             out.append((record, error))
 
@@ -322,6 +324,7 @@ class DiskTier:
                     if not path.exists():  # shared with an entry written earlier
                         write_file(path, chunk_tensors(layers, index, self.chunk_tokens), chunk_metadata(digest))
                 own = entry_tensors(layers, len(record.header.chunks) * self.chunk_tokens)
+                assert record.text is not None
                 write_file(self._entry_path(record.name), own, entry_metadata(record.namespace, record.text))
             except Exception as exc:  # OSError above all (full, read-only, removed); never let the thread die
                 error = exc
@@ -398,7 +401,7 @@ class DiskTier:
         missing = [d for d in header.chunks if d not in chunk_files]
         if missing:
             raise DiskFormatError(f"{len(missing)} of its {len(header.chunks)} chunk files are missing")
-        return DiskRecord(path.stem, ns, header, text, written=True, mtime=path.stat().st_mtime)
+        return DiskRecord(path.stem, ns, header, None, written=True, mtime=path.stat().st_mtime)
 
     # ================================================================ paths
 

@@ -144,7 +144,7 @@ def _decode_value(data: Any) -> Any:
 class EntryHeader:
     """What an entry file says about its entry, apart from tensors. Enough to index it without loading them."""
 
-    tokens: tuple[int, ...]  # the full token sequence
+    tokens: array  # the full token sequence (int64; the cache entry's own array when planned from one)
     media: tuple[MediaSpan, ...]  # sorted media spans
     extras: tuple[tuple[int, Any], ...]  # the step function of adapter state
     layers: tuple[dict, ...]  # per layer: {"kind": ..., and what that kind needs}; see describe_layers
@@ -174,9 +174,9 @@ class EntryHeader:
         """Raises DiskFormatError."""
         try:
             data = json.loads(text)
-            tokens = tuple(data["tokens"])
-            if not tokens or not all(type(t) is int and 0 <= t < 2**31 for t in tokens):
+            if not data["tokens"] or not all(type(t) is int and 0 <= t < 2**31 for t in data["tokens"]):
                 raise DiskFormatError("bad tokens")
+            tokens = array("q", data["tokens"])
             media = tuple(MediaSpan(int(a), int(b), MediaKind(k), str(h)) for a, b, k, h in data["media"])
             extras = tuple((int(start), _decode_value(v)) for start, v in data["extras"])
             layers = tuple(data["layers"])

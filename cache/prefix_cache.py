@@ -739,7 +739,7 @@ class PrefixCache:
                 continue
             eid = next(self._ids)
             record.eid = eid
-            entry = _Entry(eid, namespace, array("q", header.tokens), None, header.media, header.extras, DISK, record)
+            entry = _Entry(eid, namespace, header.tokens, None, header.media, header.extras, DISK, record)
             index.add(eid, encode_keys(header.tokens, header.media), lo, points, recency)
             self._entries[eid] = entry
             adopted.append(eid)
