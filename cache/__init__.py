@@ -1,7 +1,8 @@
 """turncache's prefix cache: pure torch and data structures (no transformers, no asyncio).
 
-Public surface: :class:`PrefixCache` (insert / lookup / acquire / release / evict / stats / check_invariants), the
-layer-state types, media spans, namespaces and the error hierarchy. See ``cache/DESIGN.md``.
+Public surface: :class:`PrefixCache` (insert / lookup / acquire / release / evict / stats / check_invariants, and
+flush / close for its disk tier), the layer-state types, media spans, namespaces and the error hierarchy. See
+``cache/DESIGN.md``.
 """
 
 from cache.errors import (
@@ -24,11 +25,13 @@ from cache.layers import (
 )
 from cache.media import MediaKind, MediaSpan
 from cache.namespace import Namespace
-from cache.prefix_cache import DEVICE, HOST, CacheStats, Lease, PrefixCache, PrefixMatch
+from cache.prefix_cache import DEVICE, DISK, HOST, PrefixCache
 from cache.radix import EntryId
+from cache.records import CacheStats, Lease, PrefixMatch
 
 __all__ = [
     "DEVICE",
+    "DISK",
     "HOST",
     "CacheError",
     "CacheStats",

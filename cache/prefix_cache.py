@@ -8,33 +8,47 @@ Typical turn (single-threaded; the engine serialises calls)::
     cache.insert(ns, tokens + reply, layers, media=media, extras=extras)
     cache.release(lease)
 
-Memory: two tiers, *device* (where the model runs) and *host* (CPU), each with a byte budget and one LRU order
-(least recently used first; a hit, an insert and an acquire count as uses). Over the device budget the least
-recently used idle entry is moved to the host tier; over the host budget the least recently used idle host entry is
-dropped. Entries in use (acquired and not released) are never moved or dropped. Bytes are counted per distinct
-tensor storage, so entries that share tensors are not counted twice within a tier.
+Memory: three tiers, *device* (where the model runs), *host* (CPU) and *disk* (files, optional), each with a byte
+budget, and one LRU order over all entries (least recently used first; a hit, an insert and an acquire count as
+uses). Over the device budget the least recently used idle device entry moves to the host tier (or leaves memory
+when the host budget is 0); over the host budget the least recently used idle host entry leaves memory. An entry
+that leaves memory stays on the disk tier if it has a file there, else it is dropped. Over the disk budget the least
+recently used idle entry loses its file (and is dropped if that was its only copy). Entries in use (acquired and not
+released) are never moved or dropped. Memory bytes are counted per distinct tensor storage, so entries that share
+tensors are not counted twice within a tier; disk bytes are the tensor bytes of each entry's files.
+
+Disk tier (``disk_dir`` and ``disk_budget_bytes > 0``): every new entry is written in the background soon after it is
+stored (so a killed process loses only the writes still queued), a hit on an entry that is only on disk reads it
+back, and a new cache on the same directory finds the entries of earlier runs (see :mod:`cache.disk`). Call
+:meth:`PrefixCache.close` at shutdown to wait, for a bounded time, until the files are written.
 
 Supersession: when a new entry serves every length that an older entry on its own path serves, the older entry is
-dropped (or, if in use, dropped at its last release). A new entry that an existing one already covers is not kept.
+dropped (or, if in use, at its last release), but only while the new entry is still held in some tier: an insert
+whose entry cannot be held within the budgets drops nothing as superseded, and an entry released after what
+superseded it was evicted is kept. A new entry that an existing one already covers is not kept.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from cache.errors import LayoutError, LeaseError, LengthError, NamespaceError
+from cache.disk import DiskRecord, DiskTier
+from cache.disk_format import DEFAULT_CHUNK_TOKENS, DiskFormatError, namespace_digest, signatures_digest
+from cache.entry_rules import Extras, check_extras, exact_media_cut, extra_at, servable, servable_limits
+from cache.errors import CacheError, LayoutError, LeaseError, LengthError, NamespaceError
 from cache.layers import (
     LayerState,
     NormalKV,
     RecurrentState,
-    RestoredLayer,
     RotatingKV,
     Stateless,
     attention_dtype,
@@ -55,78 +69,17 @@ from cache.media import (
 )
 from cache.namespace import Namespace
 from cache.radix import EntryId, RadixIndex
+from cache.records import CacheStats, Lease, PrefixMatch
 
 DEVICE = "device"
 HOST = "host"
-TIERS = (DEVICE, HOST)
+DISK = "disk"
+TIERS = (DEVICE, HOST, DISK)
+MEMORY_TIERS = (DEVICE, HOST)
 
-Extras = Sequence[tuple[int, Any]]
-"""Adapter state as a step function of length: ``((start, value), ...)``; the value at length ``n`` is the one with
-the largest ``start <= n`` (None before the first). Example: the next mRoPE position offset after each media item."""
+log = logging.getLogger("turncache.cache")
 
 _cache_ids = itertools.count(1)
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixMatch:
-    """The best cached prefix of a query. Compute the query from ``length`` on."""
-
-    namespace: Namespace  # namespace the query was looked up in
-    entry: EntryId  # the entry that serves it
-    length: int  # tokens served from the cache (>= 1, < query_length)
-    query_length: int  # tokens in the query
-    media_reused: Mapping[MediaKind, int]  # query media items inside the prefix, per kind: not encoded again
-    media_to_encode: Mapping[MediaKind, int]  # query media items after the prefix, per kind: still to encode
-    cache_id: int = field(repr=False)  # which PrefixCache made this match
-
-
-@dataclass(slots=True, eq=False)
-class Lease:
-    """Restored state at ``length``; hold it while the model uses it, then pass it to :meth:`PrefixCache.release`.
-
-    Attention K/V in ``layers`` are views of cached tensors: the model may read them, never write into them.
-    Recurrent state is a private copy.
-    """
-
-    namespace: Namespace  # namespace of the entry
-    entry: EntryId  # entry the state comes from
-    length: int  # tokens the state stands for
-    layers: tuple[RestoredLayer, ...]  # one per layer, in the entry's layer order
-    extra: Any  # the entry's extras value at ``length``
-    extras_upto: tuple[tuple[int, Any], ...]  # the entry's extras steps with start <= ``length``, so that an entry
-    # stored by the run that continues this lease can carry them on
-    media: tuple[MediaSpan, ...]  # media items inside [0, length)
-    snapshots_upto: tuple[Mapping[int, tuple[torch.Tensor, ...]] | None, ...]  # per recurrent layer: stored
-    # snapshots at lengths <= length, by reference, so that a new entry can carry them on; None for other kinds
-    cache_id: int = field(repr=False)  # which PrefixCache issued it
-    released: bool = False  # set by release()
-
-
-@dataclass(frozen=True, slots=True)
-class CacheStats:
-    entries: int  # entries held
-    in_use: int  # entries acquired and not yet released
-    entries_per_tier: Mapping[str, int]  # "device" / "host" -> entries
-    bytes_per_tier: Mapping[str, int]  # "device" / "host" -> bytes of distinct storages
-    budget_per_tier: Mapping[str, int | None]  # byte budgets (None: unlimited)
-    lookups: int  # lookup() calls
-    hits: int  # lookups that found a prefix
-    query_tokens: int  # tokens looked up
-    hit_tokens: int  # tokens served from the cache
-    inserts: int  # insert() calls that added an entry
-    redundant_inserts: int  # insert() calls covered by an existing entry (nothing added)
-    offloads: int  # entries moved device -> host
-    promotions: int  # entries moved host -> device on acquire
-    evictions: int  # entries dropped for budget or by evict()
-    superseded: int  # entries dropped because a newer entry serves all they serve
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.lookups if self.lookups else 0.0
-
-    @property
-    def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -134,16 +87,18 @@ class _Entry:
     eid: EntryId
     namespace: Namespace
     tokens: array  # the full token sequence (int64)
-    layers: tuple[LayerState, ...]  # stored per-layer state
+    layers: tuple[LayerState, ...] | None  # stored per-layer state; None while the entry is only on disk
     media: tuple[MediaSpan, ...]  # sorted media spans
     extras: tuple[tuple[int, Any], ...]  # step function of adapter state
-    tier: str  # DEVICE or HOST
+    tier: str  # DEVICE, HOST or DISK
+    disk: DiskRecord | None = None  # its file on the disk tier (written or queued), if any
+    mem_bytes: int = 0  # bytes of its distinct storages while in memory (shared ones counted in full)
     users: int = 0  # leases out
-    superseded: bool = False  # drop at last release
+    superseded: bool = False  # drop at last release, if what superseded it is still held
 
 
 class PrefixCache:
-    """Prefix cache over many namespaces with device/host byte budgets. Not thread-safe."""
+    """Prefix cache over many namespaces with device / host / disk byte budgets. Not thread-safe."""
 
     def __init__(
         self,
@@ -151,24 +106,49 @@ class PrefixCache:
         device_budget_bytes: int | None = None,
         host_budget_bytes: int | None = 0,
         device: str | torch.device = "cpu",
+        disk_dir: str | os.PathLike | None = None,
+        disk_budget_bytes: int = 0,
+        disk_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ) -> None:
+        """``disk_dir`` with ``disk_budget_bytes > 0`` turns the disk tier on: entries of earlier runs found there
+        are served (their tensors read on first use). ``disk_chunk_tokens``: rows per shared chunk file.
+
+        Raises:
+            LengthError: a negative budget or chunk size.
+        """
         for name, value in (
             ("device_budget_bytes", device_budget_bytes),
             ("host_budget_bytes", host_budget_bytes),
         ):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise LengthError(f"{name} must be a non-negative integer or None, got {value!r}")
+        if not isinstance(disk_budget_bytes, int) or disk_budget_bytes < 0:
+            raise LengthError(f"disk_budget_bytes must be a non-negative integer, got {disk_budget_bytes!r}")
+        if not isinstance(disk_chunk_tokens, int) or disk_chunk_tokens < 1:
+            raise LengthError(f"disk_chunk_tokens must be a positive integer, got {disk_chunk_tokens!r}")
         self._id = next(_cache_ids)  # stamps matches and leases
         self._device = torch.device(device)  # where device-tier tensors live
-        self._budgets: dict[str, int | None] = {DEVICE: device_budget_bytes, HOST: host_budget_bytes}
+        self._disk: DiskTier | None = None  # the disk tier; None when off
+        if disk_dir is not None and disk_budget_bytes > 0:
+            self._disk = DiskTier(disk_dir, disk_budget_bytes, chunk_tokens=disk_chunk_tokens)
+        self._budgets: dict[str, int | None] = {
+            DEVICE: device_budget_bytes,
+            HOST: host_budget_bytes,
+            DISK: disk_budget_bytes if self._disk is not None else 0,
+        }
         self._indexes: dict[Namespace, RadixIndex] = {}  # one radix tree per namespace
         self._layouts: dict[Namespace, tuple] = {}  # layer signatures per namespace, from its first insert
         self._entries: dict[EntryId, _Entry] = {}  # every entry held
+        self._leased: dict[EntryId, _Entry] = {}  # entries in use (all on the device tier)
         self._lru: OrderedDict[EntryId, None] = OrderedDict()  # least -> most recently used
-        self._storages: dict[str, dict[tuple, list[int]]] = {t: {} for t in TIERS}  # tier -> key -> [refs, bytes]
-        self._tier_bytes: dict[str, int] = dict.fromkeys(TIERS, 0)  # bytes of distinct storages per tier
+        self._storages: dict[str, dict[tuple, list[int]]] = {t: {} for t in MEMORY_TIERS}  # tier -> key -> [refs,
+        # bytes]
+        self._tier_bytes: dict[str, int] = dict.fromkeys(TIERS, 0)  # bytes per tier (see CacheStats)
+        self._ns_digests: dict[Namespace, str] = {}  # namespace -> the digest its files carry; a namespace is in
+        # here once it adopted the files of earlier runs
         self._ids = itertools.count(1)  # entry ids
         self._clock = itertools.count(1)  # recency ticks
+        self._oldest = 0  # recency below every entry's: entries found on disk are given recencies under it
         self._counters: dict[str, int] = dict.fromkeys(
             (
                 "lookups",
@@ -181,9 +161,13 @@ class PrefixCache:
                 "promotions",
                 "evictions",
                 "superseded",
+                "spills",
             ),
             0,
         )
+        if self._disk is not None:
+            self._tier_bytes[DISK] = self._disk.dormant_bytes
+            self._enforce_disk_budget()
 
     # ================================================================ public API
 
@@ -199,7 +183,9 @@ class PrefixCache:
         """Store the state of ``tokens`` and return the id of an entry that serves it.
 
         That is the new entry, or an existing one that already serves every length the new one would (then nothing
-        is added). Entries on the new entry's path that it fully serves are dropped. Budgets are enforced after.
+        is added). With a disk tier the new entry's files are queued. If the budgets can hold the new entry in some
+        tier, the entries on its path that it fully serves are dropped (at their last release if in use); then
+        budgets are enforced.
 
         Raises:
             TokenError, SpanError, LayoutError, LengthError, NamespaceError: bad input; the cache is unchanged.
@@ -210,14 +196,18 @@ class PrefixCache:
         length = len(token_list)
         spans = check_spans(media, length)
         layer_tuple = self._check_layers(namespace, layers, length)
-        extra_tuple = _check_extras(extras, length)
+        extra_tuple = check_extras(extras, length)
         floor = SpanFloor(spans)
-        lo, points = _servable(layer_tuple, floor)
+        lo, points = servable(*servable_limits(layer_tuple), floor)
         if lo is None and not points:
             raise LengthError("no length at which every layer of this entry can be restored")
 
         # -- validated: mutate from here on
-        self._layouts.setdefault(namespace, tuple(signature(s) for s in layer_tuple))
+        self._collect_disk()
+        self._adopt(namespace)
+        if namespace not in self._layouts:
+            self._layouts[namespace] = tuple(signature(s) for s in layer_tuple)
+            self._drop_other_layouts(namespace)
         index = self._indexes.setdefault(namespace, RadixIndex())
         keys = encode_keys(token_list, spans)
         covering = index.covering(keys, lo, points, floor)
@@ -232,8 +222,10 @@ class PrefixCache:
         self._lru[eid] = None
         self._account(entry, +1)
         self._counters["inserts"] += 1
-        for other_id in list(index.entries_on_path(eid)):
-            if index.covers(eid, other_id, floor):
+        self._persist(entry, keys)
+        covered = [other for other in index.entries_on_path(eid) if index.covers(eid, other, floor)]
+        if covered and self._survives(entry):
+            for other_id in covered:
                 other = self._entries[other_id]
                 if other.users:
                     other.superseded = True
@@ -248,28 +240,42 @@ class PrefixCache:
     ) -> PrefixMatch | None:
         """The longest cached prefix of ``tokens`` that can be restored, leaving at least one token to compute.
 
-        Side effects: counts the lookup; on a hit the entry becomes the most recently used.
+        Side effects: counts the lookup; on a hit the entry becomes the most recently used. An entry held only on
+        disk is read back into the device tier (then budgets are enforced); one whose files turn out unreadable is
+        dropped with a warning and the next best prefix is looked up.
 
         Raises:
             TokenError, SpanError: bad query; nothing is counted.
         """
         token_list = check_tokens(tokens)
         spans = check_spans(media, len(token_list))
+        self._collect_disk()
         self._counters["lookups"] += 1
         self._counters["query_tokens"] += len(token_list)
-        index = self._indexes.get(namespace)
-        if index is None or len(token_list) < 2:
+        self._adopt(namespace)
+        if len(token_list) < 2:
             return None
         floor = SpanFloor(spans)
-        found = index.best(encode_keys(token_list, spans), len(token_list) - 1, floor)
-        if found is None:
-            return None
-        length, eid = found
-        entry = self._entries[eid]
-        length = _exact_media_cut(entry.media, spans, length)
-        if length < 1 or not index.servable(eid, length):
-            return None  # a 62-bit media key collided; the exact check refused the hit
-        self._touch(entry)
+        keys = encode_keys(token_list, spans)
+        while True:
+            index = self._indexes.get(namespace)
+            if index is None:
+                return None
+            found = index.best(keys, len(token_list) - 1, floor)
+            if found is None:
+                return None
+            length, eid = found
+            entry = self._entries[eid]
+            length = exact_media_cut(entry.media, spans, length)
+            if length < 1 or not index.servable(eid, length):
+                return None  # a 62-bit media key collided; the exact check refused the hit
+            if entry.tier != DISK:
+                self._touch(entry)
+                break
+            if self._read_back(entry):  # else it was dropped: look again
+                self._touch(entry)
+                self._enforce_budgets()
+                break
         self._counters["hits"] += 1
         self._counters["hit_tokens"] += length
         reused = {k: 0 for k in MediaKind}
@@ -281,36 +287,42 @@ class PrefixCache:
     def acquire(self, match: PrefixMatch, namespace: Namespace) -> Lease:
         """Restore the state of ``match`` for use by the model of ``namespace``. Release the lease when done.
 
-        An entry on the host tier is moved back to the device tier first.
+        An entry on the host tier is moved back to the device tier first; one only on disk is read back.
 
         Raises:
             NamespaceError: the match comes from another cache or another namespace.
-            LeaseError: the matched entry has been dropped since the lookup.
+            LeaseError: the matched entry has been dropped since the lookup, or could not be read back from disk.
         """
         if not isinstance(match, PrefixMatch) or match.cache_id != self._id:
             raise NamespaceError("this match was not made by this cache")
         if match.namespace != namespace:
             raise NamespaceError("this match belongs to another namespace")
+        self._collect_disk()
         entry = self._entries.get(match.entry)
         if entry is None:
             raise LeaseError(f"entry {match.entry} was dropped after the lookup; look up again")
+        if entry.tier == DISK and not self._read_back(entry):
+            raise LeaseError(f"entry {match.entry} could not be read back from disk; look up again")
         if entry.tier == HOST:
             self._move(entry, DEVICE)
             self._counters["promotions"] += 1
         entry.users += 1
+        self._leased[entry.eid] = entry
         self._touch(entry)
         n = match.length
+        layers = entry.layers
+        assert layers is not None
         lease = Lease(
             namespace=entry.namespace,
             entry=entry.eid,
             length=n,
-            layers=tuple(restore(state, n) for state in entry.layers),
-            extra=_extra_at(entry.extras, n),
+            layers=tuple(restore(state, n) for state in layers),
+            extra=extra_at(entry.extras, n),
             extras_upto=tuple(step for step in entry.extras if step[0] <= n),
             media=spans_before(entry.media, n),
             snapshots_upto=tuple(
                 {k: v for k, v in s.snapshots.items() if k <= n} if isinstance(s, RecurrentState) else None
-                for s in entry.layers
+                for s in layers
             ),
             cache_id=self._id,
         )
@@ -318,7 +330,8 @@ class PrefixCache:
         return lease
 
     def release(self, lease: Lease) -> None:
-        """Give a lease back. A superseded entry is dropped at its last release.
+        """Give a lease back. A superseded entry is dropped at its last release if an entry that serves all it
+        serves is still held (in any tier); otherwise it stays, as an ordinary entry.
 
         Raises:
             NamespaceError: the lease comes from another cache.
@@ -328,19 +341,26 @@ class PrefixCache:
             raise NamespaceError("this lease was not issued by this cache")
         if lease.released:
             raise LeaseError("this lease was already released")
+        self._collect_disk()
         lease.released = True
         entry = self._entries[lease.entry]
         entry.users -= 1
-        if entry.superseded and entry.users == 0:
-            self._drop(entry)
-            self._counters["superseded"] += 1
+        if entry.users == 0:
+            del self._leased[entry.eid]
+            if entry.superseded:
+                entry.superseded = False
+                if self._indexes[entry.namespace].covered_by_other(entry.eid, SpanFloor(entry.media)):
+                    self._drop(entry)
+                    self._counters["superseded"] += 1
         self._enforce_budgets()
 
     def evict(self, bytes_to_free: int | None = None, namespace: Namespace | None = None) -> int:
-        """Drop idle entries, least recently used first, until ``bytes_to_free`` bytes are freed (None: all idle
-        entries). Restrict to one ``namespace`` if given. Returns the number of entries dropped."""
+        """Drop idle entries, least recently used first, with their files, until ``bytes_to_free`` bytes are freed
+        over all tiers (None: all idle entries). Restrict to one ``namespace`` if given. Returns the number of
+        entries dropped."""
         if bytes_to_free is not None and (not isinstance(bytes_to_free, int) or bytes_to_free < 0):
             raise LengthError(f"bytes_to_free must be a non-negative integer or None, got {bytes_to_free!r}")
+        self._collect_disk()
         dropped = 0
         start = sum(self._tier_bytes.values())
         for eid in list(self._lru):
@@ -354,17 +374,51 @@ class PrefixCache:
             dropped += 1
         return dropped
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Queue a file for every entry held in memory that has none (most recently used first), then wait at most
+        ``timeout`` seconds until every queued file is written. Returns True when all are (or there is no disk
+        tier)."""
+        if self._disk is None:
+            return True
+        self._collect_disk()
+        for eid in reversed(self._lru):
+            entry = self._entries[eid]
+            if entry.tier != DISK and entry.disk is None:
+                self._persist(entry, encode_keys(entry.tokens, entry.media))
+        self._enforce_disk_budget()
+        done = self._disk.flush(timeout)
+        self._collect_disk()
+        return done
+
+    def close(self, timeout: float | None = 10.0) -> bool:
+        """At shutdown: :meth:`flush` within ``timeout`` seconds, then stop the disk writer. The cache keeps working
+        in memory afterwards, but writes nothing more. Returns True when every file was written."""
+        if self._disk is None:
+            return True
+        done = self.flush(timeout)
+        self._disk.close(0.0 if not done else timeout)
+        return done
+
     def stats(self) -> CacheStats:
+        self._collect_disk()
         per_tier = dict.fromkeys(TIERS, 0)
         for entry in self._entries.values():
             per_tier[entry.tier] += 1
+        disk = self._disk.snapshot_counters() if self._disk is not None else {}
         return CacheStats(
             entries=len(self._entries),
-            in_use=sum(1 for e in self._entries.values() if e.users),
+            in_use=len(self._leased),
             entries_per_tier=per_tier,
             bytes_per_tier=dict(self._tier_bytes),
             budget_per_tier=dict(self._budgets),
             **self._counters,
+            disk_reads=disk.get("reads", 0),
+            disk_read_errors=disk.get("read_errors", 0),
+            disk_writes=disk.get("writes", 0),
+            disk_write_errors=disk.get("write_errors", 0),
+            disk_pending=self._disk.pending if self._disk is not None else 0,
+            disk_skipped_files=disk.get("skipped_files", 0),
+            disk_healthy=self._disk.healthy if self._disk is not None else None,
         )
 
     def entry_ids(self) -> list[EntryId]:
@@ -376,6 +430,10 @@ class PrefixCache:
 
     def entry_length(self, eid: EntryId) -> int:
         return len(self._entries[eid].tokens)
+
+    def entry_has_file(self, eid: EntryId) -> bool:
+        """Whether the entry has a file on the disk tier (written or queued)."""
+        return self._entries[eid].disk is not None
 
     def check_invariants(self) -> None:
         """Raise AssertionError if any internal structure disagrees with another. For tests."""
@@ -392,18 +450,28 @@ class PrefixCache:
         assert indexed == set(self._entries), "entries and indexes disagree"
         assert list(self._lru) == sorted(self._lru, key=lambda i: self._recency(i)), "LRU out of order"
         assert set(self._lru) == set(self._entries), "LRU and entries disagree"
-        expected: dict[str, dict[tuple, list[int]]] = {t: {} for t in TIERS}
+        assert set(self._leased) == {e.eid for e in self._entries.values() if e.users}, "leases disagree"
+        expected: dict[str, dict[tuple, list[int]]] = {t: {} for t in MEMORY_TIERS}
+        disk_bytes = self._disk.dormant_bytes if self._disk is not None else 0
         for entry in self._entries.values():
             assert entry.users >= 0
             assert not entry.superseded or entry.users > 0, "an idle superseded entry was kept"
+            assert (entry.layers is None) == (entry.tier == DISK), "tensors and tier disagree"
+            assert entry.tier != DISK or (entry.disk is not None and not entry.users), "disk entry without a file"
+            if entry.disk is not None:
+                assert self._disk is not None and entry.disk.eid == entry.eid
+                disk_bytes += entry.disk.nbytes
+            if entry.tier == DISK:
+                continue
             for key, nbytes in _storages_of(entry):
                 slot = expected[entry.tier].setdefault(key, [0, nbytes])
                 slot[0] += 1
         assert expected == self._storages, "storage accounting drifted"
-        for tier in TIERS:
+        for tier in MEMORY_TIERS:
             assert self._tier_bytes[tier] == sum(b for _, b in expected[tier].values())
+        assert self._tier_bytes[DISK] == disk_bytes, "disk accounting drifted"
 
-    # ================================================================ helpers
+    # ================================================================ helpers: entries
 
     def _recency(self, eid: EntryId) -> int:
         entry = self._entries[eid]
@@ -446,7 +514,10 @@ class PrefixCache:
 
     def _account(self, entry: _Entry, sign: int) -> None:
         table = self._storages[entry.tier]
-        for key, nbytes in _storages_of(entry):
+        storages = _storages_of(entry)
+        if sign > 0:
+            entry.mem_bytes = sum(nbytes for _, nbytes in storages)
+        for key, nbytes in storages:
             slot = table.get(key)
             if sign > 0:
                 if slot is None:
@@ -462,6 +533,8 @@ class PrefixCache:
                     self._tier_bytes[entry.tier] -= nbytes
 
     def _move(self, entry: _Entry, tier: str) -> None:
+        """Between the memory tiers."""
+        assert entry.layers is not None and tier in MEMORY_TIERS
         target = torch.device("cpu") if tier == HOST else self._device
         self._account(entry, -1)
         entry.layers = tuple(moved(state, lambda t: t.to(target)) for state in entry.layers)
@@ -474,35 +547,223 @@ class PrefixCache:
         index.remove(entry.eid)
         del self._entries[entry.eid]
         del self._lru[entry.eid]
-        self._account(entry, -1)
+        if entry.tier != DISK:
+            self._account(entry, -1)
+        if entry.disk is not None:
+            self._unpersist(entry)
         if not len(index):
             del self._indexes[entry.namespace]
-            del self._layouts[entry.namespace]
+            self._layouts.pop(entry.namespace, None)
+
+    def _survives(self, entry: _Entry) -> bool:
+        """Whether enforcing the budgets now would keep ``entry`` in some tier: it must fit beside the entries in
+        use on the device tier, or alone on the host tier, or its file beside theirs on disk (while writes work)."""
+        if not self._too_big(entry, DEVICE):
+            return True
+        if self._budgets[HOST] != 0 and not self._too_big(entry, HOST):
+            return True
+        return (
+            entry.disk is not None and self._disk is not None and self._disk.healthy and not self._too_big(entry, DISK)
+        )
+
+    def _too_big(self, entry: _Entry, tier: str, leased: dict[tuple, int] | None = None) -> bool:
+        """Whether ``entry`` cannot be held in ``tier`` even with every other idle entry gone from it (the entries
+        in use stay: they are all on the device tier). ``leased``: their storages, if the caller has them."""
+        budget = self._budgets[tier]
+        if budget is None:
+            return False
+        if tier == DISK:
+            assert entry.disk is not None
+            files = sum(e.disk.nbytes for e in self._leased.values() if e.disk is not None and e is not entry)
+            return entry.disk.nbytes + files > budget
+        if tier == HOST or not self._leased:
+            return entry.mem_bytes > budget
+        if leased is None:
+            leased = self._leased_storages()
+        if entry.mem_bytes + sum(leased.values()) <= budget:
+            return False
+        return sum({**leased, **dict(_storages_of(entry))}.values()) > budget
+
+    def _leased_storages(self) -> dict[tuple, int]:
+        out: dict[tuple, int] = {}
+        for other in self._leased.values():
+            out.update(_storages_of(other))
+        return out
 
     def _enforce_budgets(self) -> None:
-        device_budget, host_budget = self._budgets[DEVICE], self._budgets[HOST]
-        if device_budget is not None and self._tier_bytes[DEVICE] > device_budget:
-            for eid in list(self._lru):
-                if self._tier_bytes[DEVICE] <= device_budget:
+        """Over a tier's budget, its idle entries go, those that cannot fit there at all first, then the least
+        recently used: device -> host (or out of memory when the host budget is 0 or too small for the entry alone),
+        host -> out of memory (the disk tier if the entry has a file, else dropped), and on disk the file goes (with
+        the entry if that was its only copy)."""
+        for tier in MEMORY_TIERS:
+            budget = self._budgets[tier]
+            if budget is None or self._tier_bytes[tier] <= budget:
+                continue
+            idle = [e for e in map(self._entries.__getitem__, self._lru) if e.tier == tier and not e.users]
+            leased = self._leased_storages() if tier == DEVICE else None
+            for entry in (*[e for e in idle if self._too_big(e, tier, leased)], *idle):
+                if self._tier_bytes[tier] <= budget:
                     break
-                entry = self._entries[eid]
-                if entry.tier != DEVICE or entry.users:
-                    continue
-                if host_budget == 0:
-                    self._drop(entry)
-                    self._counters["evictions"] += 1
-                else:
+                if entry.tier != tier or entry.eid not in self._entries:
+                    continue  # moved or dropped already in this pass
+                if tier == DEVICE and self._budgets[HOST] != 0 and not self._too_big(entry, HOST):
                     self._move(entry, HOST)
                     self._counters["offloads"] += 1
-        if host_budget is not None and self._tier_bytes[HOST] > host_budget:
-            for eid in list(self._lru):
-                if self._tier_bytes[HOST] <= host_budget:
-                    break
-                entry = self._entries.get(eid)
-                if entry is None or entry.tier != HOST or entry.users:
-                    continue
+                else:
+                    self._leave_memory(entry)
+        self._enforce_disk_budget()
+
+    # ================================================================ helpers: the disk tier
+
+    def _leave_memory(self, entry: _Entry) -> None:
+        """Over the memory budgets: keep ``entry`` on the disk tier if it has (or can get) a file, else drop it. No
+        file is tried while disk writes fail: the entry would wait in the writer's queue only to be dropped."""
+        if entry.disk is None and self._disk is not None and self._disk.healthy:
+            self._persist(entry, encode_keys(entry.tokens, entry.media))
+        if entry.disk is None:
+            self._drop(entry)
+            self._counters["evictions"] += 1
+            return
+        self._account(entry, -1)
+        entry.layers = None
+        entry.tier = DISK
+        self._counters["spills"] += 1
+
+    def _enforce_disk_budget(self) -> None:
+        disk = self._disk
+        budget = self._budgets[DISK]
+        if disk is None or self._tier_bytes[DISK] <= budget:
+            return
+        idle = [e for e in map(self._entries.__getitem__, self._lru) if e.disk is not None and not e.users]
+        too_big = [e for e in idle if self._too_big(e, DISK)]
+        for entry in too_big:
+            self._lose_file(entry)
+        while self._tier_bytes[DISK] > budget and disk.has_dormant:  # files of earlier runs nobody asked for yet
+            self._tier_bytes[DISK] -= disk.drop_oldest_dormant()
+        for entry in idle:
+            if self._tier_bytes[DISK] <= budget:
+                break
+            if entry.disk is not None and entry.eid in self._entries:
+                self._lose_file(entry)
+
+    def _lose_file(self, entry: _Entry) -> None:
+        if entry.tier == DISK:
+            self._drop(entry)
+            self._counters["evictions"] += 1
+        else:
+            self._unpersist(entry)
+
+    def _persist(self, entry: _Entry, keys: array) -> None:
+        """Queue ``entry``'s files, if the disk tier is on and they fit its budget at all."""
+        disk = self._disk
+        if disk is None or not disk.writable or entry.layers is None:
+            return
+        ns_digest = self._ns_digest(entry.namespace)
+        record = disk.plan(ns_digest, entry.tokens, entry.media, entry.extras, entry.layers, keys)
+        if record is None or record.nbytes > self._budgets[DISK]:
+            return
+        record.eid = entry.eid
+        disk.write(record, entry.layers)
+        entry.disk = record
+        self._tier_bytes[DISK] += record.nbytes
+
+    def _unpersist(self, entry: _Entry) -> None:
+        assert self._disk is not None and entry.disk is not None
+        self._disk.delete(entry.disk)
+        self._tier_bytes[DISK] -= entry.disk.nbytes
+        entry.disk = None
+
+    def _collect_disk(self) -> None:
+        """Take in the outcomes of finished writes: an entry whose write failed has no file (and is dropped if that
+        file was its only copy)."""
+        if self._disk is None:
+            return
+        for record, error in self._disk.completions():
+            if error is None or record.eid is None:
+                continue
+            entry = self._entries.get(record.eid)
+            if entry is None or entry.disk is not record:
+                continue  # dropped meanwhile
+            self._unpersist(entry)
+            if entry.tier == DISK:
                 self._drop(entry)
                 self._counters["evictions"] += 1
+
+    def _read_back(self, entry: _Entry) -> bool:
+        """Load an entry held only on disk into the device tier. On failure, drop it and return False."""
+        assert self._disk is not None and entry.disk is not None and entry.tier == DISK
+        try:
+            layers = self._disk.load(entry.disk)
+            layers = self._check_layers(entry.namespace, layers, len(entry.tokens))
+        except (DiskFormatError, CacheError) as exc:
+            if isinstance(exc, CacheError):
+                log.warning("prefix cache: dropping a disk entry that does not fit its namespace: %s", exc)
+            self._drop(entry)
+            return False
+        entry.layers = tuple(moved(state, lambda t: t.to(self._device)) for state in layers)
+        entry.tier = DEVICE
+        self._account(entry, +1)
+        return True
+
+    def _ns_digest(self, namespace: Namespace) -> str:
+        digest = self._ns_digests.get(namespace)
+        if digest is None:
+            digest = self._ns_digests[namespace] = namespace_digest(namespace)
+        return digest
+
+    def _adopt(self, namespace: Namespace) -> None:
+        """Index the files that earlier runs left for ``namespace`` (on its first use), as its oldest entries."""
+        if self._disk is None or not self._disk.has_dormant or namespace in self._ns_digests:
+            return
+        records = self._disk.adopt(self._ns_digest(namespace))
+        if not records:
+            return
+        index = self._indexes.setdefault(namespace, RadixIndex())
+        known = self._layouts.get(namespace)
+        want = None if known is None else signatures_digest(known)
+        adopted: list[EntryId] = []
+        recency = self._oldest - len(records)
+        self._oldest = recency
+        for record in records:  # oldest first, recencies ascending
+            recency += 1
+            header = record.header
+            floor = SpanFloor(header.media)
+            try:
+                lo, points = servable(*header.limits(), floor)
+            except DiskFormatError as exc:
+                lo, points = None, ()
+                log.warning("prefix cache: skipping disk entry %s: %s", record.name, exc)
+            if (lo is None and not points) or (want is not None and header.layout != want):
+                self._disk.delete(record)
+                self._tier_bytes[DISK] -= record.nbytes
+                continue
+            eid = next(self._ids)
+            record.eid = eid
+            entry = _Entry(eid, namespace, header.tokens, None, header.media, header.extras, DISK, record)
+            index.add(eid, encode_keys(header.tokens, header.media), lo, points, recency)
+            self._entries[eid] = entry
+            adopted.append(eid)
+        for eid in reversed(adopted):  # before every other entry in the LRU order, oldest first
+            self._lru[eid] = None
+            self._lru.move_to_end(eid, last=False)
+        if not len(index):
+            del self._indexes[namespace]
+
+    def _drop_other_layouts(self, namespace: Namespace) -> None:
+        """The first insert fixed ``namespace``'s layout: drop idle entries read from disk that do not have it."""
+        index = self._indexes.get(namespace)
+        if index is None:
+            return
+        want = self._layouts[namespace]
+        for entry in [e for e in self._entries.values() if e.namespace == namespace and not e.users]:
+            if entry.layers is not None:
+                fits = tuple(signature(s) for s in entry.layers) == want
+            else:
+                fits = entry.disk is not None and entry.disk.header.layout == signatures_digest(want)
+            if not fits:
+                log.warning("prefix cache: dropping a disk entry whose layers do not fit the model's")
+                self._drop(entry)
+                self._layouts[namespace] = want  # _drop forgets the layout when the index empties
 
 
 # ==================================================================== module helpers
@@ -511,57 +772,8 @@ class PrefixCache:
 def _storages_of(entry: _Entry) -> list[tuple[tuple, int]]:
     """Distinct storages of an entry's tensors: (key, bytes)."""
     out: dict[tuple, int] = {}
-    for state in entry.layers:
+    for state in entry.layers or ():
         for t in tensors_of(state):
             storage = t.untyped_storage()
             out[(t.device.type, t.device.index, storage.data_ptr())] = storage.nbytes()
     return list(out.items())
-
-
-def _servable(layers: tuple[LayerState, ...], floor: SpanFloor) -> tuple[int | None, tuple[int, ...]]:
-    """(lo, ()) for an entry servable on ``[lo, T]``, or (None, points) for one servable only at ``points``."""
-    lo = 0
-    point_sets: list[set[int]] = []
-    for state in layers:
-        if isinstance(state, RotatingKV):
-            lo = max(lo, state.shortest())
-        elif isinstance(state, RecurrentState):
-            point_sets.append(set(state.snapshots))
-    if not point_sets:
-        return lo, ()
-    points = set.intersection(*point_sets)
-    return None, tuple(sorted(p for p in points if p >= max(lo, 1) and floor(p) == p))
-
-
-def _check_extras(extras: Extras, length: int) -> tuple[tuple[int, Any], ...]:
-    out = tuple(extras)
-    previous = -1
-    for item in out:
-        if not isinstance(item, tuple) or len(item) != 2:
-            raise LengthError(f"extras must be (start, value) pairs, got {item!r}")
-        start = item[0]
-        if not isinstance(start, int) or start < 0 or start > length:
-            raise LengthError(f"extras start {start!r} is outside [0, {length}]")
-        if start <= previous:
-            raise LengthError("extras starts must be strictly increasing")
-        previous = start
-    return out
-
-
-def _extra_at(extras: tuple[tuple[int, Any], ...], n: int) -> Any:
-    value = None
-    for start, v in extras:
-        if start > n:
-            break
-        value = v
-    return value
-
-
-def _exact_media_cut(stored: tuple[MediaSpan, ...], query: tuple[MediaSpan, ...], n: int) -> int:
-    """``n``, or the start of the first span before ``n`` where stored and query media differ."""
-    a, b = spans_before(stored, n), spans_before(query, n)
-    for x, y in itertools.zip_longest(a, b):
-        if x != y:
-            starts = [s.start for s in (x, y) if s is not None]
-            return min(starts)
-    return n

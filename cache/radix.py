@@ -185,6 +185,21 @@ class RadixIndex:
         s = self._records[small]
         return self._covers(self._records[big], s.lo, s.points, s.end.depth, floor)
 
+    def covered_by_other(self, eid: EntryId, floor: Callable[[int], int]) -> bool:
+        """Whether another entry serves every length that ``eid`` serves (``floor``: the span floor of ``eid``'s
+        media). Walks the subtree below ``eid``'s end: the entries whose paths pass through it."""
+        record = self._records[eid]
+        stack = [record.end]
+        while stack:
+            node = stack.pop()
+            for other in node.ending:
+                if other != eid and self._covers(
+                    self._records[other], record.lo, record.points, record.end.depth, floor
+                ):
+                    return True
+            stack.extend(node.children.values())
+        return False
+
     def covering(
         self, keys: array, lo: int | None, points: tuple[int, ...], floor: Callable[[int], int]
     ) -> EntryId | None:

@@ -32,6 +32,8 @@ def _settings(args: argparse.Namespace):
         "allowed_origins": args.allowed_origin or None,
         "prefix_cache": False if args.no_prefix_cache else None,
         "sessions_db": args.sessions_db,
+        "cache_dir": args.cache_dir,
+        "disk_budget": args.disk_budget,
     }
     try:
         return ServerSettings(**{k: v for k, v in flags.items() if v is not None})
@@ -157,6 +159,12 @@ def _bench_multiturn(args: argparse.Namespace) -> int:
     return main(as_json=args.json, model=args.model, conversations=args.conversations)
 
 
+def _bench_restart(args: argparse.Namespace) -> int:
+    from chat.bench.restart_bench import main
+
+    return main(as_json=args.json, model=args.model, turns=args.turns)
+
+
 def _bench_all(args: argparse.Namespace) -> int:
     from chat.bench.suite import main
 
@@ -196,6 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
         or str(Path(os.environ.get("TURNCACHE_HOME") or "~/.cache/turncache").expanduser() / "sessions.sqlite3"),
         help="SQLite file where conversations persist across restarts ('' keeps them in memory only; "
         "default: $TURNCACHE_HOME/sessions.sqlite3, TURNCACHE_HOME defaulting to ~/.cache/turncache)",
+    )
+    serve.add_argument(
+        "--cache-dir",
+        default=os.environ.get("TURNCACHE_CACHE_DIR")
+        or str(Path(os.environ.get("TURNCACHE_HOME") or "~/.cache/turncache").expanduser() / "prefix-cache"),
+        help="directory of the prefix cache's disk tier: cached prefixes survive restarts ('' turns it off; "
+        "default: $TURNCACHE_HOME/prefix-cache)",
+    )
+    serve.add_argument(
+        "--disk-budget",
+        type=int,
+        help="bytes the disk tier's files may hold (8 GiB = 8589934592); 0 turns the disk tier off",
     )
     serve.set_defaults(run=_serve)
 
@@ -293,6 +313,15 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "multiturn":
             other.add_argument("--conversations", type=int, default=None, help="conversations, all concurrent (8)")
         other.set_defaults(run=run)
+    restart = bench_sub.add_parser(
+        "restart",
+        help="a conversation resumed after a server restart: cached tokens and time to first token with the disk "
+        "tier, without a restart, and with the disk tier off (three server processes)",
+    )
+    restart.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    restart.add_argument("--model", default="smollm2", help="model spec (default: the built-in smollm2)")
+    restart.add_argument("--turns", type=int, default=10, help="turns before the restart (%(default)s)")
+    restart.set_defaults(run=_bench_restart)
     return parser
 
 

@@ -13,6 +13,12 @@ Figures (all from this run, side by side):
 - ``conversation_bytes_ratio``: bytes the cache holds after a 20-turn conversation stored the way the engine stores
   it (an entry at the end of every prompt and of every reply, restored from the previous turn) / bytes of the
   final conversation's K/V;
+- ``disk_write_ms_4k``: median time from inserting that 4,096-token entry into a cache with a disk tier to its files
+  being written (``flush``; the writer thread does the work, the inserting thread only queues it), with
+  ``disk_entry_mib`` its size on disk;
+- ``disk_read_ms_4k``: median time of the lookup that reads that entry back after a restart (a new cache on the same
+  directory: entry file and chunk files read, checksums verified, K/V assembled); the files were just written, so
+  they come from the page cache, not the disk itself;
 - ``scaling_entries``, ``scaling_lookup_p50_ms``, ``scaling_lookup_p99_ms``, ``scaling_linear_p99_ms``: the same
   lookups (``scaling_queries`` index / ``scaling_linear_queries`` linear queries per point) on a cache filled with
   the first 1%, 3%, 10%, 30% and 100% of the same entries: lookup latency against the number of entries.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import tempfile
 import time
 from array import array
 from dataclasses import dataclass
@@ -206,6 +213,34 @@ def bench_materialize(tokens: int = 4_096, repeats: int = 50) -> float:
     return statistics.median(times) * 1e3
 
 
+def bench_disk(tokens: int = 4_096, repeats: int = 3) -> dict[str, float]:
+    """Write a SmolLM2-shaped entry through the disk tier, then read it back after a restart (median times)."""
+    layers = _kv(tokens)
+    query = [*range(tokens), 7]
+    writes, reads = [], []
+    mib = 0.0
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="turncache-bench-") as tmp:
+            cache = PrefixCache(disk_dir=tmp, disk_budget_bytes=2**40)
+            t = time.perf_counter()
+            cache.insert(NS, list(range(tokens)), layers)
+            assert cache.flush(timeout=600), "the disk tier did not write the entry"
+            writes.append(time.perf_counter() - t)
+            mib = cache.stats().bytes_per_tier["disk"] / 2**20
+            cache.close()
+            restarted = PrefixCache(disk_dir=tmp, disk_budget_bytes=2**40)
+            t = time.perf_counter()
+            match = restarted.lookup(NS, query)
+            reads.append(time.perf_counter() - t)
+            assert match is not None and match.length == tokens and restarted.stats().disk_reads == 1
+            restarted.close()
+    return {
+        "disk_write_ms_4k": statistics.median(writes) * 1e3,
+        "disk_read_ms_4k": statistics.median(reads) * 1e3,
+        "disk_entry_mib": mib,
+    }
+
+
 def bench_conversation(turns: int = 20, prompt_tokens: int = 64, reply_tokens: int = 48) -> float:
     """Store a conversation as the engine does; return bytes held / bytes of the final K/V."""
     cache = PrefixCache()
@@ -246,6 +281,7 @@ def run(cfg: CacheBenchConfig | None = None) -> dict:
     result: dict = bench_lookup(cfg, seqs)
     result["materialize_ms_4k"] = bench_materialize()
     result["conversation_bytes_ratio"] = bench_conversation()
+    result.update(bench_disk())
     result.update(bench_scaling(cfg, seqs))
     return result
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 import uvicorn
@@ -13,6 +14,9 @@ from chat.engine.scheduler import BatchSettings
 from chat.server.app import create_app, key_ring
 from chat.server.settings import MiB, ServerSettings
 
+log = logging.getLogger("turncache.server")
+SHUTDOWN_FLUSH_S = 10.0  # at most this long to write the prefix cache's queued files at a clean shutdown
+
 
 def build_engine(settings: ServerSettings) -> Engine:
     """Raises chat.models' typed errors (unknown model, unsupported architecture, bad dtype)."""
@@ -22,12 +26,30 @@ def build_engine(settings: ServerSettings) -> Engine:
     cache = None
     if settings.prefix_cache:
         cache = PrefixCache(
-            device_budget_bytes=settings.device_cache_mib * MiB, host_budget_bytes=settings.host_cache_mib * MiB
+            device_budget_bytes=settings.device_cache_mib * MiB,
+            host_budget_bytes=settings.host_cache_mib * MiB,
+            disk_dir=settings.cache_dir or None,
+            disk_budget_bytes=settings.disk_budget if settings.cache_dir else 0,
         )
     return Engine(runtime, cache=cache, batch=BatchSettings(settings.max_batch, settings.token_budget))
 
 
+def close_engine(engine: Engine) -> None:
+    """Stop the engine, then write what the prefix cache still has queued (at most SHUTDOWN_FLUSH_S seconds)."""
+    engine.close()
+    if engine.cache is not None and engine.cache.stats().disk_healthy is not None:
+        written = engine.cache.close(timeout=SHUTDOWN_FLUSH_S)
+        log.info("prefix cache: disk tier %s at shutdown", "flushed" if written else "NOT fully flushed")
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    """uvicorn re-raises SIGTERM once its graceful shutdown is done: end with status 0 through ``serve``'s finally
+    (the default action would kill the process before the engine and the cache are closed)."""
+    raise SystemExit(0)
+
+
 def serve(settings: ServerSettings) -> int:
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = key_ring(settings)  # a malformed keys file is refused before the model loads
     weights = f", {settings.weights} weights" if settings.weights else ""
@@ -45,6 +67,6 @@ def serve(settings: ServerSettings) -> int:
             ws_max_size=settings.max_ws_frame_mib * MiB,
         )
     finally:
-        engine.close()
+        close_engine(engine)
         app.state.sessions.close()  # writes what is pending
     return 0

@@ -76,6 +76,8 @@ def render_metrics(m: Metrics, cache: CacheStats | None) -> str:
         )
         metric("turncache_cache_lookups_total", "counter", "Prefix lookups.", [("", cache.lookups)])
         metric("turncache_cache_hits_total", "counter", "Prefix lookups that hit.", [("", cache.hits)])
+        if cache.disk_healthy is not None:
+            _disk_metrics(metric, cache)
     return "\n".join(lines) + "\n"
 
 
@@ -96,3 +98,41 @@ def render_session_metrics(stats: WriteStats, pending: int) -> str:
     for name, kind, help_text, value in samples:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
     return "\n".join(lines) + "\n"
+
+
+def _disk_metrics(metric, cache: CacheStats) -> None:
+    metric(
+        "turncache_cache_disk_healthy",
+        "gauge",
+        "1 while the disk tier writes; 0 after a failed write (full or read-only disk) or an unusable directory.",
+        [("", int(bool(cache.disk_healthy)))],
+    )
+    metric(
+        "turncache_cache_disk_pending_writes",
+        "gauge",
+        "Entry files queued or being written.",
+        [("", cache.disk_pending)],
+    )
+    metric("turncache_cache_disk_writes_total", "counter", "Entry files written.", [("", cache.disk_writes)])
+    metric(
+        "turncache_cache_disk_write_errors_total",
+        "counter",
+        "Entry files that could not be written.",
+        [("", cache.disk_write_errors)],
+    )
+    metric("turncache_cache_disk_reads_total", "counter", "Entries read back from disk.", [("", cache.disk_reads)])
+    metric(
+        "turncache_cache_disk_read_errors_total",
+        "counter",
+        "Entries dropped because their files were missing, corrupt or foreign.",
+        [("", cache.disk_read_errors)],
+    )
+    metric(
+        "turncache_cache_disk_skipped_files",
+        "gauge",
+        "Files skipped at startup (unreadable, truncated, foreign, renamed).",
+        [("", cache.disk_skipped_files)],
+    )
+    metric(
+        "turncache_cache_spills_total", "counter", "Entries that left memory for the disk tier.", [("", cache.spills)]
+    )

@@ -8,6 +8,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from chat.protocol.limits import MAX_FRAME_BYTES
 
 MiB = 1024 * 1024
+GiB = 1024 * MiB
 
 
 class ServerSettings(BaseSettings):
@@ -27,6 +28,10 @@ class ServerSettings(BaseSettings):
     prefix_cache: bool = Field(True, description="reuse cached prefixes (off: --no-prefix-cache)")
     device_cache_mib: int = Field(1024, ge=0, description="prefix cache budget on the model's device, MiB")
     host_cache_mib: int = Field(2048, ge=0, description="prefix cache budget on the host (offload tier), MiB")
+    cache_dir: str | None = Field(
+        None, description="directory of the prefix cache's disk tier (None or '': no disk tier, nothing persists)"
+    )
+    disk_budget: int = Field(8 * GiB, ge=0, description="bytes the prefix cache's disk tier may hold (0: no disk tier)")
     auth_token: SecretStr | None = Field(None, description="if set, every request must carry it")
     api_keys_file: str | None = Field(None, description="a file of API keys and their tenants (see docs/security.md)")
     api_keys: SecretStr | None = Field(None, description="API keys and their tenants, in the keys file's format")

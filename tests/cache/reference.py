@@ -1,11 +1,27 @@
 """A deliberately simple model of the prefix cache: a linear scan over every entry, each rule applied literally.
 
 It shares no code with :mod:`cache` beyond the value types, so the property tests compare two independent readings
-of the same rules. Sizes are counted per entry (the tests never share tensors between entries).
+of the same rules. Sizes are counted per entry (the tests never share tensors between entries); an entry's file
+holds ``dbytes`` bytes.
+
+Rules, as written in cache/DESIGN.md:
+
+- tiers: device, host (memory) and disk (files); with a disk tier every new entry gets a file if it fits the disk
+  budget at all; an entry that leaves memory stays on disk if it has (or can get) a file, else it is dropped;
+- each tier over its budget: its idle entries go, first those that cannot fit there even alone beside the entries in
+  use, then the least recently used; device -> host (or out of memory if the host budget is 0 or too small for the
+  entry alone), host -> out of memory,
+  disk: the file goes, and the entry with it if it was only on disk;
+- a flush gives a file to every entry in memory that has none (most recently used first), then enforces the disk
+  budget;
+- supersession: an insert drops the entries it covers only if, enforcing the budgets without dropping them, the new
+  entry would still be held (this model finds out by trying on a copy of itself); a superseded entry in use is
+  dropped at its last release only if some held entry covers it then.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from cache.media import MediaSpan
@@ -20,9 +36,11 @@ class RefEntry:
     media: tuple[MediaSpan, ...]
     lo: int  # shortest length every rotating layer can serve (0 without rotating layers)
     points: frozenset[int] | None  # snapshot lengths common to all recurrent layers; None without any
-    nbytes: int
+    nbytes: int  # bytes in memory
+    dbytes: int  # bytes of its file
     recency: int
     tier: str = "device"
+    file: bool = False  # has a file on the disk tier
     users: int = 0
     superseded: bool = False
 
@@ -48,13 +66,24 @@ def shares_prefix(longer_tokens, longer_media, shorter_tokens, shorter_media) ->
     return spans_before(longer_media, n) == tuple(sorted(shorter_media))
 
 
+def covers(big: RefEntry, small: RefEntry) -> bool:
+    return (
+        big.namespace == small.namespace
+        and shares_prefix(big.tokens, big.media, small.tokens, small.media)
+        and small.servable() <= big.servable()
+    )
+
+
 @dataclass
 class ReferenceCache:
     device_budget: int | None = None
     host_budget: int | None = 0
+    disk_budget: int = 0  # 0: no disk tier
     entries: dict[int, RefEntry] = field(default_factory=dict)
     clock: int = 0
-    counters: dict[str, int] = field(default_factory=lambda: {"offloads": 0, "evictions": 0, "superseded": 0})
+    counters: dict[str, int] = field(
+        default_factory=lambda: {"offloads": 0, "evictions": 0, "superseded": 0, "spills": 0}
+    )
 
     def _tick(self) -> int:
         self.clock += 1
@@ -66,7 +95,7 @@ class ReferenceCache:
     # -- the rules
 
     def lookup(self, namespace, tokens, media) -> tuple[int, int] | None:
-        """(length, entry) of the best prefix, touching the entry; None on a miss."""
+        """(length, entry) of the best prefix, touching the entry (and reading it back from disk); None on a miss."""
         limit = len(tokens) - 1
         query_spans = tuple(sorted(media))
         best: tuple[int, int, int] | None = None  # (length, recency, eid)
@@ -89,32 +118,29 @@ class ReferenceCache:
                 break
         if best is None:
             return None
-        self.entries[best[2]].recency = self._tick()
+        hit = self.entries[best[2]]
+        hit.recency = self._tick()
+        if hit.tier == "disk":
+            hit.tier = "device"
+            self.enforce()
         return best[0], best[2]
 
-    def insert(self, eid: int, namespace, tokens, media, lo, points, nbytes) -> tuple[int, bool]:
+    def insert(self, eid: int, namespace, tokens, media, lo, points, nbytes, dbytes) -> tuple[int, bool]:
         """Apply an insert; ``eid`` is the id the real cache returned. Returns (the serving entry, whether a new
         entry was added)."""
         points = None if points is None else frozenset(points)
-        new = RefEntry(eid, namespace, list(tokens), tuple(sorted(media)), lo, points, nbytes, 0)
-        mine = new.servable()
-        covering = [
-            e
-            for e in self.entries.values()
-            if e.namespace == namespace
-            and shares_prefix(e.tokens, e.media, new.tokens, new.media)
-            and mine <= e.servable()
-        ]
+        new = RefEntry(eid, namespace, list(tokens), tuple(sorted(media)), lo, points, nbytes, dbytes, 0)
+        covering = [e for e in self.entries.values() if covers(e, new)]
         if covering:
             best = max(covering, key=lambda e: e.recency)
             best.recency = self._tick()
             return best.eid, False
         new.recency = self._tick()
+        new.file = self.disk_budget > 0 and dbytes <= self.disk_budget
         self.entries[eid] = new
-        for e in list(self.entries.values()):
-            if e.eid == eid or e.namespace != namespace:
-                continue
-            if shares_prefix(new.tokens, new.media, e.tokens, e.media) and e.servable() <= mine:
+        covered = [e for e in self.entries.values() if e.eid != eid and covers(new, e)]
+        if covered and self._would_keep(eid):
+            for e in covered:
                 if e.users:
                     e.superseded = True
                 else:
@@ -122,6 +148,11 @@ class ReferenceCache:
                     self.counters["superseded"] += 1
         self.enforce()
         return eid, True
+
+    def _would_keep(self, eid: int) -> bool:
+        trial = copy.deepcopy(self)
+        trial.enforce()
+        return eid in trial.entries
 
     def acquire(self, eid: int) -> None:
         e = self.entries[eid]
@@ -134,33 +165,84 @@ class ReferenceCache:
         e = self.entries[eid]
         e.users -= 1
         if e.superseded and not e.users:
-            del self.entries[eid]
-            self.counters["superseded"] += 1
+            e.superseded = False
+            if any(o.eid != eid and covers(o, e) for o in self.entries.values()):
+                del self.entries[eid]
+                self.counters["superseded"] += 1
         self.enforce()
 
+    def flush(self) -> None:
+        """Give a file to every entry in memory that has none and fits the disk budget, most recent first; then
+        enforce the disk budget."""
+        if self.disk_budget == 0:
+            return
+        for eid in reversed(self.lru()):
+            e = self.entries[eid]
+            if e.tier != "disk" and not e.file and e.dbytes <= self.disk_budget:
+                e.file = True
+        self.enforce_disk()
+
+    def evict_all_idle(self) -> int:
+        idle = [e for e in self.entries.values() if not e.users]
+        for e in idle:
+            del self.entries[e.eid]
+        self.counters["evictions"] += len(idle)
+        return len(idle)
+
+    # -- budgets
+
     def tier_bytes(self, tier: str) -> int:
+        if tier == "disk":
+            return sum(e.dbytes for e in self.entries.values() if e.file)
         return sum(e.nbytes for e in self.entries.values() if e.tier == tier)
 
+    def fits_alone(self, e: RefEntry, tier: str) -> bool:
+        """Whether ``e`` fits in ``tier`` beside the entries in use (and nothing else)."""
+        in_use = [o for o in self.entries.values() if o.users and o.eid != e.eid]
+        if tier == "device":
+            return self.device_budget is None or e.nbytes + sum(o.nbytes for o in in_use) <= self.device_budget
+        if tier == "host":
+            return self.host_budget is None or e.nbytes <= self.host_budget
+        return e.dbytes + sum(o.dbytes for o in in_use if o.file) <= self.disk_budget
+
     def enforce(self) -> None:
-        if self.device_budget is not None:
-            for eid in self.lru():
-                if self.tier_bytes("device") <= self.device_budget:
+        for tier, budget in (("device", self.device_budget), ("host", self.host_budget)):
+            if budget is None:
+                continue
+            idle = [self.entries[i] for i in self.lru() if self.entries[i].tier == tier and not self.entries[i].users]
+            order = [e for e in idle if not self.fits_alone(e, tier)] + idle
+            for e in order:
+                if self.tier_bytes(tier) <= budget:
                     break
-                e = self.entries[eid]
-                if e.tier != "device" or e.users:
+                if e.eid not in self.entries or e.tier != tier:
                     continue
-                if self.host_budget == 0:
-                    del self.entries[eid]
-                    self.counters["evictions"] += 1
-                else:
+                if tier == "device" and self.host_budget != 0 and self.fits_alone(e, "host"):
                     e.tier = "host"
                     self.counters["offloads"] += 1
-        if self.host_budget is not None:
-            for eid in self.lru():
-                if self.tier_bytes("host") <= self.host_budget:
+                else:
+                    self.leave_memory(e)
+        self.enforce_disk()
+
+    def enforce_disk(self) -> None:
+        if self.disk_budget > 0:
+            idle = [self.entries[i] for i in self.lru() if self.entries[i].file and not self.entries[i].users]
+            order = [e for e in idle if not self.fits_alone(e, "disk")] + idle
+            for e in order:
+                if self.tier_bytes("disk") <= self.disk_budget:
                     break
-                e = self.entries[eid]
-                if e.tier != "host" or e.users:
+                if e.eid not in self.entries or not e.file:
                     continue
-                del self.entries[eid]
-                self.counters["evictions"] += 1
+                e.file = False
+                if e.tier == "disk":
+                    del self.entries[e.eid]
+                    self.counters["evictions"] += 1
+
+    def leave_memory(self, e: RefEntry) -> None:
+        if not e.file and self.disk_budget > 0 and e.dbytes <= self.disk_budget:
+            e.file = True
+        if e.file:
+            e.tier = "disk"
+            self.counters["spills"] += 1
+        else:
+            del self.entries[e.eid]
+            self.counters["evictions"] += 1

@@ -155,3 +155,50 @@ def test_stats_count_lookups_hits_and_tokens():
     stats = cache.stats()
     assert (stats.lookups, stats.hits, stats.query_tokens, stats.hit_tokens) == (2, 1, 7, 4)
     assert stats.hit_rate == 0.5
+
+
+# -- eviction that keeps what fits (issue 14): supersession only while the successor is held, too-big entries first
+
+
+def test_an_extension_too_big_for_every_tier_leaves_the_entry_it_extends():
+    cache = PrefixCache(device_budget_bytes=nbytes([normal(5)]), host_budget_bytes=0)
+    old = cache.insert(NS, [1, 2, 3, 4, 5], [normal(5)])
+    new = cache.insert(NS, [1, 2, 3, 4, 5, 6, 7, 8], [normal(8)])
+    assert cache.entry_ids() == [old] and new != old
+    assert (cache.stats().superseded, cache.stats().evictions) == (0, 1)
+    assert cache.lookup(NS, [1, 2, 3, 4, 5, 9]).length == 5
+    cache.check_invariants()
+
+
+def test_a_superseded_entry_in_use_stays_when_its_successor_was_evicted():
+    cache = PrefixCache(device_budget_bytes=nbytes([normal(4), normal(6)]), host_budget_bytes=0)
+    old = cache.insert(NS, [1, 2, 3, 4], [normal(4)])
+    lease = cache.acquire(cache.lookup(NS, [1, 2, 3, 4, 9]), NS)  # the turn: acquire ...
+    new = cache.insert(NS, [1, 2, 3, 4, 5, 6], [normal(6)])  # ... insert prompt + reply ...
+    other = cache.insert(NS, [7, 8, 9, 10], [normal(4)])  # (another session's turn pushes the new entry out)
+    assert new not in cache.entry_ids()
+    cache.release(lease)  # ... release: the old entry is all that serves [1, 2, 3, 4] now
+    assert cache.entry_ids() == [old, other]
+    assert cache.lookup(NS, [1, 2, 3, 4, 9]).length == 4
+    assert cache.stats().superseded == 0
+    cache.check_invariants()
+
+
+def test_a_superseded_entry_in_use_goes_at_release_while_its_successor_is_held():
+    cache = PrefixCache(device_budget_bytes=nbytes([normal(4), normal(6)]), host_budget_bytes=0)
+    cache.insert(NS, [1, 2, 3, 4], [normal(4)])
+    lease = cache.acquire(cache.lookup(NS, [1, 2, 3, 4, 9]), NS)
+    new = cache.insert(NS, [1, 2, 3, 4, 5, 6], [normal(6)])
+    cache.release(lease)
+    assert cache.entry_ids() == [new] and cache.stats().superseded == 1
+    cache.check_invariants()
+
+
+def test_an_entry_too_big_for_every_tier_does_not_push_out_one_that_fits():
+    cache = PrefixCache(device_budget_bytes=nbytes([normal(6)]), host_budget_bytes=nbytes([normal(6)]))
+    small = cache.insert(NS, four(10), [normal(4)])
+    big = cache.insert(NS, [20 + i for i in range(8)], [normal(8)])  # fits neither tier alone
+    assert cache.entry_ids() == [small] and big not in cache.entry_ids()
+    assert tiers(cache) == {small: DEVICE}
+    assert cache.stats().evictions == 1 and cache.stats().offloads == 0
+    cache.check_invariants()

@@ -1,26 +1,47 @@
-"""Property test: the radix-indexed cache agrees with the linear-scan reference on random workloads.
+"""Property test: the radix-indexed cache agrees with the linear-scan reference on random workloads, and never loses
+what its budgets allowed it to keep.
 
-Random sequences share prefixes (each new one extends or edits an earlier one), carry media spans, and go into
-namespaces whose layouts mix normal, rotating, recurrent and stateless layers; budgets are small enough that offload
-and eviction happen. After every step ``check_invariants()`` must hold and both caches must agree on every answer,
-on which entries they hold and on which tier each one is.
+Random sequences share prefixes (each new one extends or edits an earlier one, or extends a prefix in use, as a turn
+does), carry media spans, and go into namespaces whose layouts mix normal, rotating, recurrent and stateless layers.
+Budgets are random (device, host and disk: files in a temporary directory, written by the real background writer),
+small enough that offload, spills to disk, eviction and read-back happen. Operations are random too: insert, lookup
+(then maybe acquire; often the next turn of an earlier sequence, or of an entry held only on disk), extend a leased
+prefix, release, evict, flush (wait for the writer, so that later read-backs
+come from the files).
+
+After every step:
+
+- ``check_invariants()`` holds;
+- **no loss without an eviction**: an entry dropped in the step whose servable lengths are not all served by the
+  entries held afterwards counts as a loss; losses never outnumber the step's evictions (a supersession is never a
+  loss: what superseded the entry must still be held);
+- **never empty where something fit**: if no idle entry is left after a step other than ``evict()``, no entry that was
+  idle before the step (or inserted in it) and would fit in some tier beside the entries in use was lost;
+- both caches agree on every answer, on which entries they hold, on each one's tier and file, and on the counters.
 """
 
 from __future__ import annotations
 
+import tempfile
+from dataclasses import dataclass
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache import MediaKind, MediaSpan, Namespace, PrefixCache
+from cache.disk_format import payload_bytes
 from tests.cache.helpers import nbytes, normal, recurrent, rotating, stateless
-from tests.cache.reference import ReferenceCache
+from tests.cache.reference import RefEntry, ReferenceCache, spans_before
 
 LAYOUTS = ("normal", "rotating", "recurrent", "rotating+recurrent", "stateless")
 WINDOW = 3
+UNIT = nbytes([normal(6)]) // 4  # 24 bytes: a budget step
 
 
-def build(layout: str, length: int, data) -> tuple[list, int, set[int] | None]:
-    """Layers for a sequence of ``length`` tokens, and what the reference needs: rotating lo, recurrent points."""
+def build(layout: str, length: int, data, carry: frozenset[int] = frozenset()) -> tuple[list, int, set[int] | None]:
+    """Layers for a sequence of ``length`` tokens, and what the reference needs: rotating lo, recurrent points.
+    ``carry``: snapshot lengths inherited from the entry this one extends (as the engine carries them on)."""
     lo, points = 0, None
     layers = []
     if layout in ("rotating", "rotating+recurrent"):
@@ -29,7 +50,7 @@ def build(layout: str, length: int, data) -> tuple[list, int, set[int] | None]:
         layers.append(layer)
         lo = layer.shortest()
     if layout in ("recurrent", "rotating+recurrent"):
-        points = set(data.draw(st.sets(st.integers(1, length)), label="snapshots")) | {length}
+        points = set(data.draw(st.sets(st.integers(1, length)), label="snapshots")) | {length} | set(carry)
         layers.append(recurrent(points))
     if layout in ("normal", "rotating", "recurrent"):
         layers.append(normal(length))
@@ -43,7 +64,7 @@ def sequences(draw, earlier: list):
     """A token sequence with media, often sharing a prefix with an earlier one."""
     if earlier and draw(st.booleans()):
         base_tokens, base_media = draw(st.sampled_from(earlier))
-        cut = draw(st.integers(0, len(base_tokens)))
+        cut = draw(st.just(len(base_tokens)) | st.integers(0, len(base_tokens)))  # often a whole earlier one
         tokens = list(base_tokens[:cut])
         media = [s for s in base_media if s.end <= cut]
     else:
@@ -62,32 +83,159 @@ def sequences(draw, earlier: list):
     return tokens, media
 
 
+@dataclass
+class Budgets:
+    device: int | None
+    host: int | None
+    disk: int
+
+    def fits_somewhere(self, e: RefEntry, in_use: list[RefEntry], files: dict[int, bool]) -> bool:
+        """Whether ``e`` would fit in some tier beside the entries in use and nothing else."""
+        if self.device is None or e.nbytes + sum(o.nbytes for o in in_use) <= self.device:
+            return True
+        if self.host != 0 and (self.host is None or e.nbytes <= self.host):
+            return True
+        return self.disk > 0 and e.dbytes + sum(o.dbytes for o in in_use if files.get(o.eid)) <= self.disk
+
+
+def served(held: list[RefEntry], e: RefEntry, n: int) -> bool:
+    """Whether some held entry serves ``e``'s prefix of length ``n``."""
+    return any(
+        f.namespace == e.namespace
+        and n in f.servable()
+        and f.tokens[:n] == e.tokens[:n]
+        and spans_before(f.media, n) == spans_before(e.media, n)
+        for f in held
+    )
+
+
+def lossy(e: RefEntry, held: list[RefEntry]) -> bool:
+    return any(not served(held, e, n) for n in e.servable())
+
+
+def check_nothing_lost(real, known, before, budgets, leases, evictions_before, op, inserted):
+    """The two loss properties of the module docstring, from the entries' own descriptions (no reference)."""
+    after_ids = real.entry_ids()
+    held = [known[i] for i in after_ids]
+    dropped = [known[i] for i in before if i not in set(after_ids)]
+    losses = [e.eid for e in dropped if lossy(e, held)]
+    evicted = real.stats().evictions - evictions_before
+    assert len(losses) <= evicted, f"{op}: entries {losses} lost, {evicted} evicted"
+    if op == "evict":
+        return
+    in_use_ids = {lease.entry for lease in leases}
+    if any(i not in in_use_ids for i in after_ids):
+        return
+    in_use = [known[i] for i in in_use_ids]
+    files = {i: real.entry_has_file(i) for i in after_ids}
+    candidates = [known[i] for i in before if before[i] == 0] + [known[i] for i in inserted]
+    for e in candidates:
+        if e.eid not in after_ids and budgets.fits_somewhere(e, in_use, files):
+            assert not lossy(e, held), f"{op}: nothing idle is left, but entry {e.eid} fit and was lost"
+
+
+def budget(most: int, *kinds: str):
+    """A byte budget: "few" (2 to ``most`` steps: a few entries' worth), "zero" or "none" (unlimited)."""
+    values = {"zero": lambda k: 0, "none": lambda k: None, "few": lambda k: k * UNIT}
+    return st.tuples(st.sampled_from(kinds), st.integers(2, most)).map(lambda pair: values[pair[0]](pair[1]))
+
+
+KINDS = {  # (device, host, disk) budget kinds in each run of the test
+    "memory": (("few", "few", "few", "zero", "none"), ("zero", "zero", "few", "none"), ("zero",)),
+    "disk": (("few", "few", "zero"), ("zero", "few"), ("few",)),  # entries leave memory often, for the disk
+}
+
+
+@pytest.mark.parametrize("tiers", sorted(KINDS))
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_cache_agrees_with_linear_reference(data):
+def test_cache_agrees_with_linear_reference_and_keeps_what_fits(tiers, data):
     namespaces = [Namespace("m", "float32"), Namespace("m", "float32", salt="t2")]
     layouts = {ns: data.draw(st.sampled_from(LAYOUTS), label="layout") for ns in namespaces}
-    unit = nbytes([normal(6)])
-    device_budget = data.draw(st.sampled_from([None, 4 * unit, 10 * unit]), label="device budget")
-    host_budget = data.draw(st.sampled_from([0, None, 6 * unit]), label="host budget")
-    real = PrefixCache(device_budget_bytes=device_budget, host_budget_bytes=host_budget)
-    ref = ReferenceCache(device_budget, host_budget)
-    seen: list = []
+    budgets = Budgets(
+        device=data.draw(budget(24, *KINDS[tiers][0]), label="device budget"),
+        host=data.draw(budget(24, *KINDS[tiers][1]), label="host budget"),
+        disk=data.draw(budget(64, *KINDS[tiers][2]), label="disk budget"),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        real = PrefixCache(
+            device_budget_bytes=budgets.device,
+            host_budget_bytes=budgets.host,
+            disk_dir=tmp,
+            disk_budget_bytes=budgets.disk,
+            disk_chunk_tokens=data.draw(st.integers(2, 5), label="chunk tokens"),
+        )
+        try:
+            run_steps(
+                data, real, ReferenceCache(budgets.device, budgets.host, budgets.disk), budgets, namespaces, layouts
+            )
+        finally:
+            real.close(timeout=10)
+
+
+def run_steps(data, real: PrefixCache, ref: ReferenceCache, budgets: Budgets, namespaces, layouts) -> None:
+    seen: dict[Namespace, list] = {ns: [] for ns in namespaces}  # sequences inserted, per namespace
     leases: list = []
+    known: dict[int, RefEntry] = {}  # every entry ever added, as the reference first described it
+
+    def insert(ns, tokens, media, carry=frozenset()) -> int:
+        layers, lo, points = build(layouts[ns], len(tokens), data, carry)
+        before = set(ref.entries)
+        eid = real.insert(ns, tokens, layers, media=media)
+        served_by, added = ref.insert(eid, ns, tokens, media, lo, points, nbytes(layers), payload_bytes(layers))
+        assert served_by == eid and added == (eid not in before)
+        if added:
+            known[eid] = RefEntry(
+                eid,
+                ns,
+                list(tokens),
+                tuple(sorted(media)),
+                lo,
+                None if points is None else frozenset(points),
+                nbytes(layers),
+                payload_bytes(layers),
+                0,
+            )
+        seen[ns].append((tokens, media))
+        return eid if added else -1
 
     for _ in range(data.draw(st.integers(5, 30), label="steps")):
-        op = data.draw(st.sampled_from(["insert", "insert", "lookup", "lookup", "release", "evict"]), label="op")
+        op = data.draw(
+            st.sampled_from(["insert", "lookup", "lookup", "reread", "extend", "extend", "release", "evict", "flush"])
+        )
         ns = data.draw(st.sampled_from(namespaces), label="namespace")
+        on_disk = [i for i in real.entry_ids() if real.entry_tier(i) == "disk"]
+        query = None
+        if op == "reread" and on_disk:  # the next turn of a conversation held only on disk
+            e = known[data.draw(st.sampled_from(on_disk), label="disk entry")]
+            if data.draw(st.booleans(), label="from its file"):  # else maybe from the writer's queue
+                assert real.flush(timeout=10)
+                ref.flush()
+            op, ns, query = "lookup", e.namespace, ([*e.tokens, 1], list(e.media))
+        before = {i: len([lease for lease in leases if lease.entry == i]) for i in real.entry_ids()}
+        evictions_before = real.stats().evictions
+        inserted: list[int] = []
         if op == "insert":
-            tokens, media = data.draw(sequences(seen), label="sequence")
-            layers, lo, points = build(layouts[ns], len(tokens), data)
-            before = set(ref.entries)
-            eid = real.insert(ns, tokens, layers, media=media)
-            served, added = ref.insert(eid, ns, tokens, media, lo, points, nbytes(layers))
-            assert served == eid and added == (eid not in before)
-            seen.append((tokens, media))
+            tokens, media = data.draw(sequences(seen[ns]), label="sequence")
+            inserted.append(insert(ns, tokens, media))
+        elif op == "extend" and real.entry_ids():  # a turn: a reply extends a prefix in use, or a whole entry
+            if leases and data.draw(st.booleans(), label="extend a lease"):
+                lease = data.draw(st.sampled_from(leases), label="lease")
+                base, length, media = known[lease.entry], lease.length, list(lease.media)
+            else:
+                base = known[data.draw(st.sampled_from(real.entry_ids()), label="entry")]
+                length, media = len(base.tokens), list(base.media)
+            tail = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=6), label="tail")
+            carry = frozenset(p for p in base.points or () if p <= length)
+            inserted.append(insert(base.namespace, base.tokens[:length] + tail, media, carry))
         elif op == "lookup":
-            tokens, media = data.draw(sequences(seen), label="query")
+            if query is not None:
+                tokens, media = query
+            elif seen[ns] and data.draw(st.booleans(), label="the next turn of an earlier sequence"):
+                tokens, media = data.draw(st.sampled_from(seen[ns]), label="earlier")
+                tokens = [*tokens, 1]
+            else:
+                tokens, media = data.draw(sequences(seen[ns]), label="query")
             match = real.lookup(ns, tokens, media)
             expected = ref.lookup(ns, tokens, media)
             assert (None if match is None else (match.length, match.entry)) == expected
@@ -103,20 +251,22 @@ def test_cache_agrees_with_linear_reference(data):
             real.release(lease)
             ref.release(lease.entry)
         elif op == "evict":
-            dropped = real.evict()
-            idle = [e for e in ref.entries.values() if not e.users]
-            for e in idle:
-                del ref.entries[e.eid]
-            ref.counters["evictions"] += len(idle)
-            assert dropped == len(idle)
+            assert real.evict() == ref.evict_all_idle()
+        elif op == "flush":  # every queued file written: later read-backs come from the files, not the queue
+            assert real.flush(timeout=10)
+            ref.flush()
         real.check_invariants()
+        inserted = [i for i in inserted if i >= 0]
+        check_nothing_lost(real, known, before, budgets, leases, evictions_before, op, inserted)
         assert real.entry_ids() == ref.lru()
         assert {e: real.entry_tier(e) for e in real.entry_ids()} == {e.eid: e.tier for e in ref.entries.values()}
+        assert {e: real.entry_has_file(e) for e in real.entry_ids()} == {e.eid: e.file for e in ref.entries.values()}
         stats = real.stats()
-        assert (stats.offloads, stats.evictions, stats.superseded) == (
+        assert (stats.offloads, stats.evictions, stats.superseded, stats.spills) == (
             ref.counters["offloads"],
             ref.counters["evictions"],
             ref.counters["superseded"],
+            ref.counters["spills"],
         )
     for lease in leases:
         real.release(lease)

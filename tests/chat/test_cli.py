@@ -39,6 +39,8 @@ def test_bench_cache_prints_one_json_object_with_the_issue_keys(capsys):
         "lookup_speedup",
         "materialize_ms_4k",
         "conversation_bytes_ratio",
+        "disk_write_ms_4k",
+        "disk_read_ms_4k",
     ):
         assert isinstance(result[key], float) and result[key] > 0
     assert result["entries"] == 200
@@ -69,3 +71,16 @@ def test_serve_refuses_engine_settings_out_of_range_naming_the_setting(flags, na
         main(["serve", "--model", "tiny-llama", *flags])
     message = str(refused.value) + capsys.readouterr().err
     assert named in message
+
+
+def test_serve_flags_of_the_disk_tier(monkeypatch, tmp_path):
+    from chat.cli import _settings, build_parser
+
+    monkeypatch.setenv("TURNCACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TURNCACHE_CACHE_DIR", raising=False)
+    default = _settings(build_parser().parse_args(["serve"]))
+    assert default.cache_dir == str(tmp_path / "prefix-cache") and default.disk_budget == 8 * 2**30
+    off = _settings(build_parser().parse_args(["serve", "--cache-dir", "", "--disk-budget", "0"]))
+    assert off.cache_dir == "" and off.disk_budget == 0
+    with pytest.raises(SystemExit, match="--disk-budget"):
+        _settings(build_parser().parse_args(["serve", "--disk-budget", "-1"]))
