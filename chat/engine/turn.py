@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cache import Lease, MediaSpan, Namespace, PrefixCache
+from cache import Lease, LeaseError, MediaSpan, Namespace, PrefixCache
 from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.errors import ContextOverflowError, InvalidMediaError
 from chat.engine.events import Delta, Done, Event, Timings, TurnRequest, Usage
@@ -44,6 +44,7 @@ from modalities.errors import MediaError
 
 PREFILL_CHUNK = 256  # prefill tokens per step when a turn runs alone (the scheduler sets its own budget)
 DRAFT_TOKENS = 4  # most draft tokens verified per decode step (greedy replies on runtimes that can rewind)
+RESTORE_ATTEMPTS = 3  # lookups tried when the matched entry was dropped before it could be acquired
 
 
 class Phase(enum.Enum):
@@ -197,11 +198,7 @@ class Turn:
         if len(self.prompt) >= rt.context_window:
             raise ContextOverflowError(len(self.prompt), rt.context_window)
         self.reply.max_tokens = min(self.reply.max_tokens, rt.context_window - len(self.prompt))
-        match = self.cache.lookup(self.namespace, self.prompt, self.media) if self.cache is not None else None
-        if match is not None:
-            self._lease = self.cache.acquire(match, self.namespace)
-            self.cached_tokens = match.length
-            self._fed = self.prompt[: match.length]
+        self._restore()
         try:
             self._run = rt.new_run(self._lease, rendered)
         except BaseException:
@@ -209,6 +206,21 @@ class Turn:
             raise
         self._stops_at = self._prefill_stops()
         self.phase = Phase.PREFILL
+
+    def _restore(self) -> None:
+        """Acquire the best cached prefix. An entry can be dropped between the lookup and the acquire (its disk file
+        failed to read back): then look again, and at worst compute the whole prompt."""
+        for _ in range(RESTORE_ATTEMPTS):
+            match = self.cache.lookup(self.namespace, self.prompt, self.media) if self.cache is not None else None
+            if match is None:
+                return
+            try:
+                self._lease = self.cache.acquire(match, self.namespace)
+            except LeaseError:
+                continue
+            self.cached_tokens = match.length
+            self._fed = self.prompt[: match.length]
+            return
 
     def _prefill_stops(self) -> list[int]:
         """Where prefill stops: the end of the system prompt (recurrent models only) and the end of the prompt."""

@@ -190,3 +190,25 @@ def test_stop_matcher_cuts_at_the_earliest_stop_in_one_push():
     held = StopMatcher(["END"])
     assert held.push("the EN") == ("the ", False)
     assert held.push("D!") == ("", True)
+
+
+def test_an_entry_dropped_between_lookup_and_acquire_is_looked_up_again():
+    from cache import LeaseError
+
+    rt, cache = FakeRuntime(), PrefixCache()
+    messages = [{"role": "user", "content": "x" * 50}]
+    first = turn(rt, cache, messages)
+    real_acquire, failures = cache.acquire, []
+
+    def flaky(match, namespace):
+        if not failures:
+            failures.append(match)
+            raise LeaseError("dropped after the lookup")
+        return real_acquire(match, namespace)
+
+    cache.acquire = flaky
+    again = turn(rt, cache, [*messages, {"role": "assistant", "content": first.text}, {"role": "user", "content": "y"}])
+    assert failures and again.usage.cached_tokens > 0 and again.finish_reason == "stop"
+    cache.acquire = lambda match, namespace: (_ for _ in ()).throw(LeaseError("always"))
+    cold = turn(rt, cache, [*messages, {"role": "assistant", "content": first.text}, {"role": "user", "content": "z"}])
+    assert cold.usage.cached_tokens == 0 and cold.finish_reason == "stop"  # computed whole, not failed
