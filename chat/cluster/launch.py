@@ -1,0 +1,140 @@
+"""Build the Ray Serve application of a cluster, start or join Ray, and run ``turncache serve --replicas N``.
+
+The application: ``ClusterIngress`` (one replica, no CPU reserved) in front of ``EngineReplica`` x N, routed by
+``TurncacheRouter``. Ray Serve's HTTP proxy listens on ``--host`` / ``--port`` of the head node and hands every
+request (WebSockets included) to the ingress.
+
+Workers import this package from the same place as this process (its directory is put on their ``PYTHONPATH``):
+on other machines turncache must be installed at the same version (see docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import ray
+from ray import serve
+from ray.serve.config import HTTPOptions, RequestRouterConfig
+from ray.serve.schema import LoggingConfig
+
+from chat.cluster.ingress import ENGINE_DEPLOYMENT, ClusterIngress
+from chat.cluster.replica import EngineReplica
+from chat.cluster.settings import ClusterSettings
+from chat.server.settings import ServerSettings
+
+APP_NAME = "turncache"  # the Ray Serve application's name
+INGRESS_DEPLOYMENT = "ClusterIngress"
+ROUTER_CLASS = "chat.cluster.ray_router.TurncacheRouter"
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the chat, cache and modalities packages
+QUIET = LoggingConfig(log_level="WARNING", enable_access_log=False)
+
+
+def runtime_env() -> dict:
+    """What every worker of this job needs: this package on its path, the same model home, no Hub access."""
+    paths = [str(SOURCE_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), "HF_HUB_OFFLINE": "1"}
+    for name in ("TURNCACHE_HOME",):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    return {"env_vars": env}
+
+
+def build_application(settings: ServerSettings, cluster: ClusterSettings):
+    """The bound application (``serve.run`` it). Nothing starts until then."""
+    policy = {"mode": cluster.router, "imbalance": cluster.route_imbalance}
+    engine_options: dict = {
+        "name": ENGINE_DEPLOYMENT,
+        "num_replicas": cluster.replicas,
+        "max_ongoing_requests": cluster.max_turns_per_replica,
+        "ray_actor_options": {"num_cpus": cluster.replica_cpus, "runtime_env": runtime_env()},
+        "request_router_config": RequestRouterConfig(
+            request_router_class=ROUTER_CLASS, request_router_kwargs={"policy": policy}
+        ),
+        "logging_config": QUIET,
+        "graceful_shutdown_timeout_s": 5,
+        "health_check_period_s": 5,
+    }
+    if cluster.max_replicas_per_node is not None:
+        engine_options["max_replicas_per_node"] = cluster.max_replicas_per_node
+    engines = serve.deployment(EngineReplica, **engine_options)
+    ingress = serve.deployment(
+        serve.ingress()(ClusterIngress),
+        name=INGRESS_DEPLOYMENT,
+        num_replicas=1,
+        max_ongoing_requests=settings.max_sessions + 256,  # each open WebSocket is one request for its whole life
+        ray_actor_options={"num_cpus": 0, "runtime_env": runtime_env()},
+        logging_config=QUIET,
+        graceful_shutdown_timeout_s=5,
+    )
+    threads = max(1, int(cluster.replica_cpus))
+    return ingress.bind(engines.bind(settings, threads), settings, policy, cluster.route_block_tokens)
+
+
+def connect(address: str | None, *, num_cpus: int | None = None) -> bool:
+    """Join the Ray cluster at ``address``, or start a local one (no dashboard); True when it was started here."""
+    if address:
+        ray.init(address=address, runtime_env=runtime_env(), logging_level=logging.WARNING, log_to_driver=False)
+        return False
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        runtime_env=runtime_env(),
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
+    return True
+
+
+def deploy(settings: ServerSettings, cluster: ClusterSettings, *, name: str = APP_NAME, route_prefix: str = "/"):
+    """Start Serve's proxy on ``settings.host:settings.port`` (the first time) and run the app; returns when every
+    replica is up. The caller must be connected to Ray (:func:`connect`)."""
+    serve.start(http_options=HTTPOptions(host=settings.host, port=settings.port), proxy_location="HeadOnly")
+    return serve.run(build_application(settings, cluster), name=name, route_prefix=route_prefix)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, *, num_cpus: int | None = None) -> Iterator[bool]:
+    """Connected to Ray for the block (True when the cluster was started here); Serve and Ray are shut down after."""
+    started = connect(address, num_cpus=num_cpus)
+    try:
+        yield started
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown() if started else serve.delete(APP_NAME)
+        ray.shutdown()
+
+
+def serve_cluster(settings: ServerSettings, cluster: ClusterSettings) -> int:
+    """``turncache serve --replicas N``: run until interrupted."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.port == 0:
+        settings = settings.model_copy(update={"port": free_port(settings.host)})
+    where = cluster.ray_address or "a local Ray instance"
+    print(
+        f"turncache: starting {cluster.replicas} replica(s) of {settings.model} on {where} "
+        f"(router: {cluster.router}) ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    with ray_session(cluster.ray_address):
+        deploy(settings, cluster)
+        print(f"turncache: serving {settings.model} on http://{settings.host}:{settings.port}/", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("turncache: stopping", file=sys.stderr, flush=True)
+    return 0
