@@ -16,7 +16,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import ray
@@ -93,10 +93,18 @@ def connect(address: str | None, *, num_cpus: int | None = None) -> bool:
 
 
 def deploy(settings: ServerSettings, cluster: ClusterSettings, *, name: str = APP_NAME, route_prefix: str = "/"):
-    """Start Serve's proxy on ``settings.host:settings.port`` (the first time) and run the app; returns when every
-    replica is up. The caller must be connected to Ray (:func:`connect`)."""
-    serve.start(http_options=HTTPOptions(host=settings.host, port=settings.port), proxy_location="HeadOnly")
-    return serve.run(build_application(settings, cluster), name=name, route_prefix=route_prefix)
+    """Start Serve's proxy on ``settings.host:settings.port`` (the first time) and run the app; returns the
+    ingress's handle when every replica is up. The caller must be connected to Ray (:func:`connect`)."""
+    return deploy_many([(name, route_prefix, settings, cluster)])[0]
+
+
+def deploy_many(apps: Sequence[tuple[str, str, ServerSettings, ClusterSettings]]) -> list:
+    """Several apps ``(name, route_prefix, settings, cluster)`` started together (replicas load in parallel); the
+    proxy listens where the first one's settings say. Returns their ingresses' handles."""
+    first = apps[0][2]
+    serve.start(http_options=HTTPOptions(host=first.host, port=first.port), proxy_location="HeadOnly")
+    targets = [serve.RunTarget(target=build_application(s, c), name=n, route_prefix=p) for n, p, s, c in apps]
+    return serve.run_many(targets)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

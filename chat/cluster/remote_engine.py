@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import uuid
 from collections import OrderedDict, deque
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from ray.exceptions import RayError, RayTaskError
 
 from chat.cluster.prompt_keys import PromptKeyer
-from chat.cluster.routing import RouteKey, RoutingTable
+from chat.cluster.routing import RouteKey, RoutingTable, SessionRef
 from chat.cluster.wire import Failed, ReplicaLostError, ReplicaReport, Served, ToReplica, TurnCall
 from chat.engine.errors import EngineError
 from chat.engine.generation import Done, Event, Timings, TurnRequest, Usage
@@ -85,7 +86,7 @@ class RemoteEngine:
 
     # ---------------------------------------------------------------- the engine surface
 
-    async def generate(self, request: TurnRequest, session_id: str | None = None) -> AsyncIterator[Event]:
+    async def generate(self, request: TurnRequest, session: SessionRef | None = None) -> AsyncIterator[Event]:
         """Delta ... Done, as ``Engine.generate``; a lost replica ends the turn with a Done whose ``error`` is a
         :class:`ReplicaLostError` (so a stream that began can still end with a typed error).
 
@@ -93,16 +94,16 @@ class RemoteEngine:
             EngineError: the replica's engine refused the turn before computing (context overflow, bad media...).
         """
         try:
-            async for event in self._turn(request, session_id, RemoteJob()):
+            async for event in self._turn(request, session, RemoteJob()):
                 yield event
         except ReplicaLostError as exc:
             yield Done("", (), "error", Usage(0, 0, 0), Timings(0.0, 0.0, 0.0, 0.0), error=exc)
 
-    def submit(self, request: TurnRequest, sink: Sink, session_id: str | None = None) -> RemoteJob:
+    def submit(self, request: TurnRequest, sink: Sink, session: SessionRef | None = None) -> RemoteJob:
         """Run a turn; ``sink`` gets its events on the event loop, then possibly an EngineError (a
         :class:`ReplicaLostError` when its replica was lost). Returns a handle to cancel it."""
         job = RemoteJob(call_id=uuid.uuid4().hex, on_cancel=self._cancel)
-        job.task = asyncio.get_running_loop().create_task(self._drive(request, sink, session_id, job))
+        job.task = asyncio.get_running_loop().create_task(self._drive(request, sink, session, job))
         return job
 
     def active_turns(self) -> int:
@@ -116,28 +117,28 @@ class RemoteEngine:
 
     # ---------------------------------------------------------------- sessions
 
-    def claim(self, session: Session | None) -> str | None:
-        """The session id if ``session`` has a turn in progress that was not sent yet (it is then marked sent)."""
+    def claim(self, session: Session | None) -> SessionRef | None:
+        """``session``'s reference if it has a turn in progress that was not sent yet (it is then marked sent)."""
         if session is None or session.turn_id is None or self._claimed.get(session.id) == session.turn_id:
             return None
         self._claimed[session.id] = session.turn_id
         self._claimed.move_to_end(session.id)
         while len(self._claimed) > MAX_CLAIMED:
             self._claimed.popitem(last=False)
-        return session.id
+        return SessionRef(session.id, first_turn=not session.messages)
 
     # ---------------------------------------------------------------- replicas
 
     async def describe(self) -> dict:
         """The model and identity of one replica (also makes Ray Serve build this process's router)."""
-        return await self._handle.describe.remote()
+        return await _call(self._handle.describe)
 
     async def reports(self) -> list[ReplicaReport]:
         """Every live replica's report; a replica that does not answer within REPORT_TIMEOUT_S is left out."""
 
         async def one(replica: str) -> ReplicaReport | None:
             try:
-                return await asyncio.wait_for(self._handle.report.remote(ToReplica(replica)), REPORT_TIMEOUT_S)
+                return await asyncio.wait_for(_call(self._handle.report, ToReplica(replica)), REPORT_TIMEOUT_S)
             except (TimeoutError, RayError) as exc:
                 log.warning("replica %s did not report: %s", replica, type(exc).__name__)
                 return None
@@ -148,13 +149,13 @@ class RemoteEngine:
 
     # ---------------------------------------------------------------- internals
 
-    async def _turn(self, request: TurnRequest, session_id: str | None, job: RemoteJob) -> AsyncIterator[Event]:
+    async def _turn(self, request: TurnRequest, session: SessionRef | None, job: RemoteJob) -> AsyncIterator[Event]:
         """The turn's events. Raises the engine's refusal (EngineError) or ReplicaLostError."""
         job.call_id = job.call_id or uuid.uuid4().hex
         digests: tuple[int, ...] = ()
         if self.keyer is not None:
             digests = await asyncio.to_thread(self.keyer.digests, request.messages, request.salt)
-        stream = self._stream.run_turn.remote(TurnCall(RouteKey(job.call_id, session_id, digests), request))
+        stream = _call(self._stream.run_turn, TurnCall(RouteKey(job.call_id, session, digests), request))
         done: Done | None = None
         try:
             async for item in stream:
@@ -185,11 +186,11 @@ class RemoteEngine:
             if done is None:
                 stream.cancel()  # nobody reads it any more: the replica stops the engine turn
             if job.replica is not None:
-                self.log.append(self._logged(job, session_id, done))
+                self.log.append(self._logged(job, session, done))
 
-    async def _drive(self, request: TurnRequest, sink: Sink, session_id: str | None, job: RemoteJob) -> None:
+    async def _drive(self, request: TurnRequest, sink: Sink, session: SessionRef | None, job: RemoteJob) -> None:
         try:
-            async for event in self._turn(request, session_id, job):
+            async for event in self._turn(request, session, job):
                 sink(event)
         except EngineError as exc:
             sink(exc)
@@ -200,20 +201,30 @@ class RemoteEngine:
     def _cancel(self, job: RemoteJob) -> None:
         if job.replica is None:
             return  # not routed yet: cancelled as soon as the replica announces itself
-        call = self._handle.cancel_turn.remote(ToReplica(job.replica), job.call_id)
+        call = _call(self._handle.cancel_turn, ToReplica(job.replica), job.call_id)
         asyncio.get_running_loop().create_task(_quietly(call))
 
     @staticmethod
-    def _logged(job: RemoteJob, session_id: str | None, done: Done | None) -> Routed:
+    def _logged(job: RemoteJob, session: SessionRef | None, done: Done | None) -> Routed:
         ok = done is not None and done.finish_reason != "error"
         usage = done.usage if ok else None
         return Routed(
             job.call_id,
-            session_id,
+            session.id if session else None,
             job.replica or "",
             usage.cached_tokens if usage else None,
             usage.prompt_tokens if usage else None,
         )
+
+
+def _call(method, *args):
+    """``method.remote(*args)``, made outside the Serve request this code may be handling.
+
+    Ray Serve gives every call made while handling a request that request's internal id, and its router matches
+    replicas to waiting calls by that id: of two calls in flight from one request (two turns of one WebSocket, the
+    reports of one /metrics), the second would never be sent. In an empty context each call gets an id of its own.
+    """
+    return contextvars.Context().run(method.remote, *args)
 
 
 async def _quietly(call) -> None:

@@ -3,8 +3,10 @@
 The rule (``mode="prefix"``), for a turn with key :class:`RouteKey` over the live replicas:
 
 1. **session**: a session turn goes to the replica its session is pinned to, whatever that replica's load: moving
-   a session costs a full re-prefill, and a session runs one turn at a time. A session is pinned by its first turn
-   (rules 2-3) and stays pinned until its replica is lost; then its next turn is routed by rules 2-3 again.
+   a session costs a full re-prefill, and a session runs one turn at a time. A session's first turn is pinned by
+   rule 3 (sessions that share only a system prompt would otherwise all pin to the replica that saw it first); a
+   session that lost its pin (its replica was lost, or the ingress restarted) is pinned by rules 2-3, which find
+   the replica still holding its conversation if there is one.
 2. **prefix**: otherwise, the replica that last served the longest of the turn's block digests (see
    :mod:`chat.cluster.prompt_keys`) is *preferred*; the turn goes there unless that replica runs more than
    ``imbalance`` turns more than the least-loaded replica.
@@ -43,11 +45,19 @@ class Rule(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class SessionRef:
+    """The WebSocket session a turn belongs to."""
+
+    id: str  # the session id
+    first_turn: bool = False  # nothing answered in it yet
+
+
+@dataclass(frozen=True, slots=True)
 class RouteKey:
     """What the router reads from a turn."""
 
     call_id: str  # unique per turn sent to a replica (the table's handle on it until `finished`)
-    session_id: str | None  # the WebSocket session of the turn; None for stateless turns
+    session: SessionRef | None = None  # None for stateless turns
     digests: tuple[int, ...] = ()  # block digests of the rendered prompt (chat.cluster.prompt_keys)
 
 
@@ -187,12 +197,12 @@ class RoutingTable:
         if self.policy.mode == "round_robin":
             replica = usable[next(self._rotation) % len(usable)]
             return Decision(replica, Rule.ROUND_ROBIN, 0, self._ranked(replica, usable))
-        pinned = self._pins.get(key.session_id) if key.session_id is not None else None
+        session = key.session
+        pinned = self._pins.get(session.id) if session is not None else None
         if pinned in usable:
-            self._pins.move_to_end(key.session_id)
             return Decision(pinned, Rule.SESSION, 0, self._ranked(pinned, usable))
         least = self._least_loaded(usable)
-        preferred, matched = self._longest_match(key.digests, usable)
+        preferred, matched = (None, 0) if session and session.first_turn else self._longest_match(key.digests, usable)
         if preferred is not None and self._inflight[preferred] - self._inflight[least] <= self.policy.imbalance:
             return Decision(preferred, Rule.PREFIX, matched, self._ranked(preferred, usable))
         return Decision(least, Rule.LEAST_LOADED, 0, self._ranked(least, usable))
@@ -219,8 +229,8 @@ class RoutingTable:
         self._routed[(replica, rule)] += 1
         if self.policy.mode == "round_robin":
             return
-        if key.session_id is not None:
-            self._pin(key.session_id, replica)
+        if key.session is not None:
+            self._pin(key.session.id, replica)
         for digest in key.digests:
             self._blocks[digest] = replica
             self._blocks.move_to_end(digest)
