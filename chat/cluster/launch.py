@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
-import time
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -125,8 +126,26 @@ def ray_session(address: str | None = None, *, num_cpus: int | None = None) -> I
         ray.shutdown()
 
 
+def deploy_failure(name: str = APP_NAME) -> str:
+    """Why the app did not start: the last line of each failed deployment's error (a replica's exception)."""
+    try:
+        app = serve.status().applications[name]
+    except Exception:  # Serve itself is gone: nothing more to say
+        return "Ray Serve did not report why"
+    reasons = []
+    for deployment, status in app.deployments.items():
+        lines = [line for line in (status.message or "").splitlines() if line.strip()]
+        if lines and "FAILED" in str(status.status):
+            reasons.append(f"{deployment}: {lines[-1].strip()}")
+    return "; ".join(dict.fromkeys(reasons)) or app.message
+
+
 def serve_cluster(settings: ServerSettings, cluster: ClusterSettings) -> int:
-    """``turncache serve --replicas N``: run until interrupted."""
+    """``turncache serve --replicas N``: run until SIGINT or SIGTERM, then stop the app (and Ray, if started here).
+
+    Raises:
+        SystemExit: the app did not start (the message names the replica's error, e.g. an unknown model).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.port == 0:
         settings = settings.model_copy(update={"port": free_port(settings.host)})
@@ -137,12 +156,23 @@ def serve_cluster(settings: ServerSettings, cluster: ClusterSettings) -> int:
         file=sys.stderr,
         flush=True,
     )
-    with ray_session(cluster.ray_address):
-        deploy(settings, cluster)
-        print(f"turncache: serving {settings.model} on http://{settings.host}:{settings.port}/", flush=True)
+    started = connect(cluster.ray_address)
+    stop = threading.Event()  # after ray.init, which installs a SIGTERM handler of its own
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
         try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            print("turncache: stopping", file=sys.stderr, flush=True)
+            deploy(settings, cluster)
+        except RuntimeError as exc:
+            raise SystemExit(f"turncache: the cluster did not start: {deploy_failure()}") from exc
+        print(f"turncache: serving {settings.model} on http://{settings.host}:{settings.port}/", flush=True)
+        stop.wait()
+        print("turncache: stopping", file=sys.stderr, flush=True)
+    finally:
+        for sig in previous:  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        with contextlib.suppress(Exception):
+            serve.shutdown() if started else serve.delete(APP_NAME)
+        ray.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
