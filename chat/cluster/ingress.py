@@ -8,8 +8,8 @@ the cluster's own, placed before the others:
   engine that tags session turns with their session (see :mod:`chat.cluster.remote_engine`);
 - ``/metrics``: every live replica's single-process ``/metrics`` with a ``replica`` label, plus the routing
   families ``turncache_cluster_*``;
-- ``/v1/cluster``: the routing table as JSON (replicas, their turns in flight, pinned sessions, prefix blocks,
-  turns routed by rule).
+- ``/v1/cluster``: the routing table as JSON (replicas, their Ray node once known, turns in flight, pinned
+  sessions, prefix blocks, turns routed by rule).
 
 The protocol state machine and the session store run here, not in the replicas: a replica that dies takes no
 session with it. The store is the server's (``--sessions-db``, SQLite on this node).
@@ -95,7 +95,7 @@ def add_cluster_routes(app: FastAPI, remote: RemoteEngine, settings: ServerSetti
                 "model": remote.runtime.name,
                 "router": policy.mode,
                 "route_imbalance": policy.imbalance,
-                "replicas": [dataclasses.asdict(v) for v in views],
+                "replicas": [{**dataclasses.asdict(v), "node": remote.nodes.get(v.replica)} for v in views],
                 "turns_inflight": remote.table.inflight(),
                 "lost_turns": remote.lost_turns,
             }

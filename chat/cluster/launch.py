@@ -156,7 +156,10 @@ def serve_cluster(settings: ServerSettings, cluster: ClusterSettings) -> int:
         file=sys.stderr,
         flush=True,
     )
-    started = connect(cluster.ray_address)
+    try:
+        started = connect(cluster.ray_address)
+    except Exception as exc:  # unreachable, wrong token (Ray's message says which), version mismatch...
+        raise SystemExit(f"turncache: cannot start or join Ray ({where}): {exc}") from exc
     stop = threading.Event()  # after ray.init, which installs a SIGTERM handler of its own
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

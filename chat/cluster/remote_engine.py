@@ -82,6 +82,7 @@ class RemoteEngine:
         self._stream = handle.options(stream=True)  # for run_turn
         self._claimed: OrderedDict[str, str] = OrderedDict()  # session id -> its last turn id sent to a replica
         self.log: deque[Routed] = deque(maxlen=ROUTING_LOG)  # recent turns and where they ran
+        self.nodes: dict[str, str] = {}  # replica -> the Ray node it runs on, as replicas announced themselves
         self.lost_turns = 0  # turns ended by a lost replica
 
     # ---------------------------------------------------------------- the engine surface
@@ -145,6 +146,7 @@ class RemoteEngine:
 
         found = await asyncio.gather(*(one(r) for r in self.table.live()))
         unique = {r.replica: r for r in found if r is not None}  # a replica answers with its own id
+        self.nodes.update((r.replica, r.node) for r in unique.values())
         return [unique[r] for r in sorted(unique)]
 
     # ---------------------------------------------------------------- internals
@@ -161,6 +163,7 @@ class RemoteEngine:
             async for item in stream:
                 if isinstance(item, Served):
                     job.replica = item.replica
+                    self.nodes[item.replica] = item.node
                     if job.cancelled:
                         self._cancel(job)
                 elif isinstance(item, Failed):
