@@ -84,6 +84,7 @@ def connect(address: str | None, *, num_cpus: int | None = None) -> bool:
         ray.init(address=address, runtime_env=runtime_env(), logging_level=logging.WARNING, log_to_driver=False)
         return False
     ray.init(
+        address="local",  # a new instance, even when `ray start` left one running on this machine
         num_cpus=num_cpus,
         include_dashboard=False,
         runtime_env=runtime_env(),

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from ray.exceptions import RayError, RayTaskError
+from ray.serve.exceptions import RequestCancelledError
 
 from chat.cluster.prompt_keys import PromptKeyer
 from chat.cluster.routing import RouteKey, RoutingTable, SessionRef
@@ -59,6 +60,7 @@ class RemoteJob:
     """A submitted turn; ``cancel`` stops it (its events still end with a Done, or an error)."""
 
     task: asyncio.Task | None = None  # drives the turn's stream
+    stream: object | None = field(default=None, repr=False)  # the replica's stream, once the call is made
     replica: str | None = None  # set once the replica announced itself
     call_id: str = ""
     cancelled: bool = False  # cancel() was called
@@ -98,7 +100,7 @@ class RemoteEngine:
             async for event in self._turn(request, session, RemoteJob()):
                 yield event
         except ReplicaLostError as exc:
-            yield Done("", (), "error", Usage(0, 0, 0), Timings(0.0, 0.0, 0.0, 0.0), error=exc)
+            yield _ended("error", exc)
 
     def submit(self, request: TurnRequest, sink: Sink, session: SessionRef | None = None) -> RemoteJob:
         """Run a turn; ``sink`` gets its events on the event loop, then possibly an EngineError (a
@@ -157,7 +159,10 @@ class RemoteEngine:
         digests: tuple[int, ...] = ()
         if self.keyer is not None:
             digests = await asyncio.to_thread(self.keyer.digests, request.messages, request.salt)
-        stream = _call(self._stream.run_turn, TurnCall(RouteKey(job.call_id, session, digests), request))
+        if job.cancelled:  # before any replica was asked: nothing was computed
+            yield _ended("cancelled")
+            return
+        stream = job.stream = _call(self._stream.run_turn, TurnCall(RouteKey(job.call_id, session, digests), request))
         done: Done | None = None
         try:
             async for item in stream:
@@ -175,6 +180,11 @@ class RemoteEngine:
                     if done is not None:
                         return
             raise ReplicaLostError(job.replica)  # the stream ended without a Done
+        except RequestCancelledError as exc:
+            if not job.cancelled:  # not by us
+                raise ReplicaLostError(job.replica) from exc
+            done = _ended("cancelled")  # cancelled while waiting for a replica (see _cancel)
+            yield done
         except RayTaskError as exc:  # a bug in the replica's own code
             log.error("turn %s failed on replica %s", job.call_id, job.replica, exc_info=exc)
             raise EngineError(f"internal error; replica {job.replica} logged the details") from exc
@@ -202,8 +212,10 @@ class RemoteEngine:
             sink(exc)
 
     def _cancel(self, job: RemoteJob) -> None:
-        if job.replica is None:
-            return  # not routed yet: cancelled as soon as the replica announces itself
+        if job.replica is None:  # no replica runs it yet: give up the call (it ends cancelled, see _turn)
+            if job.stream is not None:
+                job.stream.cancel()
+            return
         call = _call(self._handle.cancel_turn, ToReplica(job.replica), job.call_id)
         asyncio.get_running_loop().create_task(_quietly(call))
 
@@ -218,6 +230,11 @@ class RemoteEngine:
             usage.cached_tokens if usage else None,
             usage.prompt_tokens if usage else None,
         )
+
+
+def _ended(reason: str, error: Exception | None = None) -> Done:
+    """The Done of a turn that no replica finished: nothing generated, nothing counted."""
+    return Done("", (), reason, Usage(0, 0, 0), Timings(0.0, 0.0, 0.0, 0.0), error=error)
 
 
 def _call(method, *args):

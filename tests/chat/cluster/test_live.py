@@ -271,6 +271,13 @@ def test_a_cancelled_turn_ends_cancelled_through_the_cluster(live):
         done, events = ws_turn(ws, "Tell me a very long story.", on_delta=lambda _: ws.send('{"type": "turn.cancel"}'))
         assert done["finish_reason"] == "cancelled" and not any(e["type"] == "error" for e in events)
         assert done["usage"]["completion_tokens"] < 3000
+        ws.send(json.dumps({"type": "turn.create", "content": "Another long story."}))
+        ws.send('{"type": "turn.cancel"}')  # at once: before (or while) a replica is chosen
+        while (event := json.loads(ws.recv(timeout=60)))["type"] != "reply.done":
+            assert event["type"] != "error", event
+        assert event["finish_reason"] == "cancelled"
+        conversation = ws_request(ws, {"type": "conversation.get"}, "conversation")
+        assert [m["role"] for m in conversation["messages"]] in (["user", "assistant"], [])  # nothing unanswered
 
 
 def test_a_replica_killed_mid_turn_ends_that_turn_typed_and_the_next_turn_runs_elsewhere(live):
