@@ -86,6 +86,7 @@ class RemoteEngine:
         self.log: deque[Routed] = deque(maxlen=ROUTING_LOG)  # recent turns and where they ran
         self.nodes: dict[str, str] = {}  # replica -> the Ray node it runs on, as replicas announced themselves
         self.lost_turns = 0  # turns ended by a lost replica
+        self._tasks: set[asyncio.Task] = set()  # running turn and cancel tasks (asyncio keeps only weak references)
 
     # ---------------------------------------------------------------- the engine surface
 
@@ -106,7 +107,7 @@ class RemoteEngine:
         """Run a turn; ``sink`` gets its events on the event loop, then possibly an EngineError (a
         :class:`ReplicaLostError` when its replica was lost). Returns a handle to cancel it."""
         job = RemoteJob(call_id=uuid.uuid4().hex, on_cancel=self._cancel)
-        job.task = asyncio.get_running_loop().create_task(self._drive(request, sink, session, job))
+        job.task = self._spawn(self._drive(request, sink, session, job))
         return job
 
     def active_turns(self) -> int:
@@ -216,8 +217,13 @@ class RemoteEngine:
             if job.stream is not None:
                 job.stream.cancel()
             return
-        call = _call(self._handle.cancel_turn, ToReplica(job.replica), job.call_id)
-        asyncio.get_running_loop().create_task(_quietly(call))
+        self._spawn(_quietly(_call(self._handle.cancel_turn, ToReplica(job.replica), job.call_id)))
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     @staticmethod
     def _logged(job: RemoteJob, session: SessionRef | None, done: Done | None) -> Routed:
