@@ -165,7 +165,6 @@ def _bench_cluster(args: argparse.Namespace) -> int:
         model=args.model,
         conversations=args.conversations,
         replicas=args.replicas,
-        ray_address=args.ray_address,
     )
 
 
@@ -206,9 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster", "Ray Serve: N engine replicas behind one ingress (the extra turncache[cluster]; see docs/cluster.md)"
     )
     cluster.add_argument(
-        "--replicas", type=int, help="engine replicas (each: the model, its prefix cache); without it: one process"
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="engine replicas (each: the model, its prefix cache); without it: one process",
     )
-    cluster.add_argument("--ray-address", help="join this running Ray cluster ('auto', HOST:PORT); default: local")
+    cluster.add_argument(
+        "--ray-address", metavar="ADDR", help="join this running Ray cluster ('auto', HOST:PORT); default: local"
+    )
     cluster.add_argument(
         "--router",
         choices=["prefix", "round_robin"],
@@ -217,11 +221,16 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument(
         "--route-imbalance",
         type=int,
+        metavar="N",
         help="a stateless turn leaves the replica holding its prefix when that replica runs more than N turns more "
         "than the least-loaded one (4)",
     )
-    cluster.add_argument("--replica-cpus", type=float, help="Ray CPUs reserved per replica, also its torch threads (1)")
-    cluster.add_argument("--max-replicas-per-node", type=int, help="at most N replicas on one Ray node (no limit)")
+    cluster.add_argument(
+        "--replica-cpus", type=float, metavar="X", help="Ray CPUs reserved per replica, also its torch threads (1)"
+    )
+    cluster.add_argument(
+        "--max-replicas-per-node", type=int, metavar="N", help="at most N replicas on one Ray node (no limit)"
+    )
     serve.set_defaults(run=_serve)
 
     chat = sub.add_parser("chat", help="chat in the terminal on the engine, without a server")
@@ -314,8 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     cluster_bench.add_argument("--model", default="smollm2", help="model spec (default: the built-in smollm2)")
     cluster_bench.add_argument("--conversations", type=int, default=8, help="conversations, all concurrent (8)")
-    cluster_bench.add_argument("--replicas", type=int, default=2, help="engine replicas (2)")
-    cluster_bench.add_argument("--ray-address", help="a running Ray cluster to use; default: a local one")
+    cluster_bench.add_argument("--replicas", type=int, default=2, metavar="N", help="engine replicas (2)")
     cluster_bench.set_defaults(run=_bench_cluster)
     return parser
 

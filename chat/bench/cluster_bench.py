@@ -5,8 +5,8 @@ Workload: :mod:`chat.bench.multiturn_bench`'s (8 conversations x 4 turns of 256-
 replies of at most 4-8 tokens, seeded), every conversation at once, each on its own WebSocket sending
 ``completion.create`` with its whole history every turn (stateless: nothing but the prompt tells the cluster which
 conversation a turn belongs to). It runs against ``replicas`` engine replicas routed with ``--router prefix``, then
-against fresh replicas (empty caches) routed with ``--router round_robin``, in one Ray session; each deployment
-first gets one short warm-up turn per replica.
+against fresh replicas (empty caches) routed with ``--router round_robin``, in one local Ray instance started for
+the run; each deployment first gets one short warm-up turn per replica.
 
 Time to first token is measured at the client, from sending ``completion.create`` to the first ``reply.delta``: it
 includes the ingress, routing, and waiting behind the other conversations on the replica.
@@ -141,14 +141,13 @@ def main(
     model: str = "smollm2",
     conversations: int = 8,
     replicas: int = 2,
-    ray_address: str | None = None,
 ) -> int:
-    from chat.cluster.launch import free_port, ray_session
+    from chat.cluster.launch import free_port, local_ray
     from chat.models import load_model
 
     runtime = load_model(model)  # renders the workload's messages to count their tokens
     cfg = MultiTurnConfig(conversations=conversations)
-    with ray_session(ray_address):
+    with local_ray():
         result = run_on_cluster(runtime, cfg, model=model, replicas=replicas, port=free_port())
     emit(result, TARGETS, as_json)
     return 0

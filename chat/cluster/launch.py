@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -116,15 +117,25 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None = None, *, num_cpus: int | None = None) -> Iterator[bool]:
-    """Connected to Ray for the block (True when the cluster was started here); Serve and Ray are shut down after."""
-    started = connect(address, num_cpus=num_cpus)
+def local_ray(*, num_cpus: int | None = None) -> Iterator[None]:
+    """A new local Ray instance for the block (benchmarks); Serve and Ray are shut down after it."""
+    connect(None, num_cpus=num_cpus)
     try:
-        yield started
+        yield
     finally:
         with contextlib.suppress(Exception):
-            serve.shutdown() if started else serve.delete(APP_NAME)
+            serve.shutdown()
         ray.shutdown()
+
+
+def answers(settings: ServerSettings) -> bool:
+    """Whether the app's /health answers where the settings say it listens."""
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else settings.host
+    try:
+        with urllib.request.urlopen(f"http://{host}:{settings.port}/health", timeout=5) as response:
+            return response.status == 200
+    except OSError:  # refused, timed out, or an HTTP error status
+        return False
 
 
 def deploy_failure(name: str = APP_NAME) -> str:
@@ -168,7 +179,15 @@ def serve_cluster(settings: ServerSettings, cluster: ClusterSettings) -> int:
             deploy(settings, cluster)
         except RuntimeError as exc:
             raise SystemExit(f"turncache: the cluster did not start: {deploy_failure()}") from exc
-        print(f"turncache: serving {settings.model} on http://{settings.host}:{settings.port}/", flush=True)
+        if not answers(settings):
+            print(
+                f"turncache: nothing answers on {settings.host}:{settings.port}: Ray Serve was already running on this "
+                "cluster with other HTTP options (they are set once per cluster; see `serve status`)",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            print(f"turncache: serving {settings.model} on http://{settings.host}:{settings.port}/", flush=True)
         stop.wait()
         print("turncache: stopping", file=sys.stderr, flush=True)
     finally:
