@@ -8,8 +8,8 @@ the cluster's own, placed before the others:
   engine that tags session turns with their session (see :mod:`chat.cluster.remote_engine`);
 - ``/metrics``: every live replica's single-process ``/metrics`` with a ``replica`` label, plus the routing
   families ``turncache_cluster_*``;
-- ``/v1/cluster``: the routing table as JSON (replicas, their Ray node once known, turns in flight, pinned
-  sessions, prefix blocks, turns routed by rule).
+- ``/v1/cluster``: the routing table as JSON (the ingress's Ray node; replicas, their node once known, turns in
+  flight, pinned sessions, prefix blocks, turns routed by rule).
 
 The protocol state machine and the session store run here, not in the replicas: a replica that dies takes no
 session with it. The store is the server's (``--sessions-db``, SQLite on this node).
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import ray
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
 from ray import serve
@@ -47,13 +48,14 @@ class ClusterIngress:
         self.table = table_for(table_name(app_name, ENGINE_DEPLOYMENT), self.policy)  # shared with the router
         keyer = PromptKeyer(self.runtime.render, block_tokens) if self.policy.mode == "prefix" else None
         self.remote = RemoteEngine(engines, self.runtime, self.table, keyer)
+        self.node = ray.get_runtime_context().get_node_id()  # where the session store lives
         await self.remote.describe()  # builds this process's router; waits until a replica runs
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         from chat.server.app import create_app
 
         app = create_app(self.remote, self.settings, model_name=self.runtime.name)
-        add_cluster_routes(app, self.remote, self.settings, self.policy)
+        add_cluster_routes(app, self.remote, self.settings, self.policy, self.node)
         return app
 
     async def routing_log(self) -> list[dict]:
@@ -61,7 +63,9 @@ class ClusterIngress:
         return [dataclasses.asdict(r) for r in self.remote.log]
 
 
-def add_cluster_routes(app: FastAPI, remote: RemoteEngine, settings: ServerSettings, policy: RoutingPolicy) -> None:
+def add_cluster_routes(
+    app: FastAPI, remote: RemoteEngine, settings: ServerSettings, policy: RoutingPolicy, node: str
+) -> None:
     """Put the cluster's ``/v1/ws``, ``/metrics`` and ``/v1/cluster`` before the app's own routes."""
     from chat.server.app import tenant_salt
     from chat.server.ws import serve_socket
@@ -93,6 +97,7 @@ def add_cluster_routes(app: FastAPI, remote: RemoteEngine, settings: ServerSetti
         return JSONResponse(
             {
                 "model": remote.runtime.name,
+                "ingress_node": node,
                 "router": policy.mode,
                 "route_imbalance": policy.imbalance,
                 "replicas": [{**dataclasses.asdict(v), "node": remote.nodes.get(v.replica)} for v in views],

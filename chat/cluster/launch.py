@@ -1,8 +1,8 @@
 """Build the Ray Serve application of a cluster, start or join Ray, and run ``turncache serve --replicas N``.
 
-The application: ``ClusterIngress`` (one replica, no CPU reserved) in front of ``EngineReplica`` x N, routed by
-``TurncacheRouter``. Ray Serve's HTTP proxy listens on ``--host`` / ``--port`` of the head node and hands every
-request (WebSockets included) to the ingress.
+The application: ``ClusterIngress`` (one replica, no CPU reserved, on the head node) in front of ``EngineReplica``
+x N, routed by ``TurncacheRouter``. Ray Serve's HTTP proxy listens on ``--host`` / ``--port`` of the head node and
+hands every request (WebSockets included) to the ingress.
 
 Workers import this package from the same place as this process (its directory is put on their ``PYTHONPATH``):
 on other machines turncache must be installed at the same version (see docs/cluster.md).
@@ -36,6 +36,7 @@ INGRESS_DEPLOYMENT = "ClusterIngress"
 ROUTER_CLASS = "chat.cluster.ray_router.TurncacheRouter"
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the chat, cache and modalities packages
 QUIET = LoggingConfig(log_level="WARNING", enable_access_log=False)
+HEAD_NODE = "node:__internal_head__"  # the resource Ray gives the head node only
 
 
 def runtime_env() -> dict:
@@ -71,7 +72,8 @@ def build_application(settings: ServerSettings, cluster: ClusterSettings):
         name=INGRESS_DEPLOYMENT,
         num_replicas=1,
         max_ongoing_requests=settings.max_sessions + 256,  # each open WebSocket is one request for its whole life
-        ray_actor_options={"num_cpus": 0, "runtime_env": runtime_env()},
+        # On the head node, always: the session store (SQLite) is a file there, found again after a restart.
+        ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}, "runtime_env": runtime_env()},
         logging_config=QUIET,
         graceful_shutdown_timeout_s=5,
     )

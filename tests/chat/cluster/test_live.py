@@ -175,7 +175,9 @@ def test_the_single_process_surface_is_served_by_the_ingress(live):
         assert f'turncache_turns_total{{replica="{replica}"}}' in metrics
         assert f'turncache_cluster_turns_inflight{{replica="{replica}"}} 0' in metrics
     assert metrics.count("# TYPE turncache_turns_total counter") == 1
-    assert httpx.get(live.http + "/v1/cluster").json()["router"] == "prefix"
+    cluster = httpx.get(live.http + "/v1/cluster").json()
+    (head,) = [n["NodeID"] for n in ray.nodes() if n["Resources"].get("node:__internal_head__")]
+    assert cluster["router"] == "prefix" and cluster["ingress_node"] == head  # where the session store is
     assert httpx.get(live.rr_http + "/v1/cluster").json()["router"] == "round_robin"
 
 
