@@ -22,9 +22,13 @@ def _settings(args: argparse.Namespace):
         "port": args.port,
         "model": args.model,
         "dtype": args.dtype,
+        "weights": args.weights,
+        "max_batch": args.max_batch,
+        "token_budget": args.token_budget,
         "device_cache_mib": args.device_cache_mib,
         "host_cache_mib": args.host_cache_mib,
         "auth_token": args.auth_token,
+        "api_keys_file": args.api_keys_file,
         "allowed_origins": args.allowed_origin or None,
         "prefix_cache": False if args.no_prefix_cache else None,
         "sessions_db": args.sessions_db,
@@ -41,7 +45,7 @@ def _load(args: argparse.Namespace):
     from chat.models.errors import ModelError
 
     try:
-        return load_model(args.model, args.dtype)
+        return load_model(args.model, args.dtype, args.weights)
     except ModelError as exc:
         raise SystemExit(f"turncache: {exc}") from exc
 
@@ -70,17 +74,18 @@ def _cluster_settings(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
     from chat.models.errors import ModelError
+    from chat.server.auth import KeysError
+    from chat.server.main import serve
+    from chat.server.session_rows import SessionDbError
 
     settings, cluster = _settings(args), _cluster_settings(args)
-    if cluster is not None:
-        from chat.cluster.launch import serve_cluster  # the only path that imports Ray
-
-        return serve_cluster(settings, cluster)
-    from chat.server.main import serve
-
     try:
+        if cluster is not None:
+            from chat.cluster.launch import serve_cluster  # the only path that imports Ray
+
+            return serve_cluster(settings, cluster)
         return serve(settings)
-    except ModelError as exc:
+    except (ModelError, KeysError, SessionDbError) as exc:
         raise SystemExit(f"turncache: {exc}") from exc
 
 
@@ -106,6 +111,11 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         help="'smollm2' (built in), 'tiny-<name>', or a local Hugging Face model directory",
     )
     p.add_argument("--dtype", default="float32" if defaults else None, choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--weights",
+        choices=["float32", "bfloat16", "int8"],
+        help="format of the linear layers' weights (default: int8 for the built-in smollm2, else the dtype)",
+    )
     p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")
 
 
@@ -151,6 +161,18 @@ def _bench_load(args: argparse.Namespace) -> int:
     return main(as_json=args.json, model=args.model)
 
 
+def _bench_batch(args: argparse.Namespace) -> int:
+    from chat.bench.batch_bench import main
+
+    return main(as_json=args.json, model=args.model)
+
+
+def _bench_weights(args: argparse.Namespace) -> int:
+    from chat.bench.weights_bench import main
+
+    return main(as_json=args.json)
+
+
 def _bench_multiturn(args: argparse.Namespace) -> int:
     from chat.bench.multiturn_bench import main
 
@@ -190,9 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (8000)")
     _model_flags(serve, defaults=False)
+    serve.add_argument("--max-batch", type=int, help="most turns in one batched forward (32)")
+    serve.add_argument("--token-budget", type=int, help="most tokens in one batched forward (256)")
     serve.add_argument("--device-cache-mib", type=int, help="prefix cache budget on the model's device (1024)")
     serve.add_argument("--host-cache-mib", type=int, help="prefix cache budget on the host tier (2048)")
     serve.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' on /v1/* and /metrics")
+    serve.add_argument(
+        "--api-keys-file",
+        help="API keys and their tenants: a JSON object {KEY: TENANT} or 'KEY TENANT' lines; each tenant sees only "
+        "its own sessions (also TURNCACHE_API_KEYS_FILE, or the keys themselves in TURNCACHE_API_KEYS)",
+    )
     serve.add_argument("--allowed-origin", action="append", help="browser origin allowed besides the server's own")
     serve.add_argument(
         "--sessions-db",
@@ -267,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="benchmarks that print measured figures",
         description="With no BENCHMARK: run cache, turns, media_turns (bench turns on tiny-omni, with images, "
-        "audio and video), multiturn, serve and load in one process, one after another, and write "
+        "audio and video), multiturn, serve, load and batch in one process, one after another, and write "
         "DIR/bench.json (every benchmark's object under its name, plus machine info) and PNG "
         "charts into DIR (about 25 minutes with the default model). With a BENCHMARK: run that one and print it.",
     )
@@ -294,6 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     cache.add_argument("--entries", type=int, default=None, help="entries in the lookup benchmark (10,000)")
     cache.set_defaults(run=_bench_cache)
+    weights = bench_sub.add_parser(
+        "weights", help="the built-in model in each weight format: next-token agreement, perplexity, speed"
+    )
+    weights.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    weights.set_defaults(run=_bench_weights)
     for name, what, run in (
         (
             "turns",
@@ -303,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("serve", "8 concurrent WebSocket sessions x 5 turns on a loopback server", _bench_serve),
         ("load", "32 concurrent WebSocket sessions x 5 turns: throughput, latency, resident memory", _bench_load),
+        (
+            "batch",
+            "aggregate decode throughput at 1-32 concurrent sessions, single stream with and without speculation, "
+            "and transformers generate on the same prompts",
+            _bench_batch,
+        ),
         (
             "multiturn",
             "SGLang-shaped multi-turn chat: concurrent conversations x 4 turns of 256-512-token user messages, "

@@ -7,9 +7,10 @@ import sys
 from typing import TextIO
 
 from cache import PrefixCache
-from chat.engine.generation import Delta, Done, Generation, TurnRequest
+from chat.engine.events import Delta, Done, TurnRequest
 from chat.engine.runtime import ModelRuntime
 from chat.engine.sampling import SamplingParams
+from chat.engine.turn import Turn
 
 
 def chat_loop(
@@ -52,7 +53,7 @@ def chat_loop(
 def _turn(runtime, cache, messages, params, stdout) -> Done | None:
     from chat.engine.errors import EngineError
 
-    gen = Generation(runtime, cache, TurnRequest(list(messages), params))
+    gen = Turn(runtime, cache, TurnRequest(list(messages), params))
     try:
         while not gen.done:
             for event in gen.step():
@@ -71,7 +72,6 @@ def _turn(runtime, cache, messages, params, stdout) -> Done | None:
     except EngineError as exc:
         print(f"[error: {exc}]", file=stdout, flush=True)
     except KeyboardInterrupt:
-        gen.cancel()
-        gen.step()
+        gen.stop("cancelled")
         print("\n[cancelled]", file=stdout, flush=True)
     return None

@@ -72,7 +72,11 @@ function authHeaders() {
 }
 
 function onTokenChange() {
-  store.setToken($("token").value.trim());
+  const token = $("token").value.trim();
+  if (token !== store.token()) {
+    store.setToken(token);
+    controller.switchAccount(); // sessions belong to the token's tenant
+  }
   connection.url = socketUrl();
   if (connection.isOpen) connection.drop();
   else connection.connect();

@@ -5,7 +5,9 @@ Each chart reads the keys of one benchmark and is skipped when that benchmark is
 - ``ttft_per_turn.png``: multiturn — time to first token (p50) per turn, with and without the prefix cache;
 - ``cached_ratio_per_turn.png``: multiturn — cached / prompt tokens per turn, with and without the cache;
 - ``lookup_vs_entries.png``: cache — lookup p50 / p99 (radix index) and p99 (linear scan) against entries;
-- ``concurrent_ttft.png``: serve and load — the distribution of time to first token at 8 and 32 concurrent sessions.
+- ``concurrent_ttft.png``: serve and load — the distribution of time to first token at 8 and 32 concurrent sessions;
+- ``batch_throughput.png``: batch — aggregate completion tokens/s against concurrent sessions, with the single
+  stream rates (speculation off and on) and stock transformers ``generate``.
 
 matplotlib is used through its object API with the Agg canvas: no pyplot, no global backend switch.
 """
@@ -110,11 +112,32 @@ def concurrent_ttft(results: Results, path: Path) -> bool:
     return True
 
 
+def batch_throughput(results: Results, path: Path) -> bool:
+    bb = _usable(results, "batch")
+    if bb is None:
+        return False
+    levels, rates = bb["levels"], bb["aggregate_tokens_per_s"]
+    fig, ax = _figure(f"Aggregate decode throughput ({bb['model']}, {bb['weights']} weights)")
+    ax.plot(levels, rates, "o-", color="#4c72b0", label="turncache, all sessions together")
+    for x, y in zip(levels, rates, strict=True):
+        ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    ax.axhline(bb["single_stream_tokens_per_s"], color="#55a868", ls="--", label="one stream, no speculation")
+    ax.axhline(bb["hf_generate_tokens_per_s"], color="#c44e52", ls=":", label="transformers generate (float32)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(n) for n in levels])
+    ax.set_xlabel("concurrent sessions")
+    ax.set_ylabel("completion tokens / s")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.savefig(path)
+    return True
+
+
 CHARTS: tuple[tuple[str, Callable[[Results, Path], bool]], ...] = (
     ("ttft_per_turn.png", ttft_per_turn),
     ("cached_ratio_per_turn.png", cached_ratio_per_turn),
     ("lookup_vs_entries.png", lookup_vs_entries),
     ("concurrent_ttft.png", concurrent_ttft),
+    ("batch_throughput.png", batch_throughput),
 )
 
 

@@ -114,7 +114,7 @@ def make_workload(runtime, cfg: MultiTurnConfig) -> list[list[Turn]]:
 
 async def _reply(engine, request):
     """The turn's Done event (the streamed deltas are dropped)."""
-    from chat.engine.generation import Done
+    from chat.engine.events import Done
 
     async for event in engine.generate(request):
         if isinstance(event, Done):
@@ -123,7 +123,7 @@ async def _reply(engine, request):
 
 
 async def _conversation(engine, index: int, turns: Sequence[Turn], gate: asyncio.Semaphore) -> list[TurnRecord]:
-    from chat.engine.generation import TurnRequest
+    from chat.engine.events import TurnRequest
     from chat.engine.sampling import SamplingParams
 
     records: list[TurnRecord] = []
@@ -228,14 +228,13 @@ def summarize(cfg: MultiTurnConfig, hit: list[TurnRecord], miss: list[TurnRecord
 
 def run_on(runtime, cfg: MultiTurnConfig | None = None) -> dict:
     """The benchmark on an already loaded runtime: warm-up, then the workload with the cache, then without."""
-    from chat.engine.generation import Generation, TurnRequest, run_to_end
+    from chat.engine.events import TurnRequest
     from chat.engine.sampling import SamplingParams
+    from chat.engine.turn import Turn, run_to_end
 
     cfg = cfg or MultiTurnConfig()
     workload = make_workload(runtime, cfg)
-    run_to_end(
-        Generation(runtime, None, TurnRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=2)))
-    )
+    run_to_end(Turn(runtime, None, TurnRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=2))))
     hit, wall_hit = run_workload(runtime, workload, cache=True, parallel=cfg.parallel)
     miss, wall_miss = run_workload(runtime, workload, cache=False, parallel=cfg.parallel)
     return {

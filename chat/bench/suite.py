@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chat.bench import cache_bench, load_bench, multiturn_bench, serve_bench, turns_bench
+from chat.bench import batch_bench, cache_bench, load_bench, multiturn_bench, serve_bench, turns_bench
 from chat.bench.charts import draw_all
 
 RESULTS_FILE = "bench.json"
@@ -59,6 +59,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[Suite], dict]], ...] = (
     ("multiturn", lambda s: multiturn_bench.run_on(s.runtime(), multiturn_bench.MultiTurnConfig(**s.kw("multiturn")))),
     ("serve", lambda s: serve_bench.run_on(s.runtime(), **s.kw("serve"))),
     ("load", lambda s: load_bench.run_on(s.runtime(), **s.kw("load"))),
+    ("batch", lambda s: batch_bench.run(s.model, **s.kw("batch"))),
 )
 
 

@@ -10,8 +10,10 @@ The chat grows to about 2,000 tokens with ~64-token user messages and greedy rep
 - ``hf_reprefill_ms``: HF ``generate`` on the whole turn-10 prompt with one new token (what a user without a prefix
   cache would do);
 - ``hit_speedup`` = miss / hit, ``overhead_ratio`` = hit / floor;
-- ``decode_tps`` and ``hf_decode_tps``: tokens per second after the first, ours vs HF ``generate``, same weights,
-  same prompt, same number of new tokens (greedy; EOS ignored by neither, so both stop at the same place).
+- ``decode_tps`` and ``hf_decode_tps``: tokens per second after the first, ours (in the model's default weight
+  format, e.g. int8 for the built-in model) vs HF ``generate`` on the float32 weights as loaded from disk, same
+  prompt, same number of new tokens (greedy; EOS ignored by neither, so both stop at the same place); ``weights``
+  names the engine's format.
 
 On a multimodal model (``--model tiny-omni``, ``tiny-llava`` or a multimodal directory) every user message also
 carries media (:data:`MEDIA_PLAN`: new images, audio clips and videos, and repeats of earlier ones, as far as the
@@ -30,8 +32,9 @@ import time
 
 from cache import Namespace, PrefixCache
 from chat.bench.report import emit
-from chat.engine.generation import Generation, TurnRequest, run_to_end
+from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams, sample
+from chat.engine.turn import Turn, run_to_end
 
 USER_TOPICS = [
     "the history of the printing press",
@@ -69,8 +72,8 @@ MEDIA_PLAN: tuple[tuple[tuple[str, int], ...], ...] = (
 def user_content(rng: random.Random, turn: int, runtime) -> str | list:
     """The user message of ``turn``: text, plus media on models that take them."""
     text = user_message(rng, turn)
-    kinds = getattr(runtime, "modalities", frozenset())
-    if not hasattr(runtime, "render_prompt") or not kinds:
+    kinds = runtime.modalities
+    if not kinds:
         return text
     from chat.bench import media_samples
     from modalities.parts import MediaPart
@@ -84,11 +87,9 @@ def user_content(rng: random.Random, turn: int, runtime) -> str | list:
 
 
 def _render(runtime, messages: list[dict]):
-    """(tokens, media spans, rendered prompt or None)."""
-    if hasattr(runtime, "render_prompt"):
-        rendered = runtime.render_prompt(messages)
-        return list(rendered.tokens), rendered.spans, rendered
-    return runtime.render(messages), (), None
+    """(tokens, media spans, rendered prompt)."""
+    rendered = runtime.render_prompt(messages)
+    return list(rendered.tokens), tuple(rendered.spans), rendered
 
 
 def user_message(rng: random.Random, turn: int) -> str:
@@ -121,17 +122,23 @@ def _median(values: list[float]) -> float:
 
 
 def run(
-    model: str = "smollm2", *, turns: int = 10, reply_tokens: int = 128, decode_tokens: int = 64, repeats: int = 3
+    model: str = "smollm2",
+    *,
+    turns: int = 10,
+    reply_tokens: int = 128,
+    decode_tokens: int = 64,
+    repeats: int = 3,
+    weights: str | None = None,
 ) -> dict[str, float]:
     from chat.models import load_model
     from chat.models.baseline import hf_generate
 
-    runtime = load_model(model)
+    runtime = load_model(model, weights=weights)
     cache = PrefixCache()
     rng = random.Random(0)
     messages: list[dict] = [{"role": "system", "content": "You are a helpful assistant."}]
     params = SamplingParams(max_tokens=reply_tokens)
-    counters = getattr(runtime, "media_counters", None)
+    counters = runtime.media_counters if runtime.modalities else None
     seen: set[str] = set()  # content hashes of the media sent so far
     repeated = skipped = 0
     for turn in range(turns):
@@ -139,7 +146,7 @@ def run(
         if turn == turns - 1:
             break
         encoded_before = counters["encoded"] if counters is not None else 0
-        _, done = run_to_end(Generation(runtime, cache, TurnRequest(list(messages), params)))
+        _, done = run_to_end(Turn(runtime, cache, TurnRequest(list(messages), params)))
         if done.error is not None:
             raise done.error
         messages.append({"role": "assistant", "content": done.text})
@@ -164,15 +171,15 @@ def run(
     frozen = _NoStore(cache)  # every repeat sees the cache exactly as turn 9 left it
     hits, misses, floors, cached = [], [], [], 0
     for _ in range(repeats):
-        _, done = run_to_end(Generation(runtime, frozen, TurnRequest(messages, first_token)))
+        _, done = run_to_end(Turn(runtime, frozen, TurnRequest(messages, first_token)))
         hits.append(done.timings.ttft_ms)
         cached = done.usage.cached_tokens
-        _, done = run_to_end(Generation(runtime, None, TurnRequest(messages, first_token)))
+        _, done = run_to_end(Turn(runtime, None, TurnRequest(messages, first_token)))
         misses.append(done.timings.ttft_ms)
         # the floor: restore outside the clock; time only the suffix forward and the first sample
         match = cache.lookup(namespace, prompt, spans)
         lease = cache.acquire(match, namespace)
-        state = runtime.new_run(lease, rendered) if rendered is not None else runtime.new_run(lease)
+        state = runtime.new_run(lease, rendered)
         t = time.perf_counter()
         logits = runtime.forward(state, prompt[match.length :], last_only=True)
         sample(logits[-1], first_token, None)
@@ -183,8 +190,14 @@ def run(
     hf_prefill, hf_decode = [], []
     ours_decode = []
 
+    # the baseline is stock transformers on the float32 weights as loaded from disk (another copy when the engine
+    # runs another weight format), on the same prompt
+    stock = runtime if runtime.weights == "float32" else load_model(model, weights="float32")
+
     def baseline(n: int) -> list[int]:
-        return runtime.hf_generate(rendered, n) if rendered is not None else hf_generate(runtime, prompt, n)
+        if stock.modalities:
+            return stock.hf_generate(stock.render_prompt(messages), n)
+        return hf_generate(stock, prompt, n)
 
     for _ in range(repeats):
         t = time.perf_counter()
@@ -195,7 +208,7 @@ def run(
         total = (time.perf_counter() - t) * 1e3
         hf_decode.append((len(produced) - 1) / ((total - hf_prefill[-1]) / 1e3))
         budget = SamplingParams(max_tokens=len(produced))
-        _, done = run_to_end(Generation(runtime, None, TurnRequest(messages, budget)))
+        _, done = run_to_end(Turn(runtime, None, TurnRequest(messages, budget)))
         ours_decode.append(done.timings.decode_tokens_per_s)
 
     hit, miss, floor = _median(hits), _median(misses), _median(floors)
@@ -219,6 +232,7 @@ def run(
         "decode_tps": _median(ours_decode),
         "hf_decode_tps": _median(hf_decode),
         "decode_ratio": _median(ours_decode) / _median(hf_decode),
+        "weights": runtime.weights,
         **media,
     }
 

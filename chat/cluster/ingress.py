@@ -12,7 +12,9 @@ the cluster's own, placed before the others:
   flight, pinned sessions, prefix blocks, turns routed by rule).
 
 The protocol state machine and the session store run here, not in the replicas: a replica that dies takes no
-session with it. The store is the server's (``--sessions-db``, SQLite on this node).
+session with it. The store is the server's (``--sessions-db``, SQLite on this node); it is closed (what is pending
+written) when Ray Serve stops the ingress. API keys arrive as a :class:`KeyRing` built where the cluster was started
+(:func:`chat.cluster.launch.build_application`): only their digests travel, and tenants are the single process's.
 """
 
 from __future__ import annotations
@@ -29,49 +31,63 @@ from chat.cluster.prompt_keys import PromptKeyer
 from chat.cluster.ray_router import table_name
 from chat.cluster.remote_engine import RemoteEngine, SessionTracker, SocketEngine
 from chat.cluster.routing import RoutingPolicy, table_for
+from chat.server.auth import KeyRing
 from chat.server.settings import ServerSettings
 
 ENGINE_DEPLOYMENT = "EngineReplica"  # the engine deployment's name (the router's table is named after it)
 
 
 class ClusterIngress:
-    async def __init__(self, engines, settings: ServerSettings, policy: dict, block_tokens: int) -> None:
-        """``engines``: the EngineReplica deployment's handle. Raises chat.models' typed errors."""
+    async def __init__(self, engines, settings: ServerSettings, keys: KeyRing, policy: dict, block_tokens: int) -> None:
+        """``engines``: the EngineReplica deployment's handle; ``keys``: the cluster's API keys (settings carry none).
+
+        Raises chat.models' typed errors.
+        """
         from chat.models import load_model
 
         self.settings = settings
+        self.keys = keys  # API keys -> tenants, for every route
         # The model's chat template renders prompt keys; its modalities check media parts. (Its weights are loaded
         # too: chat.models has no renderer-only loader yet.)
-        self.runtime = load_model(settings.model, settings.dtype)
+        self.runtime = load_model(settings.model, settings.dtype, settings.weights)
         self.policy = RoutingPolicy(**policy)
         app_name = serve.get_replica_context().app_name
         self.table = table_for(table_name(app_name, ENGINE_DEPLOYMENT), self.policy)  # shared with the router
         keyer = PromptKeyer(self.runtime.render, block_tokens) if self.policy.mode == "prefix" else None
         self.remote = RemoteEngine(engines, self.runtime, self.table, keyer)
         self.node = ray.get_runtime_context().get_node_id()  # where the session store lives
+        self.sessions = None  # the app's session store, once Ray Serve built the app (__serve_build_asgi_app__)
         await self.remote.describe()  # builds this process's router; waits until a replica runs
 
     def __serve_build_asgi_app__(self) -> FastAPI:
+        """Called once by Ray Serve. Raises SessionDbError when ``sessions_db`` cannot be opened."""
         from chat.server.app import create_app
 
-        app = create_app(self.remote, self.settings, model_name=self.runtime.name)
-        add_cluster_routes(app, self.remote, self.settings, self.policy, self.node)
+        app = create_app(self.remote, self.settings, model_name=self.runtime.name, keys=self.keys)
+        add_cluster_routes(app, self.remote, self.settings, self.keys, self.policy, self.node)
+        self.sessions = app.state.sessions
         return app
 
     async def routing_log(self) -> list[dict]:
         """Recent turns and the replica that ran each (for operators and tests, through a deployment handle)."""
         return [dataclasses.asdict(r) for r in self.remote.log]
 
+    def __del__(self) -> None:
+        """Ray Serve calls this when it stops the ingress: the session store writes what is pending and closes."""
+        sessions = getattr(self, "sessions", None)  # (__init__ may have failed before setting it)
+        if sessions is not None:
+            sessions.close()
+
 
 def add_cluster_routes(
-    app: FastAPI, remote: RemoteEngine, settings: ServerSettings, policy: RoutingPolicy, node: str
+    app: FastAPI, remote: RemoteEngine, settings: ServerSettings, keys: KeyRing, policy: RoutingPolicy, node: str
 ) -> None:
     """Put the cluster's ``/v1/ws``, ``/metrics`` and ``/v1/cluster`` before the app's own routes."""
-    from chat.server.app import tenant_salt
+    from chat.server.metrics_text import render_session_metrics
+    from chat.server.session_db import SqliteSessionStore
     from chat.server.ws import serve_socket
 
     before = len(app.router.routes)
-    token = settings.auth_token.get_secret_value() if settings.auth_token else None
     store = app.state.sessions
 
     async def chat_socket(ws: WebSocket) -> None:  # create_app's /v1/ws, with a per-socket engine and store view
@@ -81,15 +97,16 @@ def add_cluster_routes(
             SocketEngine(remote, tracker),
             tracker,
             remote.runtime.name,
-            token=token,
+            keys=keys,
             allowed_origins=settings.allowed_origins,
-            salt_of=tenant_salt,
         )
 
     async def metrics() -> PlainTextResponse:
         reports = await remote.reports()
         text = metrics_merge.merge((r.replica, r.metrics_text) for r in reports)
         text += metrics_merge.routing_families(remote.table.snapshot(), remote.lost_turns)
+        if isinstance(store, SqliteSessionStore):  # the sessions database is the ingress's: no replica label
+            text += render_session_metrics(store.writer.stats, store.writer.pending)
         return PlainTextResponse(text)
 
     async def cluster() -> JSONResponse:

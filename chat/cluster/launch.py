@@ -28,7 +28,8 @@ from ray.serve.schema import LoggingConfig
 
 from chat.cluster.ingress import ENGINE_DEPLOYMENT, ClusterIngress
 from chat.cluster.replica import EngineReplica
-from chat.cluster.settings import ClusterSettings
+from chat.cluster.settings import ClusterSettings, without_keys
+from chat.server.app import key_ring
 from chat.server.settings import ServerSettings
 
 APP_NAME = "turncache"  # the Ray Serve application's name
@@ -50,7 +51,18 @@ def runtime_env() -> dict:
 
 
 def build_application(settings: ServerSettings, cluster: ClusterSettings):
-    """The bound application (``serve.run`` it). Nothing starts until then."""
+    """The bound application (``serve.run`` it). Nothing starts until then.
+
+    The API keys are read here, in this process (relative paths are this process's): the ingress gets them as a
+    KeyRing of digests, and no worker gets the keys themselves.
+
+    Raises:
+        KeysError: a keys source is unreadable or malformed.
+    """
+    keys = key_ring(settings)
+    settings = without_keys(settings)
+    if settings.sessions_db:  # the ingress opens it on this (the head) node, from its own working directory
+        settings = settings.model_copy(update={"sessions_db": str(Path(settings.sessions_db).expanduser().resolve())})
     policy = {"mode": cluster.router, "imbalance": cluster.route_imbalance}
     engine_options: dict = {
         "name": ENGINE_DEPLOYMENT,
@@ -78,7 +90,7 @@ def build_application(settings: ServerSettings, cluster: ClusterSettings):
         graceful_shutdown_timeout_s=5,
     )
     threads = max(1, int(cluster.replica_cpus))
-    return ingress.bind(engines.bind(settings, threads), settings, policy, cluster.route_block_tokens)
+    return ingress.bind(engines.bind(settings, threads), settings, keys, policy, cluster.route_block_tokens)
 
 
 def connect(address: str | None, *, num_cpus: int | None = None) -> bool:
@@ -159,10 +171,12 @@ def serve_cluster(settings: ServerSettings, cluster: ClusterSettings) -> int:
 
     Raises:
         SystemExit: the app did not start (the message names the replica's error, e.g. an unknown model).
+        KeysError: a keys source is unreadable or malformed (before Ray starts).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.port == 0:
         settings = settings.model_copy(update={"port": free_port(settings.host)})
+    key_ring(settings)  # a malformed keys file is refused before Ray starts (KeysError)
     where = cluster.ray_address or "a local Ray instance"
     print(
         f"turncache: starting {cluster.replicas} replica(s) of {settings.model} on {where} "

@@ -33,7 +33,7 @@ from chat.cluster.prompt_keys import PromptKeyer
 from chat.cluster.routing import RouteKey, RoutingTable, SessionRef
 from chat.cluster.wire import Failed, ReplicaLostError, ReplicaReport, Served, ToReplica, TurnCall
 from chat.engine.errors import EngineError
-from chat.engine.generation import Done, Event, Timings, TurnRequest, Usage
+from chat.engine.events import Done, Event, Timings, TurnRequest, Usage
 from chat.engine.metrics import Metrics
 from chat.protocol.session import Session
 

@@ -23,18 +23,20 @@ from collections.abc import AsyncIterator
 import ray
 from ray import serve
 
+from chat.cluster.settings import without_keys
 from chat.cluster.wire import Failed, ReplicaReport, Served, ToReplica, TurnCall, portable_done
 from chat.engine.engine import JobHandle
 from chat.engine.errors import EngineError
-from chat.engine.generation import Delta, Done
+from chat.engine.events import Delta, Done
 from chat.server.settings import ServerSettings
 
 log = logging.getLogger("turncache.cluster")
 
 
 def replica_settings(settings: ServerSettings) -> ServerSettings:
-    """The settings of a replica's private app (only ``/metrics`` is ever called on it, in-process)."""
-    return settings.model_copy(update={"sessions_db": None, "auth_token": None})
+    """The settings of a replica's private app (only ``/metrics`` is ever called on it, in-process): no session
+    store, and no API key, so its ``/metrics`` answers without a bearer token."""
+    return without_keys(settings).model_copy(update={"sessions_db": None})
 
 
 class EngineReplica:

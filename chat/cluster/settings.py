@@ -6,12 +6,21 @@ and apply to every replica and to the ingress alike.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+if TYPE_CHECKING:
+    from chat.server.settings import ServerSettings
+
 RouterMode = Literal["prefix", "round_robin"]
+KEY_FIELDS = ("auth_token", "api_keys_file", "api_keys")  # ServerSettings fields that name or hold API keys
+
+
+def without_keys(settings: ServerSettings) -> ServerSettings:
+    """``settings`` with no API key source: what travels to Ray's workers (the ingress gets a KeyRing instead)."""
+    return settings.model_copy(update=dict.fromkeys(KEY_FIELDS))
 
 
 class ClusterSettings(BaseSettings):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from chat.cluster.routing import RouteKey
 from chat.engine.errors import EngineClosedError, EngineError
-from chat.engine.generation import Done, TurnRequest
+from chat.engine.events import Done, TurnRequest
 
 
 class ReplicaLostError(EngineClosedError):

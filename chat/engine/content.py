@@ -13,19 +13,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from chat.engine.errors import InvalidMediaError, UnsupportedMediaError
+from chat.engine.runtime import ModelRuntime
 from modalities.parts import MediaPart
 
 MEDIA_KIND = {"image_url": "image", "input_audio": "audio", "video_url": "video"}
 
 
-def engine_messages(messages: Iterable[Mapping[str, Any]], runtime) -> list[dict[str, Any]]:
+def engine_messages(messages: Iterable[Mapping[str, Any]], runtime: ModelRuntime) -> list[dict[str, Any]]:
     """Messages whose content is a string, or (when media are present) a list of text dicts and MediaParts.
 
     Raises:
         UnsupportedMediaError: a media part the model cannot take.
         InvalidMediaError: a media part that is not a readable data URL / base64 payload.
     """
-    accepted = getattr(runtime, "modalities", frozenset())
+    accepted = runtime.modalities
     out = []
     for i, message in enumerate(messages):
         content = message.get("content")

@@ -1,17 +1,17 @@
-"""The engine: one model, one prefix cache, many concurrent turns.
+"""The engine: one model, one prefix cache, many concurrent turns, one batched forward per step.
 
-A single worker thread owns the model and the cache. It takes turns round-robin, one step each (a prefill chunk or
-one decoded token), so a turn that arrives while another session streams a long reply waits at most one step per
-active turn before its own prefill starts. Callers use :meth:`Engine.generate` (async) or :meth:`Engine.submit`
-(callbacks, any thread)::
+A single worker thread owns the model and the cache. It admits new turns (render, look up, restore) at the start of
+each step, then runs one scheduler step (:mod:`chat.engine.scheduler`): a forward over the next token of every
+decoding turn and prefill chunks of the turns still prefilling. Callers use :meth:`Engine.generate` (async) or
+:meth:`Engine.submit` (callbacks, any thread)::
 
-    engine = Engine(runtime, cache=PrefixCache(device_budget_bytes=...))
+    engine = Engine(runtime, cache=PrefixCache(device_budget_bytes=...), batch=BatchSettings(max_batch=32))
     async for event in engine.generate(TurnRequest(messages, SamplingParams(max_tokens=64))):
         ...  # Delta, Delta, ..., Done
     engine.close()
 
-Cancelling the consumer of :meth:`generate` (or calling ``handle.cancel()``) stops the generation at its next step;
-what was computed is stored, every lease is given back.
+Cancelling the consumer of :meth:`generate` (or calling ``handle.cancel()``) stops the turn at the next step; what
+was computed is stored, every lease is given back.
 """
 
 from __future__ import annotations
@@ -19,34 +19,37 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from cache import CacheStats, PrefixCache
-from chat.engine.errors import EngineClosedError, EngineError
-from chat.engine.generation import Done, Event, Generation, TurnRequest
+from chat.engine.errors import EngineClosedError
+from chat.engine.events import Done, Event, TurnRequest
 from chat.engine.metrics import Metrics
 from chat.engine.runtime import ModelRuntime
+from chat.engine.scheduler import BatchSettings, Scheduler
+from chat.engine.turn import Turn
 
 Sink = Callable[[Event | BaseException], None]  # receives every event, then possibly an exception; any thread
 
 
 @dataclass(eq=False)
 class JobHandle:
-    generation: Generation
+    turn: Turn
     sink: Sink = field(repr=False)
 
     def cancel(self) -> None:
         """Stop at the next step (thread-safe)."""
-        self.generation.cancel()
+        self.turn.cancel()
 
 
 class Engine:
-    def __init__(self, runtime: ModelRuntime, *, cache: PrefixCache | None) -> None:
+    def __init__(self, runtime: ModelRuntime, *, cache: PrefixCache | None, batch: BatchSettings | None = None) -> None:
         self.runtime = runtime  # the model (used only by the worker thread)
         self.cache = cache  # None: `--no-prefix-cache`
         self.metrics = Metrics()  # counters and histograms for /metrics
+        self.scheduler = Scheduler(runtime, batch)  # the active turns (worker thread only)
+        self._handles: dict[int, JobHandle] = {}  # id(turn) -> its handle, for active turns
         self._inbox: queue.SimpleQueue[JobHandle | None] = queue.SimpleQueue()  # new jobs; None wakes to exit
         self._lock = threading.Lock()  # held while the worker touches the cache; stats() takes it too
         self._closed = False
@@ -63,7 +66,7 @@ class Engine:
         """
         if self._closed:
             raise EngineClosedError("the engine is shut down")
-        handle = JobHandle(Generation(self.runtime, self.cache, request), sink)
+        handle = JobHandle(Turn(self.runtime, self.cache, request), sink)
         self._inbox.put(handle)
         return handle
 
@@ -71,7 +74,7 @@ class Engine:
         """Stream a turn's events: Delta ... Done.
 
         Raises:
-            ContextOverflowError: before anything is computed.
+            ContextOverflowError, InvalidMediaError: before anything is computed.
             EngineClosedError: the engine was closed.
         """
         loop = asyncio.get_running_loop()
@@ -110,27 +113,18 @@ class Engine:
     # ---------------------------------------------------------------- worker
 
     def _loop(self) -> None:
-        active: deque[JobHandle] = deque()
-        while True:
-            try:
-                job = self._inbox.get() if not active else self._inbox.get_nowait()
-            except queue.Empty:
-                job = False  # nothing new
-            if job is None:
-                break
-            if job:
-                self._start(job, active)
-                continue  # take every waiting job before the next step
-            current = active.popleft()
+        while self._admit_waiting():
+            if not self.scheduler.busy:
+                continue
             with self._lock:
-                events = current.generation.step()
-            self._deliver(current, events)
-            if not current.generation.done:
-                active.append(current)
-        for job in active:
-            with self._lock:
-                events = job.generation.stop_now()
-            self._deliver(job, events)
+                results = self.scheduler.step()
+            self.metrics.step_done(self.scheduler.last)
+            for turn, events in results:
+                self._deliver(turn, events)
+        with self._lock:
+            results = self.scheduler.stop_all()
+        for turn, events in results:
+            self._deliver(turn, events)
         while True:  # jobs queued after close
             try:
                 job = self._inbox.get_nowait()
@@ -139,21 +133,32 @@ class Engine:
             if job is not None:
                 job.sink(EngineClosedError("the engine is shut down"))
 
-    def _start(self, job: JobHandle, active: deque[JobHandle]) -> None:
+    def _admit_waiting(self) -> bool:
+        """Begin every queued turn (waiting for one when nothing is active). False once the engine is closing."""
+        while True:
+            try:
+                job = self._inbox.get() if not self.scheduler.busy else self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
+            self._admit(job)
+
+    def _admit(self, job: JobHandle) -> None:
         try:
             with self._lock:
-                job.generation.begin()
-        except EngineError as exc:
-            job.sink(exc)
-            return
-        except Exception as exc:  # a bug or a broken model: report it to this caller only
+                job.turn.begin()
+        except Exception as exc:  # a typed engine error, a bug or a broken model: report it to this caller only
             job.sink(exc)
             return
         self.metrics.turn_started()
-        active.append(job)
+        self._handles[id(job.turn)] = job
+        self.scheduler.add(job.turn)
 
-    def _deliver(self, job: JobHandle, events: list[Event]) -> None:
+    def _deliver(self, turn: Turn, events: list[Event]) -> None:
+        job = self._handles[id(turn)]
         for event in events:
             if isinstance(event, Done):
                 self.metrics.turn_done(event)
+                del self._handles[id(turn)]
             job.sink(event)

@@ -2,6 +2,7 @@
 
 EngineError
 ├── InvalidSamplingError   a sampling setting out of range (``.field`` names it)
+├── InvalidBatchSettingError  a scheduler setting out of range (``.field`` names it; refused at start)
 ├── ContextOverflowError   the prompt does not fit the model's context window (raised before any compute)
 ├── UnsupportedMediaError  a media part for a model without that modality (``.item`` names it)
 ├── InvalidMediaError      a media part that is corrupt, mislabeled, unsupported or too large (``.item``)
@@ -19,6 +20,14 @@ class EngineError(Exception):
 
 class InvalidSamplingError(EngineError, ValueError):
     code = "invalid_sampling"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field  # name of the offending setting
+
+
+class InvalidBatchSettingError(EngineError, ValueError):
+    code = "invalid_setting"
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

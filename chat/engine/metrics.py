@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import Any
 
-from chat.engine.generation import Done
+from chat.engine.events import Done
 
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -21,6 +22,9 @@ class Metrics:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     ttft_buckets: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BUCKETS_S) + 1))  # last: +Inf
     ttft_sum_s: float = 0.0
+    steps: int = 0  # batched forwards run
+    step_turns: int = 0  # turns fed, summed over steps (/ steps: mean batch size)
+    step_tokens: int = 0  # tokens fed, summed over steps
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def turn_started(self) -> None:
@@ -39,6 +43,15 @@ class Metrics:
                 ttft = done.timings.ttft_ms / 1e3
                 self.ttft_buckets[bisect_left(TTFT_BUCKETS_S, ttft)] += 1
                 self.ttft_sum_s += ttft
+
+    def step_done(self, report: Any) -> None:
+        """Count one scheduler step (a ``chat.engine.scheduler.StepReport``; None when nothing ran)."""
+        if report is None or not report.turns:
+            return
+        with self._lock:
+            self.steps += 1
+            self.step_turns += report.turns
+            self.step_tokens += report.tokens
 
     @property
     def hit_rate(self) -> float:

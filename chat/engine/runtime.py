@@ -1,16 +1,27 @@
-"""What the engine needs from a model adapter. ``chat.models`` provides the real one; tests provide fakes.
+"""What the engine needs from a model: the :class:`ModelRuntime` protocol. ``chat.models`` provides the real one
+(text and multimodal adapters alike); tests provide fakes.
 
-The engine knows token ids and cache layer states, never transformers types.
+The engine knows token ids, media spans and cache layer states, never transformers types. One turn uses a runtime
+like this (each step of the scheduler gathers the feeds of every active turn into one ``forward_batch``)::
+
+    prompt = runtime.render_prompt(messages)                  # tokens (+ media spans); may raise MediaError
+    run = runtime.new_run(lease, prompt)                      # empty, or the lease's state
+    [logits] = runtime.forward_batch([Feed(run, chunk, 1)])   # [1, vocab] for the chunk's last token
+    runtime.snapshot(run)                                     # recurrent models, where entries will be stored
+    cache.insert(ns, tokens, runtime.export(run), media=prompt.spans, extras=runtime.extras(run))
+    runtime.rewind(run, n)                                    # forget rejected draft tokens (can_rewind only)
+    runtime.close_run(run)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from cache import LayerState, Lease
+from cache import LayerState, Lease, MediaSpan
 
 
 class Run(Protocol):
@@ -19,6 +30,29 @@ class Run(Protocol):
     @property
     def length(self) -> int:
         """Tokens the state has absorbed."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    """Tokens to append to a run in the next forward, and how many of their last positions need logits."""
+
+    run: Any  # the Run the tokens extend
+    tokens: Sequence[int]  # token ids, at least one
+    logits: int  # logits wanted for the last `logits` tokens: 0 (a prefill chunk mid-prompt) .. len(tokens)
+
+
+class RenderedPrompt(Protocol):
+    """A conversation rendered for the model."""
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """The prompt's token ids (media placeholders expanded to each item's token count)."""
+        ...
+
+    @property
+    def spans(self) -> Sequence[MediaSpan]:
+        """Where each media item lies in ``tokens``, with its content hash (empty for text)."""
         ...
 
 
@@ -34,39 +68,54 @@ class Detokenizer(Protocol):
 
 class ModelRuntime(Protocol):
     name: str  # what /v1/models lists
-    fingerprint: str  # identity of weights + config + tokenizer: the cache namespace's model id
-    dtype: str  # "float32" | "bfloat16"
+    fingerprint: str  # identity of weights (and their format) + config + tokenizer: the cache namespace's model id
+    dtype: str  # dtype of the attention K/V: "float32" | "bfloat16"
+    weights: str  # format of the linear layers' weights: "float32" | "bfloat16" | "int8"
     context_window: int  # most tokens a sequence may hold
-    eos_token_ids: set[int]  # tokens that end a reply
-    has_recurrent_state: bool  # True when some layer is recurrent (then snapshot boundaries matter)
+    eos_token_ids: frozenset[int] | set[int]  # tokens that end a reply
+    has_recurrent_state: bool  # some layer is recurrent: snapshots only where taken, prefill split at boundaries
+    can_rewind: bool  # rewind() works (no recurrent layers): greedy replies may decode speculatively
+    modalities: frozenset[str]  # media kinds the model takes ("image", "audio", "video"); empty for text
 
-    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]: ...
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of text-only ``messages`` (used to find where the system prompt ends)."""
+        ...
+
+    def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
+        """The prompt of ``messages`` (text, or text and ``modalities.parts.MediaPart`` s).
+
+        Raises:
+            modalities.errors.MediaError: a media item is corrupt, over a limit, or of a kind the model does not take.
+        """
+        ...
 
     def detokenizer(self) -> Detokenizer: ...
 
-    def new_run(self, lease: Lease | None = None) -> Run: ...
+    def new_run(self, lease: Lease | None = None, prompt: RenderedPrompt | None = None) -> Run:
+        """A run holding ``lease``'s state (or empty), ready to absorb the rest of ``prompt``."""
+        ...
 
-    def forward(self, run: Run, token_ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        """Logits ``[len(token_ids), vocab]`` (float32) for ``token_ids`` appended to ``run``, or ``[1, vocab]`` for
-        the last token only with ``last_only`` (skips the output projection of the others); advances ``run``."""
+    def forward_batch(self, feeds: Sequence[Feed]) -> list[torch.Tensor | Exception | None]:
+        """Run every feed; per feed, its logits ``[feed.logits, vocab]`` (float32; None for 0) or the error that
+        feed caused. A failing feed never changes another feed's result; its run may be left unusable."""
+        ...
+
+    def rewind(self, run: Run, n: int) -> None:
+        """Forget the last ``n`` tokens absorbed since the run was restored or last exported (``can_rewind`` only)."""
         ...
 
     def snapshot(self, run: Run) -> None:
-        """Record the recurrent state at ``run.length`` so that :meth:`export` includes it."""
+        """Record the recurrent state at ``run.length`` so that :meth:`export` includes it (no-op without any)."""
         ...
 
     def export(self, run: Run) -> list[LayerState]:
         """The run's state at ``run.length`` as cache layer states (no copy of attention K/V)."""
         ...
 
+    def extras(self, run: Run) -> Sequence[tuple[int, Any]]:
+        """Position state to store with an entry at ``run.length`` (e.g. mRoPE offsets); () for text models."""
+        ...
+
     def close_run(self, run: Run) -> None:
         """The run is finished; buffers it owns may be handed on."""
         ...
-
-    # Optional: a runtime with ``can_rewind = True`` and ``rewind(run, n)`` (forget the last ``n`` tokens the run
-    # absorbed since it was restored or last exported) gets speculative greedy decoding (chat.engine.drafts).
-
-
-def iter_tokens(tokens: Sequence[int], chunk: int) -> Iterator[Sequence[int]]:
-    for start in range(0, len(tokens), chunk):
-        yield tokens[start : start + chunk]

@@ -2,18 +2,20 @@
 
 Public surface::
 
-    load_model(spec, dtype="float32") -> ModelAdapter     # "smollm2", "tiny-<name>", or a model directory
-    ModelAdapter   name, fingerprint, dtype, context_window, eos_token_ids, vocab_size, has_recurrent_state,
-                   render, decode, detokenizer, new_run, forward, snapshot, export, close_run,
-                   can_rewind, rewind (speculative decoding), stock_model (baselines)
+    load_model(spec, dtype="float32", weights=None) -> ModelAdapter   # "smollm2", "tiny-<name>", or a directory
+    ModelAdapter   name, fingerprint, dtype, weights, context_window, eos_token_ids, vocab_size, modalities,
+                   has_recurrent_state, render, render_prompt, decode, detokenizer, new_run, forward_batch,
+                   forward, snapshot, export, extras, close_run, can_rewind, rewind (speculative decoding),
+                   stock_model (baselines, float32 weights only)
     RunState       one generation's live state (``.length``)
     errors         ModelError and its subclasses (chat.models.errors)
 
 Module map: ``registry`` (specs -> loaders), ``smollm2`` (GGUF -> model directory, once), ``tiny`` +
 ``tiny_tokenizer`` (seeded test models), ``families`` (what is served or refused), ``adapter`` (the runtime),
-``hf_cache`` (a transformers Cache over ``kv_rows``' copy-on-write buffers), ``fast_paths`` (faster linear layers
-and short-query attention for decoding on CPU, undone for baselines), ``detokenizer``, ``fingerprint``,
-``baseline`` (plain ``generate`` for benchmarks).
+``hf_cache`` (a transformers Cache over ``kv_rows``' copy-on-write buffers), ``ragged`` (several runs in one
+forward, each attending to its own rows), ``fast_paths`` (every patch of the transformers model in one ``install``:
+weight formats, fused projections, the packed attention; undone for baselines), ``smoothing`` (activation outliers
+into the weights before int8), ``detokenizer``, ``fingerprint``, ``baseline`` (plain ``generate`` for benchmarks).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,11 +29,15 @@ from typing import Any
 import torch
 
 from cache import LayerState, Lease, NormalKV, RecurrentSnapshot, RecurrentState, RotatingKV, Stateless
+from chat.engine.runtime import Feed
+from chat.models import ragged
 from chat.models.detokenizer import IncrementalDetokenizer
 from chat.models.errors import InvalidSettingError, RunStateError
-from chat.models.fast_paths import FastPaths
+from chat.models.fast_paths import install
 from chat.models.hf_cache import CacheLayout, RunCache
+from chat.models.smoothing import CALIBRATION_TEXT
 
+_log = logging.getLogger(__name__)
 DEFAULT_ROTATING_MARGIN = 64  # rows kept beyond W - 1 in sliding layers: rewinds of up to this many tokens
 
 
@@ -65,6 +70,7 @@ class ModelAdapter:
         dtype: str,
         context_window: int,
         eos_token_ids: set[int],
+        weights: str = "float32",
         rotating_margin: int = DEFAULT_ROTATING_MARGIN,
     ) -> None:
         self._model = model  # a transformers causal LM in eval mode
@@ -73,7 +79,9 @@ class ModelAdapter:
         self.fingerprint = fingerprint  # weights + config + tokenizer: the cache namespace's model id
         self.dtype = dtype  # "float32" | "bfloat16"
         self.context_window = context_window  # most tokens a sequence may hold
-        self.eos_token_ids = set(eos_token_ids)  # tokens that end a reply
+        self.eos_token_ids = frozenset(eos_token_ids)  # tokens that end a reply
+        self.modalities: frozenset[str] = frozenset()  # media kinds taken (multimodal adapters set theirs)
+        self.weights = weights  # format of the linear layers' weights (chat.models.fast_paths.WEIGHT_FORMATS)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])  # logits per token
         self.device = next(model.parameters()).device
         self._layout = CacheLayout(model.config, max_rows=context_window, margin=rotating_margin)
@@ -82,7 +90,13 @@ class ModelAdapter:
         self._logits_to_keep = "logits_to_keep" in params
         if self.has_recurrent_state:
             self._learn_recurrent_layout()
-        self._fast = FastPaths.apply(model)  # faster decoding, same function (chat.models.fast_paths)
+        calibration = self.encode(CALIBRATION_TEXT) if weights == "int8" else None
+        self._patches = install(model, weights, calibration=calibration)  # weight format, fusion, packed attention
+        self._packable = not self.has_recurrent_state  # runs share one forward (chat.models.ragged)
+        self._packed_kinds = [  # per decoder layer, what a packed forward's cache holds
+            "kv" if kinds == ("kv",) else ("rotating", slot_window) if kinds == ("rotating",) else "none"
+            for kinds, slot_window in self._layout.layer_parts()
+        ]
 
     # ================================================================ text
 
@@ -102,6 +116,14 @@ class ModelAdapter:
         text = self._tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=add_generation_prompt)
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
+    def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> TextPrompt:
+        """The prompt of ``messages`` (string contents) with the generation prompt: a text model has no media.
+
+        Raises:
+            InvalidSettingError: a message is not a role/content pair of strings.
+        """
+        return TextPrompt(tuple(self.render(messages)))
+
     def encode(self, text: str) -> list[int]:
         """Token ids of plain ``text`` (no chat template, no special tokens added)."""
         return list(self._tokenizer.encode(text, add_special_tokens=False))
@@ -116,8 +138,9 @@ class ModelAdapter:
 
     # ================================================================ runs
 
-    def new_run(self, lease: Lease | None = None) -> RunState:
-        """A run that is empty, or holds ``lease``'s state at ``lease.length``.
+    def new_run(self, lease: Lease | None = None, prompt: Any = None) -> RunState:
+        """A run that is empty, or holds ``lease``'s state at ``lease.length`` (``prompt`` matters only to
+        multimodal adapters).
 
         Attention K/V are adopted by reference; the run copies them only if it must append where another run
         already did (see :mod:`chat.models.kv_rows`). Keep the lease until the run is closed.
@@ -151,31 +174,55 @@ class ModelAdapter:
             RunStateError: the run is closed, broken, from another model, or would outgrow the context window.
             InvalidSettingError: a token id outside the vocabulary.
         """
-        cache = self._live(run)
-        q = len(token_ids)
-        if q == 0:
-            raise InvalidSettingError("token_ids", "at least one token is needed")
-        if run.length + q > self.context_window:
-            raise RunStateError(f"{run.length} + {q} tokens exceed the context window of {self.context_window} tokens")
-        token_ids = list(token_ids)
-        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
-            raise InvalidSettingError("token_ids", f"token ids must be in [0, {self.vocab_size})")
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, q]
-        kwargs: dict[str, Any] = {}
-        if self._logits_to_keep:
-            kwargs["logits_to_keep"] = 1 if last_only else 0
-        try:
-            with torch.inference_mode():
-                inputs = self._model_inputs(run, ids)
-                out = self._model(**inputs, past_key_values=cache, use_cache=True, **kwargs)
-        except BaseException:
-            run.broken = True
-            raise
-        run.length += q
-        logits = out.logits[0]  # [q or 1, vocab]
-        if last_only:
-            logits = logits[-1:]
-        return logits.float()
+        (outcome,) = self.forward_batch([Feed(run, token_ids, 1 if last_only else len(token_ids))])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return outcome
+
+    def forward_batch(self, feeds: Sequence[Any]) -> list[torch.Tensor | Exception | None]:
+        """Append each feed's ``tokens`` to its ``run`` in as few forwards as the model allows; return, per feed,
+        the logits ``[feed.logits, vocab]`` (float32) of its last ``feed.logits`` tokens (None for 0), or the error
+        that feed caused. A feed is anything with ``run``, ``tokens`` and ``logits`` (``chat.engine.runtime.Feed``).
+
+        Models without recurrent layers run every feed in one packed forward (:mod:`chat.models.ragged`). Models
+        with recurrent layers run their one-token feeds (decode steps) in one stacked forward, one run per batch
+        row, and every longer feed (a prefill chunk, drafts) in a forward of its own: a recurrent mixer carries
+        state along its input row, so feeds cannot share a row. If a shared forward fails, every run is rolled back
+        and each feed runs alone, so only the feeds that fail alone get an error (their runs are left broken); the
+        others advance as if nothing had happened.
+
+        Errors per feed: RunStateError (closed, broken or foreign run; over the context window), InvalidSettingError
+        (no tokens, a token id outside the vocabulary, ``logits`` out of range), or whatever the model raised.
+        """
+        outcomes: list[torch.Tensor | Exception | None] = [None] * len(feeds)
+        ready: list[tuple[int, RunState, int, dict[str, torch.Tensor]]] = []  # (feed index, run, logits, inputs)
+        for i, feed in enumerate(feeds):
+            try:
+                run, ids = self._check_feed(feed)
+                with torch.inference_mode():
+                    inputs = self._model_inputs(run, ids)
+            except Exception as exc:  # this feed only
+                outcomes[i] = exc
+                continue
+            ready.append((i, run, feed.logits, inputs))
+        if len(set(id(r) for _, r, _, _ in ready)) != len(ready):
+            raise RunStateError("a run appears twice in one batch")
+        together = ready if self._packable else [it for it in ready if _token_count(it[3]) == 1]
+        if len(together) > 1:
+            try:
+                forward = self._forward_packed if self._packable else self._forward_stacked
+                for (i, _, _, _), logits in zip(together, forward(together), strict=True):
+                    outcomes[i] = logits
+                ready = [it for it in ready if it not in together]
+            except Exception as exc:  # rolled back: each feed runs alone below; only those that fail alone get an error
+                _log.warning("a forward of %d feeds failed (%r); running them one by one", len(together), exc)
+        for item in ready:
+            try:
+                outcomes[item[0]] = self._forward_alone(item)
+            except Exception as exc:
+                outcomes[item[0]] = exc
+        return outcomes
 
     @property
     def can_rewind(self) -> bool:
@@ -239,6 +286,11 @@ class ModelAdapter:
                 out.append(Stateless())
         return out
 
+    def extras(self, run: RunState) -> tuple[tuple[int, Any], ...]:
+        """Position state stored with an entry: none for text models (positions are token counts)."""
+        self._live(run)
+        return ()
+
     def close_run(self, run: RunState) -> None:
         """The run is finished: drop its references (cache entries keep the rows they hold views of)."""
         run.state = None
@@ -254,7 +306,7 @@ class ModelAdapter:
     def stock_model(self) -> Iterator[Any]:
         """The transformers model exactly as loaded, for baselines such as HF ``generate``: the fast paths
         (:mod:`chat.models.fast_paths`) are undone while the block runs. No run may be driven meanwhile."""
-        with self._fast.stock() as model:
+        with self._patches.stock() as model:
             yield model
 
     # ================================================================ internals
@@ -265,6 +317,108 @@ class ModelAdapter:
         q = ids.shape[1]
         positions = torch.arange(run.length, run.length + q, device=self.device).unsqueeze(0)  # [1, q]
         return {"input_ids": ids, "position_ids": positions}
+
+    def _check_feed(self, feed: Any) -> tuple[RunState, torch.Tensor]:
+        """The feed's run and its token ids ``[1, q]``, once both are known to fit."""
+        run = feed.run
+        self._live(run)
+        token_ids = [int(t) for t in feed.tokens]
+        q = len(token_ids)
+        if q == 0:
+            raise InvalidSettingError("token_ids", "at least one token is needed")
+        if not isinstance(feed.logits, int) or not 0 <= feed.logits <= q:
+            raise InvalidSettingError("logits", f"must be an integer in [0, {q}], got {feed.logits!r}")
+        if run.length + q > self.context_window:
+            raise RunStateError(f"{run.length} + {q} tokens exceed the context window of {self.context_window} tokens")
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise InvalidSettingError("token_ids", f"token ids must be in [0, {self.vocab_size})")
+        return run, torch.tensor([token_ids], dtype=torch.long, device=self.device)
+
+    def _forward_packed(self, items: Sequence[tuple[int, RunState, int, dict[str, torch.Tensor]]]) -> list[Any]:
+        """One forward over every item's tokens laid end to end; all runs advance, or (on error) none does."""
+        slots, keep, start = [], [], 0
+        for _, run, logits, inputs in items:
+            q = _token_count(inputs)
+            slots.append(ragged.Slot(0, start, start + q, run.state))
+            keep.extend(range(start + q - logits, start + q))
+            start += q
+        merged = {
+            name: torch.cat([inputs[name] for _, _, _, inputs in items], dim=-1 if name == "position_ids" else 1)
+            for name in items[0][3]
+        }
+        pack = ragged.Pack(slots)
+        points = [[r.checkpoint() for r in self._attention_rows(run)] for _, run, _, _ in items]
+        try:
+            logits = self._run_model(merged, ragged.RaggedCache(self._packed_kinds, pack), pack, keep)
+        except BaseException:
+            for (_, run, _, _), run_points in zip(items, points, strict=True):
+                for rows, point in zip(self._attention_rows(run), run_points, strict=True):
+                    rows.rollback(point)
+            raise
+        out, at = [], 0
+        for _, run, n, inputs in items:
+            run.length += _token_count(inputs)
+            out.append(logits[at : at + n] if n else None)
+            at += n
+        return out
+
+    def _forward_stacked(self, items: Sequence[tuple[int, RunState, int, dict[str, torch.Tensor]]]) -> list[Any]:
+        """One forward of one token per run, the runs as batch rows; all advance, or (on error) none does."""
+        pack = ragged.Pack([ragged.Slot(row, 0, 1, run.state) for row, (_, run, _, _) in enumerate(items)])
+        merged = {
+            name: torch.cat([inputs[name] for _, _, _, inputs in items], dim=-2 if name == "position_ids" else 0)
+            for name in items[0][3]
+        }
+        cache, write_back = self._layout.stacked_cache([run.state for _, run, _, _ in items], pack)
+        points = [[r.checkpoint() for r in self._attention_rows(run)] for _, run, _, _ in items]
+        try:
+            logits = self._run_model(merged, cache, pack, [0], rows=len(items))
+        except BaseException:
+            for (_, run, _, _), run_points in zip(items, points, strict=True):
+                for rows, point in zip(self._attention_rows(run), run_points, strict=True):
+                    rows.rollback(point)
+            raise
+        try:
+            with torch.inference_mode():
+                write_back()
+        except BaseException:  # some runs may hold new states, some old: none can go on
+            for _, run, _, _ in items:
+                run.broken = True
+            raise
+        out = []
+        for b, (_, run, n, _) in enumerate(items):
+            run.length += 1
+            out.append(logits[b : b + 1] if n else None)
+        return out
+
+    def _forward_alone(self, item: tuple[int, RunState, int, dict[str, torch.Tensor]]) -> torch.Tensor | None:
+        """One forward for one run, on its own cache (recurrent layers included); a failure breaks the run."""
+        _, run, n, inputs = item
+        q = _token_count(inputs)
+        pack = ragged.Pack([ragged.Slot(0, 0, q, run.state)])
+        try:
+            logits = self._run_model(inputs, run.state, pack, list(range(q - n, q)))
+        except BaseException:
+            run.broken = True
+            raise
+        run.length += q
+        return logits if n else None
+
+    def _run_model(
+        self, inputs: dict[str, torch.Tensor], cache: Any, pack: Any, keep: list[int], rows: int = 0
+    ) -> torch.Tensor:
+        """Call the model; logits ``[len(keep), vocab]`` (float32) of the input positions ``keep`` of the one input
+        row, or with ``rows`` batch rows of one position each, ``[rows, vocab]``."""
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {"logits_to_keep": index} if self._logits_to_keep else {}
+        with torch.inference_mode(), ragged.active(pack):
+            out = self._model(**inputs, past_key_values=cache, use_cache=True, **kwargs)
+            logits = out.logits if self._logits_to_keep else out.logits[:, index]  # [B, len(keep), vocab]
+        return (logits[:, 0] if rows else logits[0]).float()
+
+    def _attention_rows(self, run: RunState) -> list[Any]:
+        cache = self._live(run)
+        return [cache.layers[s.layer].rows for s in self._layout.slots if s.kind in ("kv", "rotating")]
 
     def _live(self, run: RunState) -> RunCache:
         if not isinstance(run, RunState) or run.owner != id(self):
@@ -306,3 +460,15 @@ class ModelAdapter:
         with torch.inference_mode():
             self._model(input_ids=ids, position_ids=ids, past_key_values=cache, use_cache=True)
         self._layout.learn_recurrent(cache)
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompt:
+    """A rendered text prompt (the ``RenderedPrompt`` of ``chat.engine.runtime``)."""
+
+    tokens: tuple[int, ...]  # token ids through the chat template, generation prompt included
+    spans: tuple[()] = ()  # no media
+
+
+def _token_count(inputs: Mapping[str, torch.Tensor]) -> int:
+    return int(inputs["position_ids"].shape[-1])

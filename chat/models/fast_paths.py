@@ -1,39 +1,42 @@
-"""Faster decoding on CPU for a loaded transformers model, computing the same function (up to float rounding).
+"""Everything turncache changes in a loaded transformers model, in one place: :func:`install`.
 
-Decoding is bound by reading the weights: each step multiplies one row of activations (or a few: draft tokens being
-verified) by every weight matrix, and on this CPU (MKL, AVX2) the speed of that product depends far more on which
-BLAS call does it than on the number of rows. Measured on SmolLM2's shapes, 2 threads: ``F.linear`` with 2-16 rows
-is 1.5-3x slower than ``torch.mm(weight, x.T)`` on the same row-major weight, and 5 rows that way cost about what
-one row costs through ``F.linear``. Three rewrites, each applied only where it fits, all undone while
-:meth:`FastPaths.stock` is held (a baseline must measure the stock model)::
+::
 
-    fast = FastPaths.apply(model)   # once, after loading (the adapter does it)
-    with fast.stock() as model:     # the model exactly as loaded: its own layers and attention function
+    patches = install(model, weights="int8")   # once, after loading (the adapter does it)
+    with patches.stock() as model:             # float32 weights only: the model exactly as loaded, for baselines
         model.generate(...)
 
-- **Linear kernels.** Every plain float32 ``nn.Linear`` becomes a :class:`FastLinear` holding the same parameters
-  (nothing is copied or re-laid: the weights stay row-major, so memory, embeddings tied to an output projection and
-  prefill are unaffected). For 1 row and for 2-:data:`FEW_ROWS` rows it runs the faster of two BLAS forms for its
-  weight shape, chosen once per shape by timing both on the model's own weights (:func:`calibrate`): one row by
-  ``F.linear`` (a GEMV) or as a two-row ``torch.mm`` (a GEMM, faster with 2 threads), a few rows by ``F.linear`` or
-  ``torch.mm(weight, x.T)``. More rows (prefill) always go to ``F.linear``.
-- **Fused projections.** Sibling ``q_proj`` / ``k_proj`` / ``v_proj`` (and ``gate_proj`` / ``up_proj``) layers that
-  read the same input become :class:`FusedPart` modules over one ``[sum of outs, in]`` matrix: for up to
-  :data:`FEW_ROWS` rows the first of a group computes every part in one call and keeps the result, the others take
-  their slice when called with the same input tensor (and compute their own slice otherwise, e.g. in
-  cross-attention). Longer inputs (prefill) run each part on its own slice of the matrix: MKL's GEMMs over 256 rows
-  were ~20% slower on the fused matrices. The parts' weights become row slices
-  (views) of the fused matrix, so memory does not grow and the stock layers read the same values row-major.
-- **Short-query attention.** Decoder attention configured as ``"sdpa"`` is switched to :data:`ATTENTION_NAME`,
-  registered in transformers' ``AttentionInterface`` (and, with SDPA's mask builder, in its mask interface). For up
-  to :data:`SHORT_QUERY` query tokens it computes grouped-query attention as two batched matmuls with a softmax
-  between them, the queries of a K/V head group stacked as rows (no ``repeat_kv``); anything else (longer queries,
-  bf16, dropout, soft-capping, position biases, a paged cache) goes to transformers' own SDPA function, which
-  ignores the same other arguments.
+What :func:`install` does to the decoder stack it is given (a multimodal model's text stack: vision and audio
+encoders keep their own layers and attention):
 
-Only float32 layers are rewritten (the kernels were measured for MKL's float32 routines; bfloat16 goes through
-oneDNN). The rewrites apply to the module given (the adapter gives a multimodal model's text stack, so vision and
-audio encoders keep theirs); recurrent mixers and normalisations are left as they are. Not thread-safe.
+- **Attention.** The decoder config's attention implementation becomes :data:`chat.models.ragged.RAGGED_ATTENTION`:
+  every forward of the adapter runs inside a pack of runs, each attending to its own K/V rows
+  (:mod:`chat.models.ragged`).
+- **Linear layers in the chosen weight format** (:data:`WEIGHT_FORMATS`). Every plain ``nn.Linear`` (the LM head
+  too, untied from the embedding if it was tied) becomes a :class:`FastLinear` over a matrix of that format:
+
+  - ``float32``: the same parameters (nothing copied, row-major as loaded); 1 row and 2-:data:`FEW_ROWS` rows run the
+    faster of two BLAS forms for their weight shape, chosen once per shape by timing both (:func:`calibrate`): one
+    row by ``F.linear`` (a GEMV) or as a two-row ``torch.mm`` (a GEMM, faster with 2 threads here), a few rows by
+    ``F.linear`` or ``torch.mm(weight, x.T)``; more rows always by ``F.linear``.
+  - ``bfloat16``: bf16 weights; activations are rounded to bf16 for the product, the result goes back to float32.
+  - ``int8``: int8 weights with one float32 scale per output channel (symmetric), activations quantized per token
+    (symmetric, their own absolute maximum -> 127) just before each product, which ``torch._int_mm`` computes with
+    int32 accumulation. A token's result depends only on that token, never on the rest of the batch, so a batched
+    forward gives what a forward alone gives. Activation outliers are first moved into the weights where the
+    layers allow it (:mod:`chat.models.smoothing`).
+
+- **Norms.** RMSNorms that scale by their weight run as one ``F.rms_norm`` call (:class:`FastRMSNorm`).
+- **Fused projections.** Sibling ``q_proj`` / ``k_proj`` / ``v_proj`` (and ``gate_proj`` / ``up_proj``) layers that
+  read the same input become :class:`FusedPart` modules over one matrix: the first part of a group computes every
+  part at once (one activation quantization in int8) and keeps the result, the others take their slice when called
+  with the same input tensor (and compute their own slice otherwise, e.g. in cross-attention). In float32 and
+  bfloat16 only for up to :data:`FEW_ROWS` rows (MKL's GEMMs over 256 rows were ~20% slower on the fused matrices);
+  in int8 always.
+
+Only float32 ``nn.Linear`` layers are rewritten (a bfloat16 model keeps its own). Memory: float32 keeps the loaded
+parameters; the other formats keep only their own copies (the embedding stays float32 for its lookups, so a tied LM
+head costs one extra copy in the chosen format). Not thread-safe.
 """
 
 from __future__ import annotations
@@ -47,27 +50,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-ATTENTION_NAME = "turncache_short_query"  # our entry in transformers' attention and mask interfaces
-SHORT_QUERY = 16  # most query tokens the matmul attention handles; longer queries go to SDPA
-FEW_ROWS = 16  # most rows (tokens) a linear layer runs with its calibrated few-rows kernel
+from chat.models import ragged, smoothing
+
+WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
+FEW_ROWS = 16  # most rows (tokens) a float32 layer runs with its calibrated few-rows kernel, or fused
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # sibling layers fused, in output order
-# keyword arguments that SDPA's function acts on (it ignores all others, and so does the matmul attention): with any
-# of them set, the call goes to SDPA
-_SDPA_OPTIONS = ("softcap", "position_bias", "cache", "output_attentions")
 _CALIBRATION_ROWS = 5  # rows the few-rows kernels are timed with (a verification of 4 draft tokens)
 _CALIBRATION_ROUNDS = 5  # interleaved timing rounds per shape; the fastest round counts
 
 
-# ==================================================================== linear layers
+# ==================================================================== float32 kernels
 
 
 @dataclass(slots=True)
 class Kernels:
-    """Which BLAS form a weight shape runs with (see the module docstring)."""
+    """Which BLAS form a float32 weight shape runs with (see the module docstring)."""
 
     one_as_gemm: bool = False  # one row: a two-row torch.mm instead of F.linear
     few_as_mm: bool = True  # 2..FEW_ROWS rows: torch.mm(weight, x.T) instead of F.linear
@@ -93,65 +91,6 @@ def _mm_t(weight: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor | None) -
     return torch.addmm(bias.unsqueeze(1), weight, rows.t()).t()
 
 
-class FastLinear(nn.Module):
-    """An ``nn.Linear`` (same parameters, same result up to rounding) that runs :func:`linear`."""
-
-    def __init__(self, original: nn.Linear, kernels: Kernels) -> None:
-        super().__init__()
-        self.weight = original.weight  # the same parameter objects: ties and the state dict are unchanged
-        self.bias = original.bias
-        self.in_features, self.out_features = original.in_features, original.out_features
-        self.kernels = kernels  # shared by every layer of this weight shape
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.kernels)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, kernels={self.kernels}"
-
-
-class _FusedMatrix:
-    """The shared state of one group of fused layers (not a module: the state dict never sees it)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bounds: list[tuple[int, int]]) -> None:
-        self.weight = weight  # [sum of outs, in], row-major; the parts' weights are views of its rows
-        self.bias = bias  # [sum of outs] or None
-        self.bounds = bounds  # part i's outputs: columns [lo, hi) of the fused result
-        self.kernels = Kernels()  # for the fused shape; set by calibration
-        self.input: torch.Tensor | None = None  # what the first part was last called with
-        self.output: torch.Tensor | None = None  # every part's result for `input`, until all parts took theirs
-        self.pending = 0  # parts still to take their slice of `output`
-
-
-class FusedPart(FastLinear):
-    """One layer of a fused group; computes ``F.linear(x, weight, bias)`` like the ``nn.Linear`` it replaces."""
-
-    def __init__(self, original: nn.Linear, kernels: Kernels, fused: _FusedMatrix, index: int) -> None:
-        super().__init__(original, kernels)
-        self.index = index  # position in the group
-        self._fused = fused
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = self._fused
-        if x.numel() > FEW_ROWS * x.shape[-1]:  # prefill: MKL's GEMMs are faster on the separate matrices
-            return linear(x, self.weight, self.bias, self.kernels)
-        if self.index == 0:  # the group's first layer: every part at once
-            f.input, f.output, f.pending = x, linear(x, f.weight, f.bias, f.kernels), len(f.bounds) - 1
-        elif x is not f.input or f.output is None:  # another input: this part alone
-            f.input = f.output = None
-            return linear(x, self.weight, self.bias, self.kernels)
-        lo, hi = f.bounds[self.index]
-        out = f.output[..., lo:hi].contiguous()
-        if self.index:
-            f.pending -= 1
-            if f.pending == 0:
-                f.input = f.output = None
-        return out
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, part={self.index} of {len(self._fused.bounds)}"
-
-
 def calibrate(weights: Sequence[torch.Tensor], rounds: int = _CALIBRATION_ROUNDS) -> Kernels:
     """Time both forms for one row and for a few rows on ``weights`` (all of one shape, used in turn so that they
     come from memory as in a forward) and keep the faster of each."""
@@ -174,109 +113,185 @@ def calibrate(weights: Sequence[torch.Tensor], rounds: int = _CALIBRATION_ROUNDS
     return Kernels(one_as_gemm=best["one_gemm"] < best["one_linear"], few_as_mm=best["few_mm"] < best["few_linear"])
 
 
-# ==================================================================== attention
+# ==================================================================== matrices, one per format
 
 
-def short_query_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    is_causal: bool | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """A transformers attention function: ``query [B, H, q, D]``, ``key``/``value [B, Hk, L, D]`` ->
-    ``(out [B, q, H, Dv], None)``, equal to :func:`sdpa_attention_forward` up to float rounding.
+class Float32Matrix:
+    """A float32 ``[out, in]`` weight (row-major, as loaded) and its calibrated kernels."""
 
-    Matmul attention when ``q <= SHORT_QUERY`` and either ``q == 1`` or a mask is given (with ``q > 1`` and no mask
-    SDPA applies its own causal rule); SDPA otherwise.
-    """
-    b, h, q, d = query.shape
-    hk = key.shape[1]
-    simple = (
-        q <= SHORT_QUERY
-        and (q == 1 or attention_mask is not None)
-        and query.dtype == key.dtype == value.dtype == torch.float32
-        and not dropout
-        and h % hk == 0
-        and key.shape[0] == b
-        and all(kwargs.get(k) is None or kwargs.get(k) is False for k in _SDPA_OPTIONS)
-        and (attention_mask is None or attention_mask.dim() == 4)
-    )
-    if not simple:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
-        )
-    g = h // hk  # query heads per K/V head
-    scale = d**-0.5 if scaling is None else scaling
-    rows = query.reshape(b, hk, g * q, d)  # head hk*g + j, token t -> row j*q + t of group hk
-    scores = torch.matmul(rows, key.transpose(-1, -2))  # [B, Hk, g*q, L]
-    scores.mul_(scale)
-    if attention_mask is not None:
-        _mask_(scores.view(b, hk, g, q, -1), attention_mask, hk, g)
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, value)  # [B, Hk, g*q, Dv]
-    return out.view(b, h, q, -1).transpose(1, 2).contiguous(), None
+    fuse_rows = FEW_ROWS  # most rows for which a fused group computes all parts at once
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight = weight  # [out, in] float32 (a Parameter, or a view of a fused matrix)
+        self.bias = bias  # [out] or None
+        self.kernels = Kernels()  # set by calibration
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.kernels)
+
+    def rows(self, lo: int, hi: int) -> Float32Matrix:
+        part = Float32Matrix(self.weight[lo:hi], None if self.bias is None else self.bias[lo:hi])
+        part.kernels = self.kernels
+        return part
 
 
-def _mask_(scores: torch.Tensor, mask: torch.Tensor, hk: int, g: int) -> None:
-    """Apply a boolean (True = attend) or additive ``mask [B or 1, 1 or H, q, L]`` to ``scores [B, Hk, g, q, L]``."""
-    mb, mh, mq, ml = mask.shape
-    m = mask.unsqueeze(2) if mh == 1 else mask.reshape(mb, hk, g, mq, ml)  # broadcast over Hk and g
-    if mask.dtype == torch.bool:
-        scores.masked_fill_(~m, float("-inf"))
-    else:
-        scores.add_(m)
+class BFloat16Matrix:
+    """A bfloat16 ``[out, in]`` weight; products are computed in bf16 and returned as float32."""
+
+    fuse_rows = FEW_ROWS
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight = weight.detach().to(torch.bfloat16).contiguous()  # [out, in]
+        self.bias = None if bias is None else bias.detach().float()  # [out], added in float32
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x.to(torch.bfloat16), self.weight).float()
+        return out if self.bias is None else out + self.bias
+
+    def rows(self, lo: int, hi: int) -> BFloat16Matrix:
+        part = BFloat16Matrix.__new__(BFloat16Matrix)
+        part.weight, part.bias = self.weight[lo:hi], None if self.bias is None else self.bias[lo:hi]
+        return part
 
 
-def _register_attention() -> None:
-    if ATTENTION_NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(ATTENTION_NAME, short_query_attention)
-        AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+class Int8Matrix:
+    """An int8 ``[out, in]`` weight with one float32 scale per output channel (symmetric); see :func:`int8_linear`."""
+
+    fuse_rows = 1 << 30  # always fused: the activations are quantized once for the whole group
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # [out]: the weight's quantization step per channel
+        self.q = torch.round(w / scale.unsqueeze(1)).to(torch.int8)  # [out, in], row-major
+        self.scale = scale  # [out] float32
+        self.bias = None if bias is None else bias.detach().float()  # [out]
+        self._step = scale / 127.0  # weight step x activation step per unit of |x| max: what int32 sums are worth
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_linear(x, self.q, self.scale, self.bias, step=self._step)
+
+    def rows(self, lo: int, hi: int) -> Int8Matrix:
+        part = Int8Matrix.__new__(Int8Matrix)
+        part.q, part.scale, part._step = self.q[lo:hi], self.scale[lo:hi], self._step[lo:hi]
+        part.bias = None if self.bias is None else self.bias[lo:hi]
+        return part
 
 
-# ==================================================================== the rewrite
+def int8_linear(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    step: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ (q * scale[:, None]).T (+ bias)`` with ``x`` quantized per token: each row of ``x`` is scaled so that its
+    absolute maximum is 127, rounded to int8, multiplied by the int8 weights with int32 accumulation
+    (``torch._int_mm``), and scaled back. Float32 in, float32 out. ``step`` (= ``scale / 127``) may be passed
+    precomputed. Written with as few tensor operations as the arithmetic allows: a decode step calls it ~120 times,
+    and each operation costs about a microsecond of dispatch."""
+    rows = x.reshape(-1, x.shape[-1])  # [m, in]
+    amax = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12)  # [m, 1]
+    quantized = rows.div(amax).mul_(127.0).round_().to(torch.int8)  # |values| <= 127
+    out = torch._int_mm(quantized, q.t()).mul(amax).mul_(scale / 127.0 if step is None else step)  # [m, out]
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], q.shape[0])
+
+
+_MATRICES = {"float32": Float32Matrix, "bfloat16": BFloat16Matrix, "int8": Int8Matrix}
+
+
+# ==================================================================== layers
+
+
+class FastLinear(nn.Module):
+    """An ``nn.Linear`` computing through a matrix of the chosen format (same function, up to that format's
+    rounding)."""
+
+    def __init__(self, original: nn.Linear, matrix: Any) -> None:
+        super().__init__()
+        if isinstance(matrix, Float32Matrix):  # the same parameter objects: ties and the state dict are unchanged
+            self.weight, self.bias = original.weight, original.bias
+        self.in_features, self.out_features = original.in_features, original.out_features
+        self.matrix = matrix  # Float32Matrix | BFloat16Matrix | Int8Matrix
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matrix(x)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {type(self.matrix).__name__}"
+
+
+class _FusedGroup:
+    """The shared state of one group of fused layers (not a module: the state dict never sees it)."""
+
+    def __init__(self, matrix: Any, bounds: list[tuple[int, int]]) -> None:
+        self.matrix = matrix  # every part's outputs, [sum of outs, in]
+        self.bounds = bounds  # part i's outputs: columns [lo, hi) of the fused result
+        self.input: torch.Tensor | None = None  # what the first part was last called with
+        self.output: torch.Tensor | None = None  # every part's result for `input`, until all parts took theirs
+        self.pending = 0  # parts still to take their slice of `output`
+
+
+class FusedPart(FastLinear):
+    """One layer of a fused group; computes what the ``nn.Linear`` it replaces computes."""
+
+    def __init__(self, original: nn.Linear, matrix: Any, group: _FusedGroup, index: int) -> None:
+        super().__init__(original, matrix)
+        self.index = index  # position in the group
+        self._group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self._group
+        if x.numel() > g.matrix.fuse_rows * x.shape[-1]:  # e.g. a float32 prefill: the separate matrices are faster
+            return self.matrix(x)
+        if self.index == 0:  # the group's first layer: every part at once
+            g.input, g.output, g.pending = x, g.matrix(x), len(g.bounds) - 1
+        elif x is not g.input or g.output is None:  # another input: this part alone
+            g.input = g.output = None
+            return self.matrix(x)
+        lo, hi = g.bounds[self.index]
+        out = g.output[..., lo:hi].contiguous()
+        if self.index:
+            g.pending -= 1
+            if g.pending == 0:
+                g.input = g.output = None
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, part={self.index} of {len(self._group.bounds)}"
+
+
+class FastRMSNorm(nn.Module):
+    """An RMSNorm that scales by its weight (:data:`chat.models.smoothing.NORMS`) as one ``F.rms_norm`` call."""
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        self.weight = original.weight  # the same parameter
+        self.eps = float(original.variance_epsilon)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+# ==================================================================== install
 
 
 @dataclass(eq=False)
-class FastPaths:
-    """What :meth:`apply` changed in one model, so that :meth:`stock` can undo it for a while."""
+class Patches:
+    """What :func:`install` changed in one model, so that :meth:`stock` can undo it for a while."""
 
     model: nn.Module  # the transformers model (or a multimodal model's text stack)
-    replaced: list[tuple[nn.Module, str, nn.Linear, FastLinear]] = field(default_factory=list)  # (parent, name,
-    # stock layer, its replacement) for every rewritten layer
-    kernels: dict[tuple[int, int], Kernels] = field(default_factory=dict)  # weight shape -> calibrated kernels
-    attention: list[Any] = field(default_factory=list)  # configs switched from "sdpa" to ATTENTION_NAME
-
-    @classmethod
-    def apply(cls, model: nn.Module, *, calibrate_kernels: bool = True) -> FastPaths:
-        """Rewrite ``model`` in place (see the module docstring) and return what was done. Without
-        ``calibrate_kernels`` every shape keeps :class:`Kernels`' defaults (for tests)."""
-        fast = cls(model)
-        fused: list[_FusedMatrix] = []
-        with torch.inference_mode(False), torch.no_grad():
-            fast._fuse(fused)
-            fast._wrap_others()
-        by_shape: dict[tuple[int, int], list[torch.Tensor]] = {}
-        for f in fused:
-            by_shape.setdefault(tuple(f.weight.shape), []).append(f.weight)
-        for _, _, _, layer in fast.replaced:
-            by_shape.setdefault(tuple(layer.weight.shape), []).append(layer.weight)
-        for shape, weights in by_shape.items():
-            fast.kernels[shape] = calibrate(weights) if calibrate_kernels else Kernels()
-        for f in fused:
-            f.kernels = fast.kernels[tuple(f.weight.shape)]
-        for _, _, _, layer in fast.replaced:
-            layer.kernels = fast.kernels[tuple(layer.weight.shape)]
-        for config in _decoder_configs(model):
-            if getattr(config, "_attn_implementation_internal", None) == "sdpa":
-                _register_attention()
-                config._attn_implementation_internal = ATTENTION_NAME
-                fast.attention.append(config)
-        return fast
+    weights: str  # the weight format of its linear layers
+    replaced: list[tuple[nn.Module, str, nn.Linear | None, FastLinear]] = field(default_factory=list)  # (parent,
+    # name, stock layer (None once dropped: non-float32 formats), its replacement) for every rewritten layer
+    kernels: dict[tuple[int, int], Kernels] = field(default_factory=dict)  # float32 weight shape -> kernels
+    attention: list[tuple[Any, Any]] = field(default_factory=list)  # (decoder config, its attention implementation
+    # as loaded): switched to chat.models.ragged's
+    smoothed: int = 0  # linear inputs smoothed before int8 quantization (chat.models.smoothing)
+    norms: list[tuple[nn.Module, str, nn.Module, FastRMSNorm]] = field(default_factory=list)  # (parent, name,
+    # stock norm, its replacement)
 
     @property
     def fused_names(self) -> list[str]:
@@ -286,54 +301,124 @@ class FastPaths:
 
     @contextlib.contextmanager
     def stock(self) -> Iterator[nn.Module]:
-        """The model as loaded while the block runs: its own ``nn.Linear`` layers (holding the same parameters,
-        row-major as loaded) and its own attention implementation. Nothing is copied."""
-        for parent, name, original, _ in self.replaced:
+        """The model as loaded while the block runs: its own ``nn.Linear`` layers (the same parameters, row-major as
+        loaded) and its own attention implementation. Nothing is copied.
+
+        Raises:
+            RuntimeError: the weights are not float32 (the loaded layers were dropped to save memory).
+        """
+        if self.weights != "float32":
+            raise RuntimeError(f"the stock model is kept only with float32 weights, not {self.weights}")
+        for parent, name, original, _ in [*self.replaced, *self.norms]:
             setattr(parent, name, original)
-        for config in self.attention:
-            config._attn_implementation_internal = "sdpa"
+        for config, original in self.attention:
+            config._attn_implementation_internal = original
         try:
             yield self.model
         finally:
-            for config in self.attention:
-                config._attn_implementation_internal = ATTENTION_NAME
-            for parent, name, _, layer in self.replaced:
+            for config, _ in self.attention:
+                config._attn_implementation_internal = ragged.RAGGED_ATTENTION
+            for parent, name, _, layer in [*self.replaced, *self.norms]:
                 setattr(parent, name, layer)
 
-    # ---------------------------------------------------------------- internals
 
-    def _fuse(self, fused: list[_FusedMatrix]) -> None:
-        """Replace each group of :data:`FUSED_GROUPS` siblings by :class:`FusedPart` modules over one matrix."""
-        shared = _shared_parameters(self.model)
-        for parent in list(self.model.modules()):
-            for names in FUSED_GROUPS:
-                layers = _fusable(parent, names)
-                if layers is None or any(id(p) in shared for m in layers for p in m.parameters()):
-                    continue
-                weight = torch.cat([m.weight.data for m in layers])  # [sum of outs, in]
-                bias = torch.cat([m.bias.data for m in layers]) if layers[0].bias is not None else None
-                bounds, lo = [], 0
-                for m in layers:
-                    bounds.append((lo, lo + m.out_features))
-                    lo += m.out_features
-                matrix = _FusedMatrix(weight, bias, bounds)
-                for i, (name, m) in enumerate(zip(names, layers, strict=True)):
-                    m.weight.data = weight[bounds[i][0] : bounds[i][1]]  # a view: the values are held once
+def install(
+    model: nn.Module,
+    weights: str = "float32",
+    *,
+    calibrate_kernels: bool = True,
+    calibration: list[int] | None = None,
+) -> Patches:
+    """Rewrite ``model`` in place (see the module docstring) and return what was done. Without
+    ``calibrate_kernels`` every float32 shape keeps :class:`Kernels`' defaults (for tests). For int8, token ids in
+    ``calibration`` smooth the activations first (:mod:`chat.models.smoothing`).
+
+    Raises:
+        ValueError: ``weights`` is not one of :data:`WEIGHT_FORMATS`.
+    """
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weight format {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    patches = Patches(model, weights)
+    make = _MATRICES[weights]
+    if weights == "int8" and calibration:
+        patches.smoothed = smoothing.smooth(model, calibration)
+    with torch.inference_mode(False), torch.no_grad():
+        groups = _fuse(patches, make)
+        _wrap_others(patches, make)
+        _fuse_norms(patches)
+    if weights == "float32":
+        _calibrate(patches, groups, calibrate_kernels)
+    else:  # the loaded layers are dropped: only the chosen format's copies stay in memory
+        patches.replaced = [(p, n, None, layer) for p, n, _, layer in patches.replaced]
+    ragged.register()
+    for config in _decoder_configs(model):
+        patches.attention.append((config, getattr(config, "_attn_implementation_internal", None)))
+        config._attn_implementation_internal = ragged.RAGGED_ATTENTION
+    return patches
+
+
+def _fuse(patches: Patches, make: type) -> list[_FusedGroup]:
+    """Replace each group of :data:`FUSED_GROUPS` siblings by :class:`FusedPart` modules over one matrix."""
+    shared = _shared_parameters(patches.model)
+    groups: list[_FusedGroup] = []
+    for parent in list(patches.model.modules()):
+        for names in FUSED_GROUPS:
+            layers = _fusable(parent, names)
+            if layers is None or any(id(p) in shared for m in layers for p in m.parameters()):
+                continue
+            weight = torch.cat([m.weight.data for m in layers])  # [sum of outs, in]
+            bias = torch.cat([m.bias.data for m in layers]) if layers[0].bias is not None else None
+            bounds, lo = [], 0
+            for m in layers:
+                bounds.append((lo, lo + m.out_features))
+                lo += m.out_features
+            group = _FusedGroup(make(weight, bias), bounds)
+            for i, (name, m) in enumerate(zip(names, layers, strict=True)):
+                if make is Float32Matrix:  # the parts' weights become views of the fused matrix: held once
+                    m.weight.data = weight[bounds[i][0] : bounds[i][1]]
                     if bias is not None:
                         m.bias.data = bias[bounds[i][0] : bounds[i][1]]
-                    part = FusedPart(m, Kernels(), matrix, i)
-                    setattr(parent, name, part)
-                    self.replaced.append((parent, name, m, part))
-                fused.append(matrix)
+                part = FusedPart(m, group.matrix.rows(*bounds[i]), group, i)
+                setattr(parent, name, part)
+                patches.replaced.append((parent, name, m, part))
+            groups.append(group)
+    return groups
 
-    def _wrap_others(self) -> None:
-        """Every other plain float32 ``nn.Linear`` becomes a :class:`FastLinear`."""
-        for parent in list(self.model.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.dim() == 2:
-                    layer = FastLinear(child, Kernels())
-                    setattr(parent, name, layer)
-                    self.replaced.append((parent, name, child, layer))
+
+def _wrap_others(patches: Patches, make: type) -> None:
+    """Every other plain float32 ``nn.Linear`` becomes a :class:`FastLinear`."""
+    for parent in list(patches.model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.dim() == 2:
+                layer = FastLinear(child, make(child.weight, child.bias))
+                setattr(parent, name, layer)
+                patches.replaced.append((parent, name, child, layer))
+
+
+def _fuse_norms(patches: Patches) -> None:
+    """Every float32 RMSNorm of a known kind becomes a :class:`FastRMSNorm` (one operation instead of six)."""
+    for parent in list(patches.model.modules()):
+        for name, child in list(parent.named_children()):
+            weight = getattr(child, "weight", None)
+            known = type(child).__name__ in smoothing.NORMS and hasattr(child, "variance_epsilon")
+            if known and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32:
+                norm = FastRMSNorm(child)
+                setattr(parent, name, norm)
+                patches.norms.append((parent, name, child, norm))
+
+
+def _calibrate(patches: Patches, groups: list[_FusedGroup], timed: bool) -> None:
+    matrices = [g.matrix for g in groups] + [layer.matrix for *_, layer in patches.replaced]
+    by_shape: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for m in matrices:
+        by_shape.setdefault(tuple(m.weight.shape), []).append(m.weight)
+    for shape, tensors in by_shape.items():
+        patches.kernels[shape] = calibrate(tensors) if timed else Kernels()
+    for m in matrices:
+        m.kernels = patches.kernels[tuple(m.weight.shape)]
+    for *_, layer in patches.replaced:  # a fused part's matrix shares its kernels with the fused group's
+        if isinstance(layer, FusedPart):
+            layer.matrix.kernels = layer._group.matrix.kernels
 
 
 def _fusable(parent: nn.Module, names: tuple[str, ...]) -> list[nn.Linear] | None:

@@ -1,6 +1,7 @@
 """Model fingerprints: the cache namespace's model id. Two adapters share cached state only if everything that turns
 tokens into state is the same: the weights, the config, the tokenizer and chat template, and this adapter's way of
-laying out the state (:data:`LAYOUT_VERSION`). The dtype is not part of it: namespaces carry it separately.
+laying out the state (:data:`LAYOUT_VERSION`), and the format the linear layers run in (float32, bfloat16, int8:
+each computes slightly different states). The dtype is not part of it: namespaces carry it separately.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ def tensors_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     return h.hexdigest()
 
 
-def model_fingerprint(name: str, config: Any, tokenizer: Any, weights_digest: str) -> str:
-    """``<name>@<24 hex digits>``: readable in logs, unique across weights, config and tokenizer."""
+def model_fingerprint(name: str, config: Any, tokenizer: Any, weights_digest: str, weights: str = "float32") -> str:
+    """``<name>@<24 hex digits>`` (``<name>+<format>@...`` when the linear layers run in another weight format
+    than float32): readable in logs, unique across weights, their format, config and tokenizer."""
     h = hashlib.sha256(LAYOUT_VERSION.encode())
+    h.update(f"weights={weights}".encode())
     config_dict = {k: v for k, v in config.to_dict().items() if k not in _VOLATILE_CONFIG_KEYS}
     h.update(json.dumps(config_dict, sort_keys=True, default=str).encode())
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -51,4 +54,5 @@ def model_fingerprint(name: str, config: Any, tokenizer: Any, weights_digest: st
     h.update(str(getattr(tokenizer, "chat_template", "")).encode())
     h.update(json.dumps(sorted(map(str, tokenizer.all_special_tokens))).encode())
     h.update(weights_digest.encode())
-    return f"{name}@{h.hexdigest()[:24]}"
+    label = name if weights == "float32" else f"{name}+{weights}"
+    return f"{label}@{h.hexdigest()[:24]}"

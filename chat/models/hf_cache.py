@@ -15,6 +15,7 @@ Recurrent tensors are ordered conv states first, then recurrent states, each by 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
+from chat.models import ragged
 from chat.models.families import LAYER_KINDS
 from chat.models.kv_rows import AttentionRows
 
@@ -46,6 +48,9 @@ class _BufferedKV:
         keys, values = self.rows.append(key_states, value_states)  # [B, H, kv_length, D]
         self.keys, self.values = keys, values  # what other transformers code may read
         self.is_initialized = True
+        pack = ragged.current()
+        if pack is not None:  # a one-run forward (chat.models.ragged): attention reads the views from the pack
+            pack.kv, pack.window = [(keys, values)], self.rows.window
         return keys, values
 
     def get_seq_length(self) -> int:
@@ -84,6 +89,22 @@ class BufferedHybridSlidingLayer(_BufferedKV, LinearAttentionAndSlidingWindowAtt
         self.rows = rows
 
 
+def _stack_states(layer: Any, owns: Sequence[Any]) -> None:
+    """Give ``layer`` the runs' recurrent states (layers ``owns``, one per run) stacked along the batch dimension."""
+    first = owns[0]
+    for idx, ready in first.is_conv_states_initialized.items():
+        if ready:
+            layer.conv_states[idx] = torch.cat([own.conv_states[idx] for own in owns])
+            layer.is_conv_states_initialized[idx] = True
+            layer.conv_kernel_size[idx] = first.conv_kernel_size[idx]
+    for idx, ready in first.is_recurrent_states_initialized.items():
+        if ready:
+            layer.recurrent_states[idx] = torch.cat([own.recurrent_states[idx] for own in owns])
+            layer.is_recurrent_states_initialized[idx] = True
+    layer.has_previous_state = dict(first.has_previous_state)
+    layer.device, layer.dtype = first.device, first.dtype
+
+
 class RunCache(Cache):
     """The cache one run feeds to the model: one layer object per decoder layer."""
 
@@ -120,6 +141,14 @@ class CacheLayout:
         self.slots: tuple[Slot, ...] = tuple(slots)
         self.recurrent: dict[int, RecurrentLayout] = {}  # layer -> its states; filled in by `learn_recurrent`
 
+    def layer_parts(self) -> list[tuple[tuple[str, ...], int | None]]:
+        """Per decoder layer: the kinds of its slots, and the sliding window of its attention part (if any)."""
+        parts: list[tuple[tuple[str, ...], int | None]] = [((), None) for _ in self.layer_types]
+        for slot in self.slots:
+            kinds, window = parts[slot.layer]
+            parts[slot.layer] = ((*kinds, slot.kind), slot.window if slot.window is not None else window)
+        return parts
+
     @property
     def has_recurrent(self) -> bool:
         return any(s.kind == "recurrent" for s in self.slots)
@@ -142,6 +171,47 @@ class CacheLayout:
             else:
                 layers.append(DummyLayer())
         return RunCache(layers)
+
+    def stacked_cache(self, caches: Sequence[RunCache], pack: ragged.Pack) -> tuple[Cache, Callable[[], None]]:
+        """The cache of one forward of one token per run, the runs as batch rows (``pack``'s slots, in order of
+        ``caches``): attention parts route K/V to each run's own rows, recurrent states are stacked *copies* of the
+        runs' states. Returns it and ``write_back``: copy the new states into each run's own tensors; call it only
+        once the forward succeeded (until then the runs are untouched, but for rows appended to their attention)."""
+        layers: list[Any] = []
+        stacked: list[tuple[int, Any]] = []  # (decoder layer, its stacked recurrent layer)
+        for i, (kind, kwargs) in enumerate(zip(self.layer_types, self._layer_kwargs, strict=True)):
+            n_states, window = kwargs.get("number_of_states", 1), kwargs.get("sliding_window")
+            if kind == "full_attention":
+                layers.append(ragged.RaggedFullLayer(i, pack))
+                continue
+            if kind == "sliding_attention":
+                layers.append(ragged.RaggedSlidingLayer(i, pack, window))
+                continue
+            if kind in ("conv", "linear_attention"):
+                layer: Any = LinearAttentionLayer(number_of_states=n_states)
+            elif kind == "hybrid":
+                layer = ragged.RaggedHybridLayer(i, pack, n_states)
+            elif kind == "hybrid_sliding":
+                layer = ragged.RaggedHybridSlidingLayer(i, pack, window, n_states)
+            else:
+                layers.append(DummyLayer())
+                continue
+            _stack_states(layer, [c.layers[i] for c in caches])
+            layers.append(layer)
+            stacked.append((i, layer))
+
+        def write_back() -> None:
+            for i, layer in stacked:
+                for row, cache in enumerate(caches):
+                    own = cache.layers[i]
+                    for idx, tensor in layer.conv_states.items():
+                        if tensor is not None and own.conv_states.get(idx) is not None:
+                            own.conv_states[idx].copy_(tensor[row : row + 1])
+                    for idx, tensor in layer.recurrent_states.items():
+                        if tensor is not None and own.recurrent_states.get(idx) is not None:
+                            own.recurrent_states[idx].copy_(tensor[row : row + 1])
+
+        return RunCache(layers), write_back
 
     def _rows(self, window: int | None) -> AttentionRows:
         keep = 0 if window is None else window - 1 + self.margin

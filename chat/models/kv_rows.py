@@ -185,6 +185,19 @@ class AttentionRows:
         self.seen -= n
         self.mark.filled -= n
 
+    def checkpoint(self) -> tuple:
+        """What :meth:`rollback` needs to undo every :meth:`append` made after this call (a failed forward)."""
+        filled = self.mark.filled if self.mark is not None else None
+        return (self.keys, self.values, self.mark, filled, self.row0, self.first, self.seen, self.floor)
+
+    def rollback(self, point: tuple) -> None:
+        """Forget what was appended since ``point`` (from :meth:`checkpoint`). Rows written in place beyond the old
+        tip are unseen by anyone (nothing was exported since) and get written over; a buffer allocated since is
+        dropped."""
+        self.keys, self.values, self.mark, filled, self.row0, self.first, self.seen, self.floor = point
+        if self.mark is not None and filled is not None:
+            self.mark.filled = filled
+
     # ---------------------------------------------------------------- helpers
 
     def _reallocate(self, keys: torch.Tensor, values: torch.Tensor, q: int) -> None:

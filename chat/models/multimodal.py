@@ -108,7 +108,7 @@ class TextStack(torch.nn.Module):
         position_ids: torch.Tensor | None = None,
         past_key_values: Any = None,
         use_cache: bool = True,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
     ) -> Any:
         out = self.language_model(
             input_ids=input_ids,
@@ -118,7 +118,9 @@ class TextStack(torch.nn.Module):
             use_cache=use_cache,
         )
         hidden = out.last_hidden_state
-        if logits_to_keep:
+        if isinstance(logits_to_keep, torch.Tensor):  # positions to keep
+            hidden = hidden[:, logits_to_keep]
+        elif logits_to_keep:  # that many last positions
             hidden = hidden[:, -logits_to_keep:]
         return SimpleNamespace(logits=self.lm_head(hidden))
 

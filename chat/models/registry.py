@@ -22,6 +22,7 @@ from chat.models.families import check_config
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_CONTEXT = 4096  # when a config names no maximum
+DEFAULT_WEIGHTS = {smollm2.NAME: "int8"}  # weight format when none is asked for (measured: docs/benchmarks.md)
 
 
 def model_choices() -> list[str]:
@@ -31,11 +32,13 @@ def model_choices() -> list[str]:
     return [smollm2.NAME, *tiny_names(), *(f"tiny-{name}" for name in TINY_MM)]
 
 
-def load_model(spec: str, dtype: str = "float32") -> Any:
-    """Load ``spec`` in ``dtype`` and return a ready :class:`chat.models.adapter.ModelAdapter`.
+def load_model(spec: str, dtype: str = "float32", weights: str | None = None) -> Any:
+    """Load ``spec`` in ``dtype`` with its linear layers in the weight format ``weights`` (``float32`` |
+    ``bfloat16`` | ``int8``; by default the dtype's own) and return a ready :class:`chat.models.adapter.ModelAdapter`.
 
     Raises:
-        InvalidSettingError: ``dtype`` is not "float32" or "bfloat16" (``field == "dtype"``).
+        InvalidSettingError: ``dtype`` is not "float32" or "bfloat16" (``field == "dtype"``), or ``weights`` is not
+            a weight format this dtype can take (``field == "weights"``: a bfloat16 model keeps bfloat16 weights).
         UnknownModelError: ``spec`` is no built-in name, no tiny model and no directory.
         UnsupportedArchitectureError: the model family is refused (checked from the config, before weights load).
         ModelLoadError: files are missing or unreadable, or the tokenizer has no chat template.
@@ -44,16 +47,17 @@ def load_model(spec: str, dtype: str = "float32") -> Any:
     if not isinstance(spec, str) or not spec.strip():
         raise UnknownModelError(repr(spec), model_choices())
     spec = spec.strip()
+    weights = parse_weights(weights, dtype, spec)
     _offline()
     if spec == smollm2.NAME:
         _quiet()
-        return load_directory(smollm2.ensure_converted(), dtype, name=smollm2.NAME, torch_dtype=torch_dtype)
+        return load_directory(smollm2.ensure_converted(), dtype, weights, name=smollm2.NAME, torch_dtype=torch_dtype)
     if spec.startswith("tiny-"):
-        return load_tiny(spec.removeprefix("tiny-"), dtype, torch_dtype)
+        return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype)
     path = Path(spec).expanduser()
     if path.is_dir():
         _quiet()
-        return load_directory(path, dtype, name=path.resolve().name, torch_dtype=torch_dtype)
+        return load_directory(path, dtype, weights, name=path.resolve().name, torch_dtype=torch_dtype)
     raise UnknownModelError(spec, model_choices())
 
 
@@ -65,7 +69,21 @@ def parse_dtype(dtype: str) -> Any:
     return getattr(torch, dtype)
 
 
-def load_directory(path: Path, dtype: str, *, name: str, torch_dtype: Any) -> Any:
+def parse_weights(weights: str | None, dtype: str, spec: str = "") -> str:
+    """The weight format to load ``spec`` with: ``weights``, or when None the model's default (:data:`DEFAULT_WEIGHTS`
+    for a float32 load, else the dtype's own)."""
+    from chat.models.fast_paths import WEIGHT_FORMATS
+
+    if weights is None:
+        return DEFAULT_WEIGHTS.get(spec, dtype) if dtype == "float32" else dtype
+    if weights not in WEIGHT_FORMATS:
+        raise InvalidSettingError("weights", f"{weights!r} is not supported; use one of {', '.join(WEIGHT_FORMATS)}")
+    if dtype != "float32" and weights != dtype:
+        raise InvalidSettingError("weights", f"a {dtype} model keeps {dtype} weights; {weights} needs float32")
+    return weights
+
+
+def load_directory(path: Path, dtype: str, weights: str, *, name: str, torch_dtype: Any) -> Any:
     """A model directory -> adapter. The config is checked before any weights are read."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -80,7 +98,7 @@ def load_directory(path: Path, dtype: str, *, name: str, torch_dtype: Any) -> An
     from chat.models.families_mm import is_multimodal
 
     if is_multimodal(config):
-        return load_multimodal_directory(path, config, dtype, name=name, torch_dtype=torch_dtype)
+        return load_multimodal_directory(path, config, dtype, weights, name=name, torch_dtype=torch_dtype)
     check_config(config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -89,27 +107,28 @@ def load_directory(path: Path, dtype: str, *, name: str, torch_dtype: Any) -> An
         raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
     _require_chat_template(tokenizer, path)
     model.eval()
-    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weight_files_digest(path))
+    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=weight_files_digest(path))
 
 
-def load_multimodal_directory(path: Path, config: Any, dtype: str, *, name: str, torch_dtype: Any) -> Any:
+def load_multimodal_directory(path: Path, config: Any, dtype: str, weights: str, *, name: str, torch_dtype: Any) -> Any:
     from chat.models.families_mm import load_multimodal
     from chat.models.fingerprint import weight_files_digest
 
     model, tokenizer, family = load_multimodal(path, config, torch_dtype)
-    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weight_files_digest(path), family=family)
+    digest = weight_files_digest(path)
+    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, family=family)
 
 
-def load_tiny_multimodal(name: str, dtype: str, torch_dtype: Any) -> Any:
+def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any) -> Any:
     from chat.models.fingerprint import tensors_digest
     from chat.models.tiny_mm import build_tiny_multimodal
 
     model, tokenizer, family = build_tiny_multimodal(name, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
-    return _adapter(model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=digest, family=family)
+    return _adapter(model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest, family=family)
 
 
-def load_tiny(name: str, dtype: str, torch_dtype: Any) -> Any:
+def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any) -> Any:
     from transformers import AutoTokenizer
 
     from chat.models.fingerprint import tensors_digest
@@ -118,7 +137,7 @@ def load_tiny(name: str, dtype: str, torch_dtype: Any) -> Any:
     from chat.models.tiny_tokenizer import ASSET_DIR
 
     if name in TINY_MM:
-        return load_tiny_multimodal(name, dtype, torch_dtype)
+        return load_tiny_multimodal(name, dtype, weights, torch_dtype)
     if name not in TINY and name not in TINY_REFUSED:
         raise UnknownModelError(f"tiny-{name}", model_choices())
     tokenizer = AutoTokenizer.from_pretrained(str(ASSET_DIR), local_files_only=True)
@@ -127,22 +146,26 @@ def load_tiny(name: str, dtype: str, torch_dtype: Any) -> Any:
     check_config(config)  # refused families stop here
     model = build_tiny_model(config, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
-    return _adapter(model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=digest)
+    return _adapter(model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest)
 
 
 # ==================================================================== helpers
 
 
-def _adapter(model: Any, tokenizer: Any, *, name: str, dtype: str, weights: str, family: Any = None) -> Any:
+def _adapter(
+    model: Any, tokenizer: Any, *, name: str, dtype: str, weights: str, digest: str, family: Any = None
+) -> Any:
     """The runtime of a loaded model: a ModelAdapter, or a MultimodalAdapter when ``family`` says how it takes
-    media. ``weights`` is the digest of its weights (part of the fingerprint)."""
+    media. ``digest`` is the digest of its weights, ``weights`` the format its linear layers run in (both part of the
+    fingerprint)."""
     from chat.models.adapter import ModelAdapter
     from chat.models.fingerprint import model_fingerprint
 
     common = {
         "name": name,
-        "fingerprint": model_fingerprint(name, model.config, tokenizer, weights),
+        "fingerprint": model_fingerprint(name, model.config, tokenizer, digest, weights),
         "dtype": dtype,
+        "weights": weights,
         "context_window": _context_window(model.config, tokenizer),
         "eos_token_ids": _eos_ids(model, tokenizer),
     }

@@ -11,6 +11,8 @@ A transport is a thin loop around it::
             # send(conn.on_delta(turn_id, text)) ... send(conn.on_done(turn_id, text, reason, usage, timings))
     for turn_id in conn.close(): engine.cancel(turn_id)   # and keep feeding on_done for them
 
+The connection acts for one tenant (``tenant``, from the transport's authentication): it creates sessions owned by
+it and resumes only those; another tenant's session id gets exactly the answer of an id that does not exist.
 The connection is bound to at most one session at a time (``session.create`` / ``session.resume`` replace it) and
 runs at most one stateless turn (``completion.create``) at a time. Turns are routed by ``turn_id``, so a turn still
 running after the connection switched sessions reports to the session that started it.
@@ -64,10 +66,13 @@ class Step:
 class Connection:
     """Dispatches client events to the store, the bound session, or the stateless slot."""
 
-    def __init__(self, store: SessionStore, models: Sequence[str], new_id: IdFactory = new_id) -> None:
+    def __init__(
+        self, store: SessionStore, models: Sequence[str], new_id: IdFactory = new_id, *, tenant: str = ""
+    ) -> None:
         if not models:
             raise ValueError("at least one model must be served")
         self.store = store  # where sessions live
+        self.tenant = tenant  # who the client is: owns the sessions it creates, finds only those
         self.models = tuple(models)  # models served here; the first is the default
         self.session: Session | None = None  # the bound session
         self._new_id = new_id  # makes stateless turn ids
@@ -163,10 +168,10 @@ class Connection:
                 return Step(send=(Pong(reply_to=event.event_id),))
             case SessionCreate():
                 model = self._model(event.model)
-                self.session = self.store.create(model, event.system, event.sampling)
+                self.session = self.store.create(model, event.system, event.sampling, owner=self.tenant)
                 return Step(send=(SessionCreated(reply_to=event.event_id, session=self.session.info()),))
             case SessionResume():
-                self.session = self.store.get(event.session_id, event.event_id)
+                self.session = self.store.get(event.session_id, event.event_id, owner=self.tenant)
                 return Step(send=(SessionResumed(reply_to=event.event_id, session=self.session.info()),))
             case CompletionCreate():
                 return self._completion(event)

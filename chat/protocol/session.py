@@ -128,10 +128,12 @@ class Session:
         system: str | None = None,
         sampling: SamplingSettings | None = None,
         session_id: str | None = None,
+        owner: str = "",
         new_id: IdFactory = new_id,
     ) -> None:
         self._new_id = new_id  # makes turn and message ids
         self.id = session_id or new_id("sess")  # what session.resume names
+        self.owner = owner  # the tenant that created it: only that tenant can find it in a store
         self.model = model  # fixed for the session's life (it is part of every cached prefix's key)
         self.system = system  # the system prompt, rendered before the conversation
         self.sampling = sampling or SamplingSettings()  # settings for the next turn

@@ -1,14 +1,18 @@
 """Where sessions live between events: the :class:`SessionStore` interface and an in-memory implementation.
 
 A store hands out live :class:`Session` objects; the connection mutates them and calls ``save`` after every
-change, so that a persistent store (later) can write them out. The in-memory store keeps references, so ``save``
+change, so that a persistent store can write them out. The in-memory store keeps references, so ``save``
 only marks the session as recently used.
+
+Every session has an owner (an opaque tenant id, ``""`` by default): ``get`` finds a session only for its owner, and
+answers anyone else exactly as it answers an id that does not exist.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Callable
 
 from chat.protocol.errors import ErrorCode, ProtocolError
 from chat.protocol.ids import IdFactory, new_id
@@ -18,28 +22,45 @@ from chat.protocol.session import Session, SessionState
 MAX_SESSIONS = 1024  # sessions the in-memory store keeps; the least recently used idle one is closed beyond that
 
 
+def unknown_session(session_id: str, event_id: str | None) -> ProtocolError:
+    """The one answer for a session id that names no live session of the asker (missing, closed, or not theirs)."""
+    return ProtocolError(ErrorCode.UNKNOWN_SESSION, f"no session has id {session_id!r}", event_id)
+
+
 class SessionStore(ABC):
     """Creates, finds and keeps sessions."""
 
     @abstractmethod
-    def create(self, model: str, system: str | None = None, sampling: SamplingSettings | None = None) -> Session:
-        """A new, stored, idle session. The caller must send ``session.created`` with ``session.info()``.
+    def create(
+        self, model: str, system: str | None = None, sampling: SamplingSettings | None = None, *, owner: str = ""
+    ) -> Session:
+        """A new, stored, idle session owned by ``owner``. The caller must send ``session.created`` with
+        ``session.info()``.
 
         Raises:
             ProtocolError: ``busy`` when the store is full of sessions that are generating.
         """
 
     @abstractmethod
-    def get(self, session_id: str, event_id: str | None = None) -> Session:
-        """The live session with this id.
+    def get(self, session_id: str, event_id: str | None = None, *, owner: str = "") -> Session:
+        """The live session with this id, if ``owner`` owns it.
 
         Raises:
-            ProtocolError: ``unknown_session`` (with ``event_id``) when there is none, or it was closed.
+            ProtocolError: ``unknown_session`` (with ``event_id``) when there is none, it was closed, or another
+                owner's: the same message in every case.
         """
 
     @abstractmethod
     def save(self, session: Session) -> None:
         """Record the session's current state. The caller must call it after every change to the session."""
+
+    def when_written(self, session_id: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on any thread) once every change saved so far to ``session_id`` is durable; a store
+        that writes nowhere calls it at once. A transport uses it to acknowledge a change only once it is kept."""
+        callback()
+
+    def close(self) -> None:  # noqa: B027 - optional: only stores that hold resources override it
+        """Release what the store holds (a persistent store first writes what is pending). Idempotent."""
 
 
 class InMemorySessionStore(SessionStore):
@@ -58,17 +79,19 @@ class InMemorySessionStore(SessionStore):
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._sessions
 
-    def create(self, model: str, system: str | None = None, sampling: SamplingSettings | None = None) -> Session:
+    def create(
+        self, model: str, system: str | None = None, sampling: SamplingSettings | None = None, *, owner: str = ""
+    ) -> Session:
         if len(self._sessions) >= self.max_sessions:
             self._evict_one()
-        session = Session(model, system=system, sampling=sampling, new_id=self._new_id)
+        session = Session(model, system=system, sampling=sampling, owner=owner, new_id=self._new_id)
         self._sessions[session.id] = session
         return session
 
-    def get(self, session_id: str, event_id: str | None = None) -> Session:
+    def get(self, session_id: str, event_id: str | None = None, *, owner: str = "") -> Session:
         session = self._sessions.get(session_id)
-        if session is None or session.state is SessionState.CLOSED:
-            raise ProtocolError(ErrorCode.UNKNOWN_SESSION, f"no session has id {session_id!r}", event_id)
+        if session is None or session.state is SessionState.CLOSED or session.owner != owner:
+            raise unknown_session(session_id, event_id)
         self._sessions.move_to_end(session_id)
         return session
 

@@ -7,8 +7,6 @@ Routes: ``/`` (the web UI), ``GET /health``, ``GET /metrics`` (Prometheus text),
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 from pathlib import Path
 
@@ -21,8 +19,9 @@ from chat.engine.engine import Engine
 from chat.engine.errors import EngineError
 from chat.protocol.store import InMemorySessionStore
 from chat.server import openai_api
+from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.errors import RequestError, describe, public_message
-from chat.server.metrics_text import render_metrics
+from chat.server.metrics_text import render_metrics, render_session_metrics
 from chat.server.session_db import SqliteSessionStore
 from chat.server.settings import MiB, ServerSettings
 from chat.server.ws import serve_socket
@@ -31,11 +30,25 @@ log = logging.getLogger("turncache.server")
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 
-def tenant_salt(token: str | None) -> str:
-    """Cache namespace salt of a tenant: derived from its credential, never the credential itself."""
-    if not token:
-        return ""
-    return hashlib.sha256(b"turncache-tenant\0" + token.encode()).hexdigest()[:32]
+def key_ring(settings: ServerSettings) -> KeyRing:
+    """The server's keys from its settings (see chat/server/auth.py).
+
+    Raises:
+        KeysError: a keys source is unreadable or malformed.
+    """
+    token, env = settings.auth_token, settings.api_keys
+    return KeyRing.from_sources(
+        auth_token=token.get_secret_value() if token else None,
+        keys_file=settings.api_keys_file,
+        keys_env=env.get_secret_value() if env else None,
+    )
+
+
+def session_store(settings: ServerSettings) -> InMemorySessionStore:
+    """In memory, or written through to SQLite with ``sessions_db``."""
+    if settings.sessions_db:
+        return SqliteSessionStore(settings.sessions_db, max_sessions=settings.max_sessions)
+    return InMemorySessionStore(max_sessions=settings.max_sessions)
 
 
 def error_response(exc: BaseException) -> JSONResponse:
@@ -46,15 +59,20 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def create_app(engine: Engine, settings: ServerSettings, *, model_name: str) -> FastAPI:
+def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, keys: KeyRing | None = None) -> FastAPI:
+    """The app; ``keys`` defaults to ``key_ring(settings)``. The caller must ``app.state.sessions.close()`` when done
+    (it writes what is pending).
+
+    Raises:
+        KeysError: a keys source is unreadable or malformed.
+        SessionDbError: ``sessions_db`` cannot be opened, written or migrated.
+    """
+    keys = keys if keys is not None else key_ring(settings)
     app = FastAPI(title="turncache", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.settings = settings
-    token = settings.auth_token.get_secret_value() if settings.auth_token else None
-
-    def bearer(request: Request) -> str | None:
-        header = request.headers.get("authorization", "")
-        return header[7:] if header.lower().startswith("bearer ") else None
+    store = session_store(settings)
+    app.state.sessions = store
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -63,11 +81,13 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str) -> 
             return error_response(
                 RequestError("too_large", f"request bodies are limited to {settings.max_body_mib} MiB", status=413)
             )
-        protected = request.url.path.startswith("/v1/") or request.url.path == "/metrics"
-        if token is not None and protected:
-            given = bearer(request) or ""
-            if not hmac.compare_digest(given.encode(), token.encode()):
+        path = request.url.path.removeprefix(request.scope.get("root_path", ""))  # as routed, without a mount prefix
+        protected = path.startswith("/v1/") or path == "/metrics"
+        if protected:
+            tenant = keys.authenticate(bearer_of(request.headers.get("authorization")))
+            if tenant is None:
                 return error_response(RequestError("unauthorized", "missing or wrong bearer token", status=401))
+            request.state.tenant = tenant
         return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
@@ -95,7 +115,10 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str) -> 
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> str:
-        return render_metrics(engine.metrics, engine.cache_stats())
+        text = render_metrics(engine.metrics, engine.cache_stats())
+        if isinstance(store, SqliteSessionStore):
+            text += render_session_metrics(store.writer.stats, store.writer.pending)
+        return text
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -110,22 +133,15 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str) -> 
                 status=404,
                 param="model",
             )
-        turn = openai_api.build_turn(body, tenant_salt(bearer(request)), engine.runtime)
+        tenant: Tenant = request.state.tenant
+        turn = openai_api.build_turn(body, tenant.salt, engine.runtime)
         if body.stream:
             return StreamingResponse(openai_api.stream(engine, turn, model_name), media_type="text/event-stream")
         return await openai_api.complete(engine, turn, model_name)
 
-    if settings.sessions_db:
-        store: InMemorySessionStore = SqliteSessionStore(settings.sessions_db, max_sessions=settings.max_sessions)
-    else:
-        store = InMemorySessionStore(max_sessions=settings.max_sessions)
-    app.state.sessions = store
-
     @app.websocket("/v1/ws")
     async def chat_socket(ws: WebSocket) -> None:
-        await serve_socket(
-            ws, engine, store, model_name, token=token, allowed_origins=settings.allowed_origins, salt_of=tenant_salt
-        )
+        await serve_socket(ws, engine, store, model_name, keys=keys, allowed_origins=settings.allowed_origins)
 
     if (WEB_DIR / "index.html").is_file():
         app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")

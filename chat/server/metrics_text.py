@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cache import CacheStats
 from chat.engine.metrics import TTFT_BUCKETS_S, Metrics
+from chat.server.session_writer import WriteStats
 
 
 def render_metrics(m: Metrics, cache: CacheStats | None) -> str:
@@ -38,6 +39,9 @@ def render_metrics(m: Metrics, cache: CacheStats | None) -> str:
             "Finished turns by finish reason.",
             [(f'{{reason="{r}"}}', n) for r, n in sorted(m.finish_reasons.items())],
         )
+        metric("turncache_steps_total", "counter", "Batched forwards run by the scheduler.", [("", m.steps)])
+        metric("turncache_step_turns_total", "counter", "Turns fed, summed over steps.", [("", m.step_turns)])
+        metric("turncache_step_tokens_total", "counter", "Tokens fed, summed over steps.", [("", m.step_tokens)])
         cumulative, buckets = 0, []
         for bound, count in zip((*TTFT_BUCKETS_S, float("inf")), m.ttft_buckets, strict=True):
             cumulative += count
@@ -72,4 +76,23 @@ def render_metrics(m: Metrics, cache: CacheStats | None) -> str:
         )
         metric("turncache_cache_lookups_total", "counter", "Prefix lookups.", [("", cache.lookups)])
         metric("turncache_cache_hits_total", "counter", "Prefix lookups that hit.", [("", cache.hits)])
+    return "\n".join(lines) + "\n"
+
+
+def render_session_metrics(stats: WriteStats, pending: int) -> str:
+    """The sessions database's writer: what it wrote, what failed (the sessions then stay in memory), the backlog."""
+    samples = [
+        ("turncache_session_rows_written_total", "counter", "Rows written to the sessions database.", stats.work.rows),
+        ("turncache_session_bytes_written_total", "counter", "Bytes of those rows.", stats.work.bytes),
+        (
+            "turncache_session_write_failures_total",
+            "counter",
+            "Batches of session writes that failed (disk full, read-only, ...); those sessions stay in memory.",
+            stats.failures,
+        ),
+        ("turncache_session_writes_pending", "gauge", "Session writes queued, not yet on disk.", pending),
+    ]
+    lines = []
+    for name, kind, help_text, value in samples:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
     return "\n".join(lines) + "\n"

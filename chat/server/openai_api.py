@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from chat.engine.content import engine_messages
 from chat.engine.engine import Engine
-from chat.engine.generation import Done, TurnRequest
+from chat.engine.events import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.server.errors import RequestError
 

@@ -11,7 +11,8 @@ from fastapi import FastAPI
 
 
 class BackgroundServer:
-    """uvicorn in a thread on ``host``; ``port=0`` picks a free port. Use as a context manager."""
+    """uvicorn in a thread on ``host``; ``port=0`` picks a free port. Use as a context manager; leaving it also closes
+    the app's session store (which writes what is pending)."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, ws_max_size: int = 16 * 1024 * 1024):
         config = uvicorn.Config(
@@ -23,6 +24,7 @@ class BackgroundServer:
             ws_max_size=ws_max_size,
             lifespan="off",
         )
+        self.app = app  # what it serves
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name="uvicorn", daemon=True)
         self.port = port
@@ -47,3 +49,6 @@ class BackgroundServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+        sessions = getattr(self.app.state, "sessions", None)
+        if sessions is not None:
+            sessions.close()

@@ -15,10 +15,19 @@ class ServerSettings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
     model: str = Field("smollm2", description="model: 'smollm2', 'tiny-<name>', or a local Hugging Face directory")
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$", description="weights and K/V dtype")
+    weights: str | None = Field(
+        None,
+        pattern="^(float32|bfloat16|int8)$",
+        description="format of the linear layers' weights (default: int8 for the built-in model, else the dtype)",
+    )
+    max_batch: int = Field(32, ge=1, le=256, description="most turns in one batched forward")
+    token_budget: int = Field(256, ge=16, le=8192, description="most tokens in one batched forward")
     prefix_cache: bool = Field(True, description="reuse cached prefixes (off: --no-prefix-cache)")
     device_cache_mib: int = Field(1024, ge=0, description="prefix cache budget on the model's device, MiB")
     host_cache_mib: int = Field(2048, ge=0, description="prefix cache budget on the host (offload tier), MiB")
     auth_token: SecretStr | None = Field(None, description="if set, every request must carry it")
+    api_keys_file: str | None = Field(None, description="a file of API keys and their tenants (see docs/security.md)")
+    api_keys: SecretStr | None = Field(None, description="API keys and their tenants, in the keys file's format")
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="browser origins allowed besides the server's own (e.g. http://localhost:3000)",

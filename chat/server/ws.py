@@ -4,16 +4,22 @@ Frames in -> ``Connection.receive`` -> events out, turns to the engine, cancels 
 on the engine's thread and are marshalled onto the event loop, where the connection turns them into ``reply.delta`` /
 ``reply.done``. All sends go through one queue, so events of one socket never interleave mid-frame.
 
-Refusals before any exchange: a browser ``Origin`` that is not allowed, or a missing or wrong token when one is set,
-closes with 1008 (policy violation). A frame over the size limit closes with 1009 (uvicorn enforces ``ws_max_size``).
+Refusals before any exchange: a browser ``Origin`` that is not allowed, or a missing or unknown key when keys are
+configured, closes with 1008 (policy violation). The key's tenant (``chat.server.auth``) owns the sessions the socket
+creates, is the only one that can resume them, and salts the cache entries of its turns. A frame over the size limit
+closes with 1009 (uvicorn enforces ``ws_max_size``).
 A client that goes away cancels its turns; each stops within one engine step.
+
+An event that acknowledges a change to a session (``session.created``, ``session.updated``, a ``reply.done`` that
+committed a reply) is sent once the store has written that change (``SessionStore.when_written``), so a client that
+saw it finds it after a crash; the event loop never waits on the disk, and a slow disk delays only that socket's
+events, by at most ``WRITE_WAIT_S``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from urllib.parse import urlsplit
 
@@ -22,17 +28,19 @@ from fastapi import WebSocket, WebSocketDisconnect
 from chat.engine.content import engine_messages
 from chat.engine.engine import Engine, JobHandle
 from chat.engine.errors import EngineError
-from chat.engine.generation import Delta, Done, TurnRequest
+from chat.engine.events import Delta, Done, TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.protocol.connection import Connection
 from chat.protocol.errors import ErrorCode
 from chat.protocol.parser import serialize_server_event
-from chat.protocol.server_events import Timings, Usage
+from chat.protocol.server_events import ReplyDone, SessionCreated, SessionUpdated, Timings, Usage
 from chat.protocol.session import TurnPlan
 from chat.protocol.store import SessionStore
+from chat.server.auth import KeyRing, Tenant, bearer_of
 
 log = logging.getLogger("turncache.ws")
 POLICY_VIOLATION = 1008
+WRITE_WAIT_S = 1.0  # the longest an acknowledgment waits for its session's write before it is sent anyway
 
 ENGINE_CODES = {
     "context_overflow": ErrorCode.CONTEXT_OVERFLOW,
@@ -51,12 +59,10 @@ def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> 
     return host is not None and urlsplit(origin).netloc == host
 
 
-def token_ok(ws: WebSocket, token: str | None) -> bool:
-    if token is None:
-        return True
-    header = ws.headers.get("authorization", "")
-    given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token", "")
-    return hmac.compare_digest(given.encode(), token.encode())
+def credential_of(ws: WebSocket) -> str | None:
+    """The key a socket presents: the ``Authorization: Bearer`` header, else the ``token`` query parameter."""
+    given = bearer_of(ws.headers.get("authorization"))
+    return given if given is not None else ws.query_params.get("token")
 
 
 def wire_usage(done: Done) -> Usage:
@@ -75,14 +81,17 @@ def wire_timings(done: Done) -> Timings:
 class ChatSocket:
     """One accepted WebSocket."""
 
-    def __init__(self, ws: WebSocket, engine: Engine, store: SessionStore, model_name: str, salt: str) -> None:
+    def __init__(self, ws: WebSocket, engine: Engine, store: SessionStore, model_name: str, tenant: Tenant) -> None:
         self.ws = ws
         self.engine = engine
-        self.conn = Connection(store, models=[model_name])
-        self.salt = salt  # the tenant's cache namespace salt
+        self.store = store  # where sessions live
+        self.conn = Connection(store, models=[model_name], tenant=tenant.id)
+        self.salt = tenant.salt  # the tenant's cache namespace salt
         self.loop = asyncio.get_running_loop()
-        self.outbox: asyncio.Queue[str | None] = asyncio.Queue()  # serialized events; None ends the writer
+        # serialized events, and futures the writer waits for (a session's write) before the events after them
+        self.outbox: asyncio.Queue[str | asyncio.Future | None] = asyncio.Queue()  # None ends the writer
         self.jobs: dict[str, JobHandle] = {}  # running turns by turn id
+        self.turn_sessions: dict[str, str] = {}  # running session turns -> their session id
         self.open = True  # False once the client is gone: events are then dropped
 
     async def run(self) -> None:
@@ -108,13 +117,28 @@ class ChatSocket:
             with contextlib.suppress(Exception):
                 await writer
 
-    def _send(self, events) -> None:
-        if self.open:
-            for event in events:
-                self.outbox.put_nowait(serialize_server_event(event))
+    def _send(self, events, written: str | None = None) -> None:
+        """Queue ``events``; with ``written``, only after that session's pending writes (see the module docstring)."""
+        if not self.open:
+            return
+        if written is not None:
+            future = self.loop.create_future()
+
+            def release() -> None:
+                if not future.done():
+                    future.set_result(None)
+
+            self.store.when_written(written, lambda: self.loop.call_soon_threadsafe(release))
+            self.outbox.put_nowait(future)
+        for event in events:
+            self.outbox.put_nowait(serialize_server_event(event))
 
     async def _write(self) -> None:
         while (frame := await self.outbox.get()) is not None:
+            if isinstance(frame, asyncio.Future):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(frame, WRITE_WAIT_S)
+                continue
             try:
                 await self.ws.send_text(frame)
             except Exception:  # the client is gone; the reader notices and cleans up
@@ -123,7 +147,8 @@ class ChatSocket:
 
     def _handle(self, frame: str | bytes) -> None:
         step = self.conn.receive(frame)
-        self._send(step.send)
+        changed = [e.session.id for e in step.send if isinstance(e, SessionCreated | SessionUpdated)]
+        self._send(step.send, written=changed[0] if changed else None)
         for turn_id in step.cancel:
             job = self.jobs.get(turn_id)
             if job is not None:
@@ -132,6 +157,8 @@ class ChatSocket:
             self._start(step.start)
 
     def _start(self, plan: TurnPlan) -> None:
+        if plan.session_id is not None:
+            self.turn_sessions[plan.turn_id] = plan.session_id
         try:
             request = TurnRequest(
                 engine_messages(plan.messages, self.engine.runtime),
@@ -142,6 +169,7 @@ class ChatSocket:
                 request, lambda event: self.loop.call_soon_threadsafe(self._on_event, plan.turn_id, event)
             )
         except EngineError as exc:
+            self.turn_sessions.pop(plan.turn_id, None)
             self._send(self.conn.on_error(plan.turn_id, ENGINE_CODES.get(exc.code, ErrorCode.INTERNAL), str(exc)))
 
     def _on_event(self, turn_id: str, event) -> None:
@@ -151,6 +179,7 @@ class ChatSocket:
                 self._send([self.conn.on_delta(turn_id, event.text, list(event.token_ids))])
             return
         self.jobs.pop(turn_id, None)
+        session_id = self.turn_sessions.pop(turn_id, None)
         if isinstance(event, Done):
             if event.finish_reason == "error":
                 log.error("turn %s failed", turn_id, exc_info=event.error)
@@ -170,7 +199,8 @@ class ChatSocket:
         else:
             log.error("turn %s failed", turn_id, exc_info=event)
             events = self.conn.on_error(turn_id, ErrorCode.INTERNAL, "internal error; the server logged the details")
-        self._send(events)
+        committed = any(isinstance(e, ReplyDone) and e.message_id is not None for e in events)
+        self._send(events, written=session_id if committed else None)
 
 
 async def serve_socket(
@@ -179,17 +209,15 @@ async def serve_socket(
     store: SessionStore,
     model_name: str,
     *,
-    token: str | None,
+    keys: KeyRing,
     allowed_origins: list[str],
-    salt_of,
 ) -> None:
     if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), allowed_origins):
         await ws.close(code=POLICY_VIOLATION, reason="origin not allowed")
         return
-    if not token_ok(ws, token):
+    tenant = keys.authenticate(credential_of(ws))
+    if tenant is None:
         await ws.close(code=POLICY_VIOLATION, reason="missing or wrong token")
         return
     await ws.accept()
-    header = ws.headers.get("authorization", "")
-    given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token")
-    await ChatSocket(ws, engine, store, model_name, salt_of(given)).run()
+    await ChatSocket(ws, engine, store, model_name, tenant).run()

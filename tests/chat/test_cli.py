@@ -50,3 +50,22 @@ def test_bench_cache_table_without_json(capsys):
     assert main(["bench", "cache", "--entries", "50"]) == 0
     out = capsys.readouterr().out
     assert "lookup_p99_ms" in out and not out.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--max-batch", "0"], "--max-batch"),
+        (["--max-batch", "1000"], "--max-batch"),
+        (["--token-budget", "8"], "--token-budget"),
+        (["--weights", "int4"], "--weights"),
+    ],
+)
+def test_serve_refuses_engine_settings_out_of_range_naming_the_setting(flags, named, monkeypatch, capsys):
+    import chat.server.main
+
+    monkeypatch.setattr(chat.server.main, "serve", lambda settings: pytest.fail("the server started"))
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "--model", "tiny-llama", *flags])
+    message = str(refused.value) + capsys.readouterr().err
+    assert named in message

@@ -377,3 +377,53 @@ def test_a_server_with_an_access_token(browser):
     finally:
         page.close()
         engine.close()
+
+
+def test_two_tenants_in_one_browser_never_see_each_others_chats(browser, tmp_path):
+    """The web UI resumes sessions over the WebSocket: another token's session is answered as missing, the page then
+    starts a new chat, and switching back shows the first tenant its own chat again."""
+    from cache import PrefixCache
+    from chat.engine.engine import Engine
+    from chat.server.app import create_app
+    from chat.server.runner import BackgroundServer
+    from chat.server.settings import ServerSettings
+    from tests.chat.engine.fakes import FakeRuntime
+
+    alice, bob = "alice-key-0123456789abcdef", "bob-key-fedcba9876543210xyz"
+    keys = tmp_path / "keys"
+    keys.write_text(f"{alice} alice\n{bob} bob\n")
+    engine = Engine(FakeRuntime(), cache=PrefixCache())
+    server = BackgroundServer(create_app(engine, ServerSettings(api_keys_file=str(keys)), model_name="fake"))
+    page = browser.new_page()
+
+    def use_token(value: str) -> None:
+        token = page.get_by_label("Access token")
+        token.fill(value)
+        token.press("Tab")
+        wait_connected(page)
+
+    try:
+        with server:
+            page.goto(server.url + "/")
+            page.get_by_role("status").filter(has_text="needs an access token").wait_for()
+            use_token(alice)
+            send(page, "alice's private question")
+            wait_replies(page, 1)
+            alice_session = page.evaluate("window.turncache.controller.session.id")
+            use_token(bob)
+            until(page, "window.turncache.controller.session.id !== arg", alice_session)
+            assert page.locator("#messages .msg").count() == 0
+            assert page.locator("#session-list .session").count() == 0  # alice's chat is not listed for bob
+            page.evaluate("(id) => window.turncache.controller.open(id)", alice_session)  # bob tries her id
+            page.get_by_role("alert").filter(has_text="no longer on the server").wait_for()
+            wait_connected(page)
+            assert page.evaluate("window.turncache.controller.session.id") != alice_session
+            assert "alice's private question" not in page.locator("#messages").inner_text()
+            use_token(alice)
+            until(page, "window.turncache.controller.session.id === arg", alice_session)
+            wait_replies(page, 1)
+            assert "alice's private question" in page.locator("#messages").inner_text()
+            assert page.locator("#session-list .session").count() == 1
+    finally:
+        page.close()
+        engine.close()

@@ -187,6 +187,34 @@ def test_store_tolerates_corrupt_storage(page):
     assert out == {"before": [], "ids": ["sess_a", "sess_b"], "title": "one two three four five six seven eight…"}
 
 
+def test_store_keeps_sessions_per_access_token(page):
+    out = run(
+        page,
+        "const mem = new Map(); const storage = {getItem: k => mem.has(k) ? mem.get(k) : null,"
+        " setItem: (k, v) => mem.set(k, String(v)), removeItem: k => mem.delete(k)};"
+        " const s = new store.LocalStore(storage);"
+        " storage.setItem('turncache.sessions', JSON.stringify([{id: 'sess_old', title: 'before tags'}]));"
+        " s.setToken('key-of-alice'); s.touchSession('sess_a', {title: 'alice'}); s.setCurrent('sess_a');"
+        " s.setToken('key-of-bob'); const bobFirst = s.sessions().map(x => x.id); const bobCurrent = s.current();"
+        " s.touchSession('sess_b', {title: 'bob'}); s.setCurrent('sess_b'); s.forgetSession('sess_a');"
+        " const bob = s.sessions().map(x => x.id);"
+        " s.setToken('key-of-alice'); const alice = s.sessions().map(x => x.id); const aliceCurrent = s.current();"
+        " s.setToken(''); const none = s.sessions().map(x => x.id);"
+        " return {bobFirst, bobCurrent, bob, alice, aliceCurrent, none, tags: [store.accountTag(''),"
+        " store.accountTag('key-of-alice') === store.accountTag('key-of-alice'),"
+        " store.accountTag('key-of-alice') !== store.accountTag('key-of-bob'), store.accountTag('k').length]};",
+    )
+    assert out == {
+        "bobFirst": ["sess_old"],  # an entry from before tags: listed for every token
+        "bobCurrent": None,
+        "bob": ["sess_b", "sess_old"],  # bob forgetting sess_a does not touch alice's entry
+        "alice": ["sess_a", "sess_old"],
+        "aliceCurrent": "sess_a",
+        "none": ["sess_old"],
+        "tags": ["", True, True, 8],
+    }
+
+
 def test_chart_draws_one_bar_pair_per_turn(page):
     out = run(
         page,

@@ -124,6 +124,15 @@ export class ChatController extends EventTarget {
     this.resume(sessionId);
   }
 
+  /** The access token changed: the open session may be another tenant's. Drop it from view; once the connection is
+   * open again, onOpen resumes the new token's last session (or creates one). */
+  switchAccount() {
+    this.abandonTurn();
+    this.session = null;
+    this.messages = [];
+    this.changed();
+  }
+
   forget(sessionId) {
     this.store.forgetSession(sessionId);
     if (this.session?.id === sessionId) this.newChat();

@@ -1,9 +1,14 @@
 // What survives a page reload, in localStorage: the list of past sessions (id, first words, model, time), the
 // session that was open, the settings, and the per-reply figures (the conversation event does not carry them).
 // Media is never stored here. Every read tolerates missing or corrupt values.
+//
+// Sessions belong to the tenant of the access token that created them (the server answers any other token as if
+// they did not exist), so the list and the open session are kept per token: each entry carries `account`, a short
+// tag of the token (accountTag), and only the current token's entries are listed. Entries from before tags existed
+// are listed for every token until one of them is touched again.
 
-const KEY_SESSIONS = "turncache.sessions"; // [{id, title, model, updated}], most recent first
-const KEY_CURRENT = "turncache.current"; // id of the session that was open
+const KEY_SESSIONS = "turncache.sessions"; // [{id, title, model, updated, account}], most recent first
+const KEY_CURRENT = "turncache.current"; // id of the session that was open (+ "." + account tag with a token)
 const KEY_SETTINGS = "turncache.settings"; // {model, system, sampling}
 const KEY_STATS = "turncache.stats."; // + session id -> {message id: compact stats}
 const KEY_TOKEN = "turncache.token"; // the server's access token, when it needs one
@@ -16,35 +21,55 @@ export class LocalStore {
     this.storage = storage; // a Storage (localStorage), or a stand-in in tests
   }
 
+  /** The sessions of the current access token (see the top of this file). */
   sessions() {
+    const account = this.account();
+    return this.allSessions().filter((s) => s.account === undefined || s.account === account);
+  }
+
+  allSessions() {
     const list = this.read(KEY_SESSIONS, []);
     return Array.isArray(list) ? list.filter((s) => s && typeof s.id === "string") : [];
   }
 
-  /** Add or refresh a session in the list; `title` is only set the first time one is given. */
+  /** Add or refresh a session of the current token in the list; `title` is only set the first time one is given. */
   touchSession(id, { title = null, model = null } = {}) {
-    const list = this.sessions();
+    const list = this.allSessions();
     const old = list.find((s) => s.id === id);
     const entry = { id, title: old?.title || (title ? titleOf(title) : ""), model: model || old?.model || "",
-      updated: Date.now() };
+      updated: Date.now(), account: this.account() };
     const rest = list.filter((s) => s.id !== id);
     for (const dropped of rest.slice(MAX_SESSIONS - 1)) this.storage.removeItem(KEY_STATS + dropped.id);
     this.write(KEY_SESSIONS, [entry, ...rest.slice(0, MAX_SESSIONS - 1)]);
   }
 
+  /** Drop a session of the current token from the list (another token's entry with that id is kept). */
   forgetSession(id) {
-    this.write(KEY_SESSIONS, this.sessions().filter((s) => s.id !== id));
-    this.storage.removeItem(KEY_STATS + id);
-    if (this.current() === id) this.storage.removeItem(KEY_CURRENT);
+    const account = this.account();
+    const mine = (s) => s.id === id && (s.account === undefined || s.account === account);
+    const list = this.allSessions();
+    this.write(KEY_SESSIONS, list.filter((s) => !mine(s)));
+    if (!list.some((s) => s.id === id && !mine(s))) this.storage.removeItem(KEY_STATS + id);
+    if (this.current() === id) this.storage.removeItem(this.currentKey());
   }
 
   current() {
-    return this.storage.getItem(KEY_CURRENT);
+    return this.storage.getItem(this.currentKey());
   }
 
   setCurrent(id) {
-    if (id) this.storage.setItem(KEY_CURRENT, id);
-    else this.storage.removeItem(KEY_CURRENT);
+    if (id) this.storage.setItem(this.currentKey(), id);
+    else this.storage.removeItem(this.currentKey());
+  }
+
+  /** The tag of the current access token ("" without one). */
+  account() {
+    return accountTag(this.token());
+  }
+
+  currentKey() {
+    const account = this.account();
+    return account ? `${KEY_CURRENT}.${account}` : KEY_CURRENT;
   }
 
   settings() {
@@ -94,6 +119,18 @@ export class LocalStore {
       // storage full or disabled: the list is a convenience, the chat goes on without it
     }
   }
+}
+
+/** A short tag of an access token, to tell tokens' sessions apart: FNV-1a (32 bits) in hex; "" for no token. It is
+ * stored next to the token itself, so it reveals nothing the page does not already keep. */
+export function accountTag(token) {
+  if (!token) return "";
+  let h = 0x811c9dc5;
+  for (const ch of String(token)) {
+    h ^= ch.codePointAt(0);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h.toString(16).padStart(8, "0");
 }
 
 /** The first words of a message, for the session list. */

@@ -15,6 +15,7 @@ SMALL = {
     "multiturn": {"conversations": 2, "min_user_tokens": 16, "max_user_tokens": 32, "max_reply_tokens": 4},
     "serve": {"sessions": 2, "turns": 2, "short_tokens": 4, "long_tokens": 24, "probes": 2},
     "load": {"sessions": 3, "turns": 2, "short_tokens": 4, "cache_mib": 16},
+    "batch": {"levels": (1, 2), "reply_tokens": 4},
 }
 # the keys each benchmark documents (their interface), plus the series the charts read
 KEYS = {
@@ -32,6 +33,8 @@ KEYS = {
     "load": ["sessions", "turns", "errors", "turns_per_s", "completion_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms",
              "rss_before_mib", "rss_peak_mib", "rss_after_mib", "rss_growth_mib", "cache_bytes_after_mib",
              "ttft_ms_samples"],
+    "batch": ["levels", "aggregate_tokens_per_s", "ttft_p50_ms", "single_stream_tokens_per_s",
+              "single_stream_spec_tokens_per_s", "hf_generate_tokens_per_s", "weights", "errors"],
 }  # fmt: skip
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -47,6 +50,7 @@ def test_bench_all_writes_one_json_with_every_benchmark_and_valid_png_charts(tmp
     assert saved["cache"]["entries"] == 200 and saved["cache"]["scaling_entries"][-1] == 200
     assert saved["multiturn"]["model"] == saved["serve"]["model"] == "tiny-llama"
     assert saved["serve"]["errors"] == saved["load"]["errors"] == saved["multiturn"]["errors"] == 0
+    assert saved["batch"]["errors"] == 0 and saved["batch"]["levels"] == [1, 2]
     machine = saved["machine"]
     for key in ("cpu_model", "cores", "torch", "transformers", "date"):
         assert machine[key], key

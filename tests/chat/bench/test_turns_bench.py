@@ -26,3 +26,9 @@ def test_text_models_get_no_media_keys():
     torch.set_num_threads(1)
     out = turns_bench.run("tiny-llama", turns=3, reply_tokens=4, decode_tokens=3, repeats=1)
     assert "encoder_skipped" not in out and out["turn10_cached_tokens"] > 0
+
+
+def test_an_int8_engine_is_compared_with_generate_on_the_float32_weights():
+    torch.set_num_threads(1)
+    out = turns_bench.run("tiny-llama", turns=3, reply_tokens=4, decode_tokens=3, repeats=1, weights="int8")
+    assert out["weights"] == "int8" and isinstance(out["hf_decode_tps"], float) and out["hf_reprefill_ms"] > 0

@@ -12,7 +12,7 @@ from chat.cluster.remote_engine import RemoteEngine, SessionTracker, SocketEngin
 from chat.cluster.routing import RoutingTable, SessionRef
 from chat.cluster.wire import Failed, ReplicaLostError, Served
 from chat.engine.errors import ContextOverflowError
-from chat.engine.generation import Delta, Done, Timings, TurnRequest, Usage
+from chat.engine.events import Delta, Done, Timings, TurnRequest, Usage
 from chat.protocol.client_events import TurnCreate
 from chat.protocol.store import InMemorySessionStore
 

@@ -4,7 +4,7 @@ import pickle
 
 from chat.cluster.wire import Failed, RemoteFailure, ReplicaLostError, portable_done
 from chat.engine.errors import ContextOverflowError, EngineClosedError, EngineError, InvalidMediaError
-from chat.engine.generation import Done, Timings, Usage
+from chat.engine.events import Done, Timings, Usage
 from chat.server.errors import describe, public_message
 
 

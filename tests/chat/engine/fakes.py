@@ -5,6 +5,8 @@ of the tokens it has absorbed, so a wrongly restored state shows up as a differe
 - The reply to a prompt spells ``script`` (a function of the prompt) and then <|end|>.
 - ``kind="normal"`` exports the absorbed tokens as a full-attention layer; ``kind="recurrent"`` as snapshots only,
   which makes the engine's snapshot boundaries matter.
+- ``forward_batch`` runs each feed through ``forward`` (override that to inject faults); a feed whose tokens
+  include ``poison`` fails alone, as the real adapter isolates a failing feed.
 - ``drift=True`` renders a finished assistant turn without its first ``<think>...</think>`` block, as many chat
   templates do, so the next prompt differs from the generated tokens.
 """
@@ -52,10 +54,18 @@ class ByteDetokenizer:
         return self._decoder.decode(b"", final=True)
 
 
+@dataclass(frozen=True)
+class FakePrompt:
+    tokens: tuple[int, ...]
+    spans: tuple = ()
+
+
 class FakeRuntime:
     name = "fake"
     dtype = "float32"
+    weights = "float32"
     eos_token_ids = frozenset({END})
+    modalities: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -74,7 +84,10 @@ class FakeRuntime:
         self.drift = drift
         self.forwarded = 0  # tokens run through forward(), to check that hits skip work
         self.open_runs = 0  # runs not yet closed
-        self.delay_s = delay_s  # sleep per forward call, to make a long reply take real time
+        self.delay_s = delay_s  # sleep per forward_batch call, to make a long reply take real time
+        self.batches: list[int] = []  # feeds per forward_batch call
+        self.poison: int | None = None  # a feed holding this token fails (and only that feed)
+        self.can_rewind = False  # True: rewind() works (then greedy replies speculate)
 
     def render(self, messages, add_generation_prompt: bool = True) -> list[int]:
         out: list[int] = []
@@ -87,10 +100,13 @@ class FakeRuntime:
             out.append(ASSISTANT)
         return out
 
+    def render_prompt(self, messages) -> FakePrompt:
+        return FakePrompt(tuple(self.render(messages)))
+
     def detokenizer(self) -> ByteDetokenizer:
         return ByteDetokenizer()
 
-    def new_run(self, lease: Lease | None = None) -> FakeRun:
+    def new_run(self, lease: Lease | None = None, prompt: FakePrompt | None = None) -> FakeRun:
         self.open_runs += 1
         if lease is None:
             return FakeRun([])
@@ -119,9 +135,29 @@ class FakeRuntime:
             run.tokens.append(int(t))
             logits[i, self._next_token(run.tokens)] = 10.0
         self.forwarded += len(token_ids)
+        return logits[-1:] if last_only else logits
+
+    def forward_batch(self, feeds) -> list:
+        self.batches.append(len(feeds))
+        out: list = []
+        for feed in feeds:
+            try:
+                if self.poison is not None and self.poison in feed.tokens:
+                    raise RuntimeError("poisoned feed")
+                logits = self.forward(feed.run, feed.tokens)
+                out.append(logits[len(logits) - feed.logits :] if feed.logits else None)
+            except Exception as exc:
+                out.append(exc)
         if self.delay_s:
             time.sleep(self.delay_s)
-        return logits[-1:] if last_only else logits
+        return out
+
+    def rewind(self, run: FakeRun, n: int) -> None:
+        assert self.can_rewind and 0 <= n <= run.length
+        del run.tokens[len(run.tokens) - n :]
+
+    def extras(self, run: FakeRun) -> tuple:
+        return ()
 
     def _state(self, tokens: list[int]) -> torch.Tensor:
         state = torch.zeros(1, MAX_LEN + 1)
@@ -140,12 +176,6 @@ class FakeRuntime:
 
     def close_run(self, run: FakeRun) -> None:
         self.open_runs -= 1
-
-
-@dataclass(frozen=True)
-class FakePrompt:
-    tokens: tuple[int, ...]
-    spans: tuple = ()
 
 
 class FakeMediaRuntime(FakeRuntime):
@@ -180,6 +210,3 @@ class FakeMediaRuntime(FakeRuntime):
             tokens.append(END)
         tokens.append(ASSISTANT)
         return FakePrompt(tuple(tokens), tuple(spans))
-
-    def new_run(self, lease: Lease | None = None, prompt: FakePrompt | None = None) -> FakeRun:
-        return super().new_run(lease)

@@ -9,7 +9,7 @@ import pytest
 from cache import PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.errors import ContextOverflowError, EngineClosedError
-from chat.engine.generation import Delta, Done, TurnRequest
+from chat.engine.events import Delta, Done, TurnRequest
 from chat.engine.sampling import SamplingParams
 from tests.chat.engine.fakes import FakeRuntime
 

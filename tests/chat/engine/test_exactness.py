@@ -12,8 +12,9 @@ import random
 import pytest
 
 from cache import PrefixCache
-from chat.engine.generation import Generation, TurnRequest, run_to_end
+from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams
+from tests.chat.engine.recording import run_recorded
 
 TINY_MODELS = [
     "tiny-llama",
@@ -35,10 +36,8 @@ def random_text(rng: random.Random) -> str:
 
 
 def run_turn(runtime, cache, messages, max_tokens):
-    gen = Generation(
-        runtime, cache, TurnRequest(messages, SamplingParams(max_tokens=max_tokens)), record_prefill_logits=True
-    )
-    _, done = run_to_end(gen)
+    gen, done, logits = run_recorded(runtime, cache, TurnRequest(messages, SamplingParams(max_tokens=max_tokens)))
+    gen.prefill_logits = logits
     return gen, done
 
 

@@ -8,13 +8,14 @@ import pytest
 
 from cache import PrefixCache
 from chat.engine.errors import ContextOverflowError, InvalidSamplingError
-from chat.engine.generation import Delta, Done, Generation, TurnRequest, run_to_end
+from chat.engine.events import Delta, Done, TurnRequest
 from chat.engine.sampling import SamplingParams
+from chat.engine.turn import Turn, run_to_end
 from tests.chat.engine.fakes import FakeRuntime
 
 
 def turn(rt, cache, messages, **params) -> Done:
-    deltas, done = run_to_end(Generation(rt, cache, TurnRequest(messages, SamplingParams(**params))))
+    deltas, done = run_to_end(Turn(rt, cache, TurnRequest(messages, SamplingParams(**params))))
     assert "".join(d.text for d in deltas) == done.text  # the stream adds up to the reply
     if cache is not None:
         cache.check_invariants()
@@ -117,7 +118,7 @@ def test_held_back_text_is_flushed_when_no_stop_string_follows():
 
 def test_utf8_characters_split_over_tokens_are_never_emitted_half():
     rt = FakeRuntime(script=lambda p: "é€😀")
-    deltas, done = run_to_end(Generation(rt, PrefixCache(), TurnRequest([{"role": "user", "content": "q"}])))
+    deltas, done = run_to_end(Turn(rt, PrefixCache(), TurnRequest([{"role": "user", "content": "q"}])))
     assert done.text == "é€😀"
     assert all("\ufffd" not in d.text for d in deltas)
     assert [d.text for d in deltas if d.text] == ["é", "€", "😀"]
@@ -125,7 +126,7 @@ def test_utf8_characters_split_over_tokens_are_never_emitted_half():
 
 def test_cancel_stops_at_the_next_step_and_keeps_the_cache_consistent():
     rt, cache = FakeRuntime(script=lambda p: "x" * 50), PrefixCache()
-    gen = Generation(rt, cache, TurnRequest([{"role": "user", "content": "long please"}]))
+    gen = Turn(rt, cache, TurnRequest([{"role": "user", "content": "long please"}]))
     seen = []
     while len(seen) < 5:
         seen += [e for e in gen.step() if isinstance(e, Delta)]
@@ -142,7 +143,7 @@ def test_cancel_stops_at_the_next_step_and_keeps_the_cache_consistent():
 
 def test_a_prompt_over_the_context_window_fails_before_any_compute():
     rt = FakeRuntime(context_window=16)
-    gen = Generation(rt, PrefixCache(), TurnRequest([{"role": "user", "content": "x" * 40}]))
+    gen = Turn(rt, PrefixCache(), TurnRequest([{"role": "user", "content": "x" * 40}]))
     with pytest.raises(ContextOverflowError) as err:
         gen.step()
     assert err.value.prompt_tokens == 43 and err.value.context_window == 16
@@ -191,11 +192,11 @@ def test_invalid_sampling_values_name_the_field(params, field):
 def test_the_prompt_is_servable_while_its_reply_is_still_decoding():
     rt, cache = FakeRuntime(script=lambda p: "z" * 30), PrefixCache()
     messages = [{"role": "user", "content": "shared question " * 4}]
-    first = Generation(rt, cache, TurnRequest(messages))
+    first = Turn(rt, cache, TurnRequest(messages))
     while not any(isinstance(e, Delta) for e in first.step()):
         pass
     # another session asks the same while the first still decodes
-    _, second = run_to_end(Generation(rt, cache, TurnRequest(messages)))
+    _, second = run_to_end(Turn(rt, cache, TurnRequest(messages)))
     assert second.usage.cached_tokens == second.usage.prompt_tokens - 1
     first.cancel()
     first.step()

@@ -8,8 +8,9 @@ import torch
 
 from cache import PrefixCache
 from chat.engine.drafts import DraftLength, PromptLookup
-from chat.engine.generation import Generation, TurnRequest, run_to_end
+from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams
+from chat.engine.turn import Turn, run_to_end
 from tests.chat.engine.fakes import FakeRun, FakeRuntime
 
 torch.set_num_threads(1)
@@ -48,24 +49,21 @@ def test_a_repeating_reply_drafts_a_whole_period():
 class RewindRuntime(FakeRuntime):
     """The fake model, able to forget tokens (as attention-only models are); counts forwards."""
 
-    can_rewind = True
-
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.can_rewind = True
         self.forwards = 0  # forward calls
         self.decode_sizes: list[int] = []  # tokens per forward that returned every row's logits (decode steps)
         self.rewound = 0  # tokens forgotten
 
-    def forward(self, run: FakeRun, token_ids, *, last_only: bool = False) -> torch.Tensor:
+    def forward_batch(self, feeds) -> list:
         self.forwards += 1
-        if not last_only:
-            self.decode_sizes.append(len(token_ids))
-        return super().forward(run, token_ids, last_only=last_only)
+        self.decode_sizes += [len(f.tokens) for f in feeds if f.logits == len(f.tokens)]
+        return super().forward_batch(feeds)
 
     def rewind(self, run: FakeRun, n: int) -> None:
-        assert 0 <= n <= run.length
         self.rewound += n
-        del run.tokens[len(run.tokens) - n :]
+        super().rewind(run, n)
 
 
 def repeating(prompt) -> str:
@@ -77,7 +75,7 @@ def chat(rt, cache, turns: int, draft_tokens: int, **params):
     dones = []
     for i in range(turns):
         messages.append({"role": "user", "content": f"verse {i}"})
-        gen = Generation(rt, cache, TurnRequest(list(messages), SamplingParams(**params)), draft_tokens=draft_tokens)
+        gen = Turn(rt, cache, TurnRequest(list(messages), SamplingParams(**params)), draft_tokens=draft_tokens)
         deltas, done = run_to_end(gen)
         assert "".join(d.text for d in deltas) == done.text
         messages.append({"role": "assistant", "content": done.text})
@@ -125,7 +123,7 @@ def test_sampled_replies_and_models_that_cannot_rewind_do_not_speculate():
     chat(rt, None, 2, draft_tokens=4)  # greedy: drafts
     assert max(rt.decode_sizes) > 1
     no_rewind = FakeRuntime(script=repeating)
-    assert not hasattr(no_rewind, "rewind")
+    assert not no_rewind.can_rewind
     assert [d.token_ids for d in chat(no_rewind, None, 2, draft_tokens=4)] == [
         d.token_ids for d in chat(RewindRuntime(script=repeating), None, 2, draft_tokens=0)
     ]
@@ -142,11 +140,11 @@ def test_tiny_models_give_the_same_greedy_reply_with_drafts(spec):
     messages = [{"role": "user", "content": "one two three one two three one two three one two"}]
     replies, gens = {}, {}
     for k in (0, 4):
-        gens[k] = Generation(model, None, TurnRequest(messages, SamplingParams(max_tokens=40)), draft_tokens=k)
+        gens[k] = Turn(model, None, TurnRequest(messages, SamplingParams(max_tokens=40)), draft_tokens=k)
         _, done = run_to_end(gens[k])
         replies[k] = done.token_ids
     assert replies[4] == replies[0]
-    assert gens[0].drafted == 0 and gens[4].drafted > 0 and gens[4].accepted > 0
+    assert gens[0].speculation is None and gens[4].speculation.drafted > 0 and gens[4].speculation.accepted > 0
 
 
 def test_the_draft_length_adapts_to_how_drafts_do():

@@ -7,8 +7,9 @@ import random
 import pytest
 
 from cache import PrefixCache
-from chat.engine.generation import Generation, TurnRequest, run_to_end
+from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams
+from chat.engine.turn import Turn, run_to_end
 
 WORDS = ["red", "green", "blue", "small", "large", "fast", "slow", "cat", "dog", "bird", "tree", "river", "stone"]
 
@@ -20,7 +21,7 @@ def conversations(runtime, cache, seed: int = 7):
     for _ in range(16):
         history = rng.choice(histories)  # interleaved in random order, so each evicts the others now and then
         history.append({"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(8))})
-        _, done = run_to_end(Generation(runtime, cache, TurnRequest(list(history), SamplingParams(max_tokens=6))))
+        _, done = run_to_end(Turn(runtime, cache, TurnRequest(list(history), SamplingParams(max_tokens=6))))
         history.append({"role": "assistant", "content": done.text})
         replies.append(done.token_ids)
         if cache is not None:

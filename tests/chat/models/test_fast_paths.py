@@ -1,5 +1,7 @@
-"""The decode fast paths (chat.models.fast_paths) compute what the stock layers compute, share their parameters,
-fall back where they do not apply, and step aside completely while a baseline holds the stock model."""
+"""chat.models.fast_paths: linear layers in each weight format compute what the stock layers compute (float32 up to
+rounding, bfloat16 and int8 up to their precision), float32 shares the stock parameters, fused groups hold their
+values once, int8 gives a token the same result whatever else is in the batch, and the stock model comes back whole
+for baselines (float32 only)."""
 
 from __future__ import annotations
 
@@ -7,18 +9,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from chat.models import fast_paths
+from chat.models import ragged
 from chat.models.fast_paths import (
-    ATTENTION_NAME,
+    BFloat16Matrix,
     FastLinear,
-    FastPaths,
     FusedPart,
+    Int8Matrix,
     Kernels,
     calibrate,
+    install,
+    int8_linear,
     linear,
-    short_query_attention,
 )
 from chat.models.tiny import build_tiny_model, tiny_config
 
@@ -86,7 +88,7 @@ def test_fused_parts_give_the_stock_results_and_hold_the_values_once(bias):
     x, y = torch.randn(1, 3, 16), torch.randn(1, 1, 16)
     want = {n: m(x) for n, m in stock.items() if m.weight.dtype == torch.float32}
     before = storage_bytes(block)
-    fast = FastPaths.apply(block, calibrate_kernels=False)
+    fast = install(block, "float32", calibrate_kernels=False)
     assert storage_bytes(block) == before  # the parts' weights are views of one fused matrix
     assert sorted(fast.fused_names) == ["attn.k_proj", "attn.q_proj", "attn.v_proj", "gate_proj", "up_proj"]
     assert isinstance(block.attn.o_proj, FastLinear) and not isinstance(block.attn.o_proj, FusedPart)
@@ -95,7 +97,7 @@ def test_fused_parts_give_the_stock_results_and_hold_the_values_once(bias):
     attn = block.attn
     q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)  # one product for the three
     assert close(q, want["attn.q_proj"]) and close(k, want["attn.k_proj"]) and close(v, want["attn.v_proj"])
-    assert attn.q_proj._fused.output is None  # released once every part took its slice
+    assert attn.q_proj._group.output is None  # released once every part took its slice
     assert close(attn.v_proj(x), want["attn.v_proj"])  # called alone (no q_proj first): computes its own slice
     assert close(attn.k_proj(y), stock["attn.k_proj"](y))  # another input than q_proj's
     attn.q_proj(x)
@@ -109,7 +111,7 @@ def test_stock_puts_back_the_original_layers_with_the_same_values():
     block = Block().eval()
     originals = {n: m for n, m in block.named_modules() if isinstance(m, nn.Linear)}
     values = {n: m.weight.detach().clone() for n, m in originals.items()}
-    fast = FastPaths.apply(block, calibrate_kernels=False)
+    fast = install(block, "float32", calibrate_kernels=False)
     with fast.stock() as model:
         assert model is block
         now = {n: m for n, m in block.named_modules() if isinstance(m, nn.Linear)}
@@ -122,71 +124,8 @@ def test_stock_puts_back_the_original_layers_with_the_same_values():
 def test_a_tied_or_shared_layer_is_not_fused():
     block = Block()
     block.up_proj.weight = block.gate_proj.weight  # tied
-    fast = FastPaths.apply(block, calibrate_kernels=False)
+    fast = install(block, "float32", calibrate_kernels=False)
     assert "gate_proj" not in fast.fused_names and isinstance(block.gate_proj, FastLinear)
-
-
-# ==================================================================== attention
-
-
-def attention_inputs(q: int, heads: int, kv_heads: int, length: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    query = torch.randn(1, heads, q, 8, generator=g)
-    key = torch.randn(1, kv_heads, length, 8, generator=g)
-    value = torch.randn(1, kv_heads, length, 8, generator=g)
-    module = nn.Module()
-    module.num_key_value_groups = heads // kv_heads
-    module.is_causal = True
-    return module, query, key, value
-
-
-def causal_mask(q: int, length: int) -> torch.Tensor:
-    """True = attend: query i (at position length - q + i) sees positions <= its own."""
-    pos = torch.arange(length)
-    return (pos[None, :] <= (length - q + torch.arange(q))[:, None]).view(1, 1, q, length)
-
-
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (9, 3)])
-@pytest.mark.parametrize("q,mask_kind", [(1, "none"), (1, "bool"), (1, "float"), (4, "bool"), (4, "float")])
-def test_short_query_attention_equals_sdpa(heads, kv_heads, mask_kind, q):
-    module, query, key, value = attention_inputs(q, heads, kv_heads, length=37)
-    mask = None
-    if mask_kind != "none":
-        mask = causal_mask(q, 37)
-        if mask_kind == "float":
-            mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
-    want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
-    got, weights = short_query_attention(module, query, key, value, mask, scaling=0.3)
-    assert weights is None and got.shape == (1, q, heads, 8) and close(got, want, 1e-6)
-
-
-def test_short_query_attention_takes_a_per_head_mask():
-    module, query, key, value = attention_inputs(2, 6, 2, length=20)
-    mask = causal_mask(2, 20).expand(1, 6, 2, 20).clone()
-    mask[:, 3, :, :5] = False  # one head sees less
-    want, _ = sdpa_attention_forward(module, query, key, value, mask)
-    got, _ = short_query_attention(module, query, key, value, mask)
-    assert close(got, want, 1e-6)
-
-
-def test_other_calls_go_to_sdpa_unchanged(monkeypatch):
-    calls = []
-    real = fast_paths.sdpa_attention_forward
-    monkeypatch.setattr(fast_paths, "sdpa_attention_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
-    module, query, key, value = attention_inputs(20, 4, 2, length=20)  # a long query (prefill)
-    got, _ = short_query_attention(module, query, key, value, None)
-    assert torch.equal(got, real(module, query, key, value, None)[0])
-    module, query, key, value = attention_inputs(3, 4, 2, length=9)  # several queries, no mask
-    short_query_attention(module, query, key, value, None)
-    module, query, key, value = attention_inputs(1, 4, 2, length=9)
-    short_query_attention(module, query.bfloat16(), key.bfloat16(), value.bfloat16(), None)  # not float32
-    short_query_attention(module, query, key, value, None, position_bias=torch.zeros(1, 4, 1, 9))
-    with pytest.raises(ValueError, match="softcap"):  # what SDPA says about soft-capping
-        short_query_attention(module, query, key, value, None, softcap=30.0)
-    assert len(calls) == 5
-    calls.clear()
-    short_query_attention(module, query, key, value, None, sliding_window=4, position_ids=None)  # ignored, as by SDPA
-    assert calls == []
 
 
 # ==================================================================== a whole model
@@ -206,31 +145,78 @@ def test_a_rewritten_model_gives_the_stock_logits_and_can_be_stock_again(tiny_ll
     ids = torch.tensor([[5, 17, 3, 99, 42, 8]])
     with torch.inference_mode():
         want = model(input_ids=ids).logits
-        fast = FastPaths.apply(model, calibrate_kernels=False)
-        assert model.config._attn_implementation == ATTENTION_NAME and fast.attention == [model.config]
+        fast = install(model, "float32", calibrate_kernels=False)
+        assert model.config._attn_implementation == ragged.RAGGED_ATTENTION and fast.attention == [
+            (model.config, "sdpa")
+        ]
         assert len(fast.fused_names) == 4 * 5  # q/k/v and gate/up of 4 layers
-        got = model(input_ids=ids).logits
+        got = model(input_ids=ids).logits  # outside a pack the ragged attention is SDPA
         assert close(got, want)
         with fast.stock() as stock:
             assert stock.config._attn_implementation == "sdpa"
             assert not any(isinstance(m, FastLinear) for m in stock.modules())
             assert torch.equal(stock(input_ids=ids).logits, want)  # the very layers and values as loaded
-        assert model.config._attn_implementation == ATTENTION_NAME
+        assert model.config._attn_implementation == ragged.RAGGED_ATTENTION
         assert close(model(input_ids=ids).logits, want)
 
 
-def test_one_token_steps_use_the_matmul_attention(tiny_llama, monkeypatch):
-    from transformers import DynamicCache
-
+@pytest.mark.parametrize("weights,tol", [("bfloat16", 0.05), ("int8", 0.15)])
+def test_other_formats_keep_only_their_own_weights_and_refuse_the_stock_model(tiny_llama, weights, tol):
     model = tiny_llama()
-    FastPaths.apply(model, calibrate_kernels=False)
-    used = []
-    real = fast_paths.sdpa_attention_forward
-    monkeypatch.setattr(fast_paths, "sdpa_attention_forward", lambda *a, **k: used.append("sdpa") or real(*a, **k))
+    ids = torch.tensor([[5, 17, 3, 99, 42, 8]])
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        model(input_ids=torch.tensor([[5, 17, 3]]), past_key_values=cache, use_cache=True)
-        assert used == ["sdpa"] * 4  # the prefill: SDPA in each of 4 layers
-        used.clear()
-        model(input_ids=torch.tensor([[8]]), past_key_values=cache, use_cache=True)
-        assert used == []
+        want = model(input_ids=ids).logits
+        fast = install(model, weights)
+        kind = BFloat16Matrix if weights == "bfloat16" else Int8Matrix
+        layers = [m for m in model.modules() if isinstance(m, FastLinear)]
+        assert layers and all(isinstance(m.matrix, kind) for m in layers)
+        assert all(original is None for _, _, original, _ in fast.replaced)  # the float32 layers were let go
+        got = model(input_ids=ids).logits
+        assert 0 < (got - want).abs().max().item() <= tol  # a rounded, not an equal, function
+    with pytest.raises(RuntimeError, match="float32"), fast.stock():
+        pass
+
+
+def test_an_unknown_weight_format_is_refused(tiny_llama):
+    with pytest.raises(ValueError, match="int4"):
+        install(tiny_llama(), "int4")
+
+
+# ==================================================================== int8 and bfloat16 products
+
+
+def test_int8_linear_is_the_product_of_its_quantized_operands():
+    g = torch.Generator().manual_seed(3)
+    weight, bias, x = torch.randn(40, 24, generator=g), torch.randn(40, generator=g), torch.randn(5, 24, generator=g)
+    m = Int8Matrix(weight, bias)
+    assert m.q.dtype == torch.int8 and int(m.q.abs().max()) == 127
+    amax = x.abs().amax(dim=1, keepdim=True)
+    xq = torch.round(x * 127 / amax)
+    want = (xq @ m.q.float().t()) * (amax / 127) * m.scale + bias
+    assert close(m(x), want, 1e-4)
+    exact = F.linear(x, weight, bias)
+    assert close(m(x), exact, 0.03 * exact.abs().max().item())  # and close to the float32 product
+
+
+def test_int8_gives_a_token_the_same_result_in_any_batch():
+    g = torch.Generator().manual_seed(4)
+    m = Int8Matrix(torch.randn(64, 48, generator=g), None)
+    rows = torch.randn(33, 48, generator=g)
+    alone = torch.cat([m(rows[i : i + 1]) for i in range(33)])
+    assert torch.equal(m(rows), alone) and torch.equal(m(rows.view(3, 11, 48)).view(33, 64), alone)
+
+
+def test_int8_handles_a_row_of_zeros_and_leading_dimensions():
+    m = Int8Matrix(torch.randn(8, 4), None)
+    out = int8_linear(torch.zeros(2, 3, 4), m.q, m.scale, None)
+    assert out.shape == (2, 3, 8) and torch.equal(out, torch.zeros(2, 3, 8))
+
+
+def test_bfloat16_matrix_is_close_to_the_float32_product():
+    g = torch.Generator().manual_seed(5)
+    weight, bias, x = torch.randn(40, 24, generator=g), torch.randn(40, generator=g), torch.randn(3, 24, generator=g)
+    m = BFloat16Matrix(weight, bias)
+    assert m.weight.dtype == torch.bfloat16 and m(x).dtype == torch.float32
+    assert close(m(x), F.linear(x, weight, bias), 0.1)
+    part = m.rows(8, 16)
+    assert close(part(x), m(x)[:, 8:16], 1e-6)

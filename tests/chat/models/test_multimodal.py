@@ -9,9 +9,11 @@ import torch
 
 from cache import PrefixCache
 from chat.engine.errors import InvalidMediaError
-from chat.engine.generation import Generation, TurnRequest, run_to_end
+from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams
+from chat.engine.turn import Turn, run_to_end
 from chat.models import load_model
+from tests.chat.engine.recording import run_recorded
 from tests.chat.models.mm_helpers import audio, image, mp4, png, reference_logits, user, video, wav
 
 TOL = 1e-4
@@ -39,9 +41,9 @@ def conversation(name: str) -> list[list[dict]]:
 
 
 def run_turn(model, cache, messages):
-    gen = Generation(model, cache, TurnRequest(messages, GREEDY), record_prefill_logits=True)
-    _, done = run_to_end(gen)
+    gen, done, logits = run_recorded(model, cache, TurnRequest(messages, GREEDY))
     assert done.finish_reason in ("stop", "length"), done.error
+    gen.prefill_logits = logits
     return gen, done
 
 
@@ -63,7 +65,7 @@ def test_cached_prefills_match_a_full_forward_and_repeats_are_not_encoded(model)
         hashes_before = {it.span.content_hash for m in history for it in _items(model, m)}
         fresh = {it.span.content_hash for it in uncached_new} - hashes_before
         assert model.media_counters["encoded"] - encoded_before == len(fresh)  # repeats come from the store
-        nocache = run_to_end(Generation(model, None, TurnRequest(messages, GREEDY)))[1]
+        nocache = run_to_end(Turn(model, None, TurnRequest(messages, GREEDY)))[1]
         assert nocache.token_ids == done.token_ids
         history = [*messages, {"role": "assistant", "content": done.text}]
 
@@ -96,7 +98,7 @@ def test_corrupt_media_fails_the_turn_by_name_and_stores_nothing(model):
     cache = PrefixCache()
     bad = png(5)[:60]
     messages = [user("What is ", image(png(6)), " next to ", image(bad, item="messages[0].content[3]"), "?")]
-    gen = Generation(model, cache, TurnRequest(messages, GREEDY))
+    gen = Turn(model, cache, TurnRequest(messages, GREEDY))
     entries = len(model.media_store)
     with pytest.raises(InvalidMediaError) as err:
         gen.begin()
@@ -107,7 +109,7 @@ def test_corrupt_media_fails_the_turn_by_name_and_stores_nothing(model):
 
 def test_a_kind_the_model_does_not_take_is_refused_by_name():
     llava = load_model("tiny-llava")  # images only
-    gen = Generation(llava, PrefixCache(), TurnRequest([user("hear ", audio(wav(), item="messages[0].content[1]"))]))
+    gen = Turn(llava, PrefixCache(), TurnRequest([user("hear ", audio(wav(), item="messages[0].content[1]"))]))
     with pytest.raises(InvalidMediaError) as err:
         gen.begin()
     assert err.value.item == "messages[0].content[1]" and "audio" in str(err.value)
@@ -115,7 +117,7 @@ def test_a_kind_the_model_does_not_take_is_refused_by_name():
 
 def test_a_placeholder_typed_in_the_text_is_refused(model):
     token = model._tokenizer.convert_ids_to_tokens(model.family.placeholders["image"])
-    gen = Generation(model, PrefixCache(), TurnRequest([user(f"sneaky {token} text", image(png(1)))]))
+    gen = Turn(model, PrefixCache(), TurnRequest([user(f"sneaky {token} text", image(png(1)))]))
     with pytest.raises(InvalidMediaError, match="placeholder"):
         gen.begin()
 

@@ -1,5 +1,5 @@
 """The built-in default model: converted once into $TURNCACHE_HOME (then reused by every later session), answers a
-factual question greedily, and restores a cached prefix exactly."""
+factual question greedily in float32, restores a cached prefix exactly, and loads in its default weight format."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.chat.models.helpers import TOLERANCE, full_logits, namespace, restore
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_model("smollm2")
+    return load_model("smollm2", weights="float32")  # the converted weights as they are
 
 
 def greedy(model, messages, max_tokens=16):
@@ -45,3 +45,13 @@ def test_the_default_model_restores_a_prefix_exactly(smollm2):
     assert hit == len(tokens) - 4
     assert (rest - full_logits(smollm2, tokens)[hit:]).abs().max().item() <= 5 * TOLERANCE  # 30 layers, logits ~20
     assert namespace(smollm2).model.startswith("smollm2@")
+
+
+def test_the_default_load_uses_the_default_weight_format_in_its_own_namespace(smollm2):
+    from chat.models.registry import DEFAULT_WEIGHTS
+
+    default = load_model("smollm2")
+    assert default.weights == DEFAULT_WEIGHTS["smollm2"] != "float32"
+    assert default.fingerprint.startswith(f"smollm2+{default.weights}@") and smollm2.fingerprint.startswith("smollm2@")
+    reply = greedy(default, [{"role": "user", "content": "Name three primary colors."}])
+    assert "red" in reply.lower() and "blue" in reply.lower()

@@ -195,3 +195,18 @@ def test_engine_results_for_unknown_turns_are_a_caller_bug(conn):
 def test_a_connection_needs_a_model(store):
     with pytest.raises(ValueError):
         Connection(store, models=[])
+
+
+def test_a_connection_resumes_only_its_own_tenants_sessions(store):
+    alice = Connection(store, models=["m"], tenant="alice")
+    created = wire(send(alice, type="session.create", system="alice's prompt"))[0]
+    session_id = created["session"]["id"]
+    assert store.get(session_id, owner="alice").owner == "alice"
+    bob = Connection(store, models=["m"], tenant="bob")
+    foreign = wire(send(bob, type="session.resume", session_id=session_id, event_id="r"))
+    missing = wire(send(bob, type="session.resume", session_id="sess_nope", event_id="r"))
+    assert json.dumps(foreign).replace(session_id, "<id>") == json.dumps(missing).replace("sess_nope", "<id>")
+    assert foreign[0]["code"] == "unknown_session" and bob.session is None
+    assert error_of(send(bob, type="conversation.get")).code is ErrorCode.NO_SESSION
+    again = Connection(store, models=["m"], tenant="alice")
+    assert wire(send(again, type="session.resume", session_id=session_id))[0]["session"]["system"] == "alice's prompt"

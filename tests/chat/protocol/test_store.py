@@ -66,3 +66,21 @@ def test_save_does_not_bring_back_a_closed_session():
 def test_max_sessions_must_be_positive():
     with pytest.raises(ValueError):
         InMemorySessionStore(max_sessions=0)
+
+
+def test_a_session_is_found_by_its_owner_only_and_others_get_the_missing_answer():
+    store = InMemorySessionStore()
+    alice = store.create("m", owner="alice")
+    assert alice.owner == "alice" and store.get(alice.id, owner="alice") is alice
+    answers = []
+    for session_id, owner in ((alice.id, "bob"), (alice.id, ""), ("sess_nope", "bob")):
+        with pytest.raises(ProtocolError) as info:
+            store.get(session_id, "e", owner=owner)
+        answers.append((info.value.code, info.value.event_id, info.value.message.replace(session_id, "<id>")))
+    assert answers[0] == answers[1] == answers[2] == (ErrorCode.UNKNOWN_SESSION, "e", "no session has id '<id>'")
+
+
+def test_an_in_memory_store_calls_back_at_once_when_asked_about_writes():
+    calls = []
+    InMemorySessionStore().when_written("sess_x", lambda: calls.append(1))
+    assert calls == [1]

@@ -37,7 +37,8 @@ def test_a_turn_in_flight_at_a_crash_is_reported_as_interrupted_and_changes_noth
     first = SqliteSessionStore(db)
     session = first.create("fake")
     plan = session.create_turn(TurnCreate(content="question"))
-    first.save(session)  # the server dies here, mid-reply
+    first.save(session)
+    first.flush()  # the server dies here, mid-reply, once the write is on disk
 
     second = SqliteSessionStore(db)
     again = second.get(session.id)

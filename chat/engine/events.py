@@ -1,0 +1,55 @@
+"""What goes into the engine (:class:`TurnRequest`) and what comes out of it (:class:`Delta` ... :class:`Done`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chat.engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    messages: Sequence[dict[str, Any]]  # the conversation; the reply continues it
+    params: SamplingParams = field(default_factory=SamplingParams)
+    salt: str = ""  # tenant salt: prefixes are shared only within one salt
+    prompt_tokens: Sequence[int] | None = None  # already rendered prompt (then `messages` is not rendered)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int  # tokens in the rendered prompt
+    cached_tokens: int  # of those, served from the prefix cache
+    completion_tokens: int  # tokens generated
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    ttft_ms: float  # request start -> first token
+    prefill_ms: float  # first prefill forward started -> the prompt absorbed (waits in shared steps included)
+    decode_tokens_per_s: float  # tokens after the first / time after the first
+    total_ms: float  # request start -> done
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    text: str  # new text (may be "" while bytes of a character are pending)
+    token_ids: tuple[int, ...]  # tokens this delta covers
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    text: str  # the whole reply
+    token_ids: tuple[int, ...]  # every generated token (EOS included if one ended the reply)
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
+    usage: Usage
+    timings: Timings
+    error: Exception | None = None  # set when finish_reason == "error"
+
+
+Event = Delta | Done

@@ -1,0 +1,172 @@
+"""The scheduler: what every active turn computes in the next step, and one batched forward that computes it.
+
+**A step** is one call of the runtime's ``forward_batch`` over the feeds of many turns at once:
+
+1. Cancelled turns end first (what they computed is stored; their Done goes out), so a cancel takes effect within
+   one step and nothing of theirs enters the forward.
+2. Every decoding turn feeds its next token, up to ``max_batch`` turns (one seat is kept for a waiting prefill).
+   When more turns decode than fit, they take seats round-robin: each gets a token at least every
+   ``ceil(decoding / seats)`` steps.
+3. Prefilling turns share what is left of ``token_budget``, oldest first, each a chunk of its prompt (a chunk also
+   ends where a recurrent snapshot is wanted). The oldest waiting prefill always gets at least
+   :data:`MIN_PREFILL_CHUNK` tokens, even when decode tokens took the whole budget, so a long prompt keeps moving
+   and never stalls the decoding turns for more than one chunk per step.
+4. Speculative drafts (greedy replies on models that can rewind) ride along only in small steps: at most
+   :data:`SPECULATE_UP_TO` decoding turns and no prefill. A draft token is nearly free when a forward is bound by
+   reading the weights (one or two rows), and pure waste when the forward already has many rows.
+
+**Budgets.** ``max_batch`` bounds the turns in one forward (per-turn attention and sampling cost grow with it);
+``token_budget`` bounds the tokens (it is the step time of the biggest prefill chunk, hence how long decoding turns
+wait for their next token while a long prompt is prefilled). Defaults were chosen by measurement (see
+docs/benchmarks.md); both are settings (``--max-batch``, ``--token-budget``).
+
+**Fairness.** Decoding turns rotate through the seats; prefills are served first come, first served, and new turns
+join at the next step. Nothing waits on a turn that arrived later.
+
+**Failure isolation.** The runtime reports an error per feed: a feed that fails alone ends only its own turn
+(finish_reason "error", nothing stored); when a batched forward fails, the runtime rolls every run back and runs each
+feed alone, so the others produce the same tokens they would have produced without the failing turn. If the runtime
+itself raises (a bug), every turn of that step fails and the engine goes on with the next step.
+
+Not thread-safe: the engine's worker thread owns it (a turn's ``cancel`` may come from any thread).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from chat.engine.errors import InvalidBatchSettingError
+from chat.engine.events import Event
+from chat.engine.runtime import Feed, ModelRuntime
+from chat.engine.turn import Turn
+
+DEFAULT_MAX_BATCH = 32  # turns in one forward
+DEFAULT_TOKEN_BUDGET = 256  # tokens in one forward
+MAX_BATCH_RANGE = (1, 256)
+TOKEN_BUDGET_RANGE = (16, 8192)
+MIN_PREFILL_CHUNK = 16  # a waiting prefill gets at least this many tokens per step
+SPECULATE_UP_TO = 2  # most decoding turns in a step that still carries draft tokens
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSettings:
+    """How much one step may hold. Raises :class:`InvalidBatchSettingError` (naming the setting) when out of range."""
+
+    max_batch: int = DEFAULT_MAX_BATCH  # most turns in one forward
+    token_budget: int = DEFAULT_TOKEN_BUDGET  # most tokens in one forward (but see MIN_PREFILL_CHUNK)
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in (("max_batch", MAX_BATCH_RANGE), ("token_budget", TOKEN_BUDGET_RANGE)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidBatchSettingError(name, f"must be an integer in [{low}, {high}], got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """What one step did (for metrics)."""
+
+    turns: int  # turns whose feed went into the forward
+    tokens: int  # tokens in the forward
+    prefills: int  # of the turns, those prefilling
+
+
+class Scheduler:
+    """Active turns and the step that advances them. Add begun turns with :meth:`add`; call :meth:`step` while
+    :attr:`busy`."""
+
+    def __init__(self, runtime: ModelRuntime, settings: BatchSettings | None = None) -> None:
+        self.runtime = runtime  # the model every turn runs on
+        self.settings = settings or BatchSettings()
+        self._decoding: deque[Turn] = deque()  # rotation order of decoding turns
+        self._prefilling: list[Turn] = []  # prefilling turns, oldest first
+        self.last: StepReport | None = None  # what the latest step did
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._decoding or self._prefilling)
+
+    @property
+    def active(self) -> int:
+        return len(self._decoding) + len(self._prefilling)
+
+    def turns(self) -> list[Turn]:
+        return [*self._prefilling, *self._decoding]
+
+    def add(self, turn: Turn) -> None:
+        """Take a begun turn; it joins the next step."""
+        (self._decoding if turn.decoding else self._prefilling).append(turn)
+
+    def step(self) -> list[tuple[Turn, list[Event]]]:
+        """Run one step (see the module docstring); return each affected turn's events."""
+        results: list[tuple[Turn, list[Event]]] = []
+        for turn in [t for t in self.turns() if t.cancelled]:
+            self._remove(turn)
+            results.append((turn, turn.stop("cancelled")))
+        plan = self._plan()
+        self.last = StepReport(len(plan), sum(len(f.tokens) for _, f in plan), sum(not t.decoding for t, _ in plan))
+        if not plan:
+            return results
+        try:
+            outcomes = self.runtime.forward_batch([feed for _, feed in plan])
+            if len(outcomes) != len(plan):
+                raise RuntimeError(f"the runtime returned {len(outcomes)} results for {len(plan)} feeds")
+        except Exception as exc:  # a runtime bug: every turn of this step fails, the engine goes on
+            outcomes = [exc] * len(plan)
+        for (turn, _), outcome in zip(plan, outcomes, strict=True):
+            was_decoding = turn.decoding
+            events = turn.fail(outcome) if isinstance(outcome, Exception) else turn.absorb(outcome)
+            results.append((turn, events))
+            if turn.done:
+                self._remove(turn)
+            elif turn.decoding and not was_decoding:  # the prompt is absorbed: join the decoding rotation
+                self._prefilling.remove(turn)
+                self._decoding.append(turn)
+        return results
+
+    def stop_all(self) -> list[tuple[Turn, list[Event]]]:
+        """End every active turn now ("cancelled"), storing what was computed."""
+        out = [(turn, turn.stop("cancelled")) for turn in self.turns()]
+        self._decoding.clear()
+        self._prefilling.clear()
+        return out
+
+    # ---------------------------------------------------------------- internals
+
+    def _plan(self) -> list[tuple[Turn, Feed]]:
+        """The feeds of the next forward: decode seats first, then prefill chunks."""
+        s = self.settings
+        seats = s.max_batch - (1 if self._prefilling else 0)  # one seat kept for the oldest waiting prefill
+        decoders = self._take_decoders(max(seats, 0))
+        drafts = len(decoders) <= SPECULATE_UP_TO and not self._prefilling
+        budget = s.token_budget
+        plan: list[tuple[Turn, Feed]] = []
+        for turn in decoders:
+            feed = turn.next_feed(max(1, budget - len(decoders) + 1), drafts=drafts)
+            budget -= len(feed.tokens)
+            plan.append((turn, feed))
+        for turn in self._prefilling:
+            if len(plan) >= s.max_batch:
+                break
+            give = max(budget, MIN_PREFILL_CHUNK) if turn is self._prefilling[0] else budget
+            if give <= 0:
+                break
+            feed = turn.next_feed(give)
+            budget -= len(feed.tokens)
+            plan.append((turn, feed))
+        return plan
+
+    def _take_decoders(self, seats: int) -> Sequence[Turn]:
+        """Up to ``seats`` decoding turns, continuing the rotation where the last step stopped."""
+        n = min(seats, len(self._decoding))
+        taken = [self._decoding[i] for i in range(n)]
+        self._decoding.rotate(-n)  # the next step starts after the last one taken
+        return taken
+
+    def _remove(self, turn: Turn) -> None:
+        if turn in self._prefilling:
+            self._prefilling.remove(turn)
+        elif turn in self._decoding:
+            self._decoding.remove(turn)

@@ -1,0 +1,405 @@
+"""One turn's life: begin (render, look up, restore) -> feeds (prefill chunks, then decoded tokens) -> absorb
+(sample, stream) -> finish (store, report).
+
+A :class:`Turn` never runs the model itself: it says what it needs computed next (:meth:`Turn.next_feed`), a
+scheduler runs that feed inside a batch with other turns' feeds, and the turn takes the logits back
+(:meth:`Turn.absorb`), or the error its feed caused (:meth:`Turn.fail`)::
+
+    turn = Turn(runtime, cache, request)
+    turn.begin()                                  # render, check the window, restore the best cached prefix
+    while not turn.done:
+        feed = turn.next_feed(budget=256)          # a prefill chunk of <= 256 tokens, or the next token (+ drafts)
+        [logits] = runtime.forward_batch([feed])
+        for event in turn.absorb(logits):          # Delta ... then exactly one Done
+            ...
+
+(:meth:`Turn.step` does one such round alone; :func:`run_to_end` drives a turn to its end.)
+
+Entries are stored at the end of the rendered prompt (always a prefix of the next turn, whatever the chat template
+does to the finished reply) and at the end of the reply. On models with recurrent layers the prefill also stops at
+the end of the system prompt, where a snapshot is taken.
+
+Greedy replies on runtimes that can rewind decode speculatively when the scheduler leaves room: the next token goes
+in with up to ``draft_tokens`` draft tokens found by prompt lookup (:mod:`chat.engine.drafts`); the drafts that
+greedy decoding picks itself are kept with the token after them, the rest are rewound. A step then emits one token
+or several.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from cache import Lease, MediaSpan, Namespace, PrefixCache
+from chat.engine.drafts import DraftLength, PromptLookup
+from chat.engine.errors import ContextOverflowError, InvalidMediaError
+from chat.engine.events import Delta, Done, Event, Timings, TurnRequest, Usage
+from chat.engine.runtime import Feed, ModelRuntime, Run
+from chat.engine.sampling import StopMatcher, sample
+from modalities.errors import MediaError
+
+PREFILL_CHUNK = 256  # prefill tokens per step when a turn runs alone (the scheduler sets its own budget)
+DRAFT_TOKENS = 4  # most draft tokens verified per decode step (greedy replies on runtimes that can rewind)
+
+
+class Phase(enum.Enum):
+    NEW = "new"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class TurnClock:
+    start: float = field(default_factory=time.perf_counter)  # when the request was made
+    prefill_start: float | None = None  # when the first prefill chunk was handed out
+    prefill_end: float | None = None  # when the prompt was absorbed
+    first_token: float | None = None  # when the first token was sampled
+    last_token: float | None = None  # when the latest token was sampled
+
+    def timings(self, tokens: int) -> Timings:
+        end = time.perf_counter()
+        first = self.first_token if self.first_token is not None else end
+        decode_s = (self.last_token or first) - first
+        prefill_s = (self.prefill_end or end) - self.prefill_start if self.prefill_start is not None else 0.0
+        return Timings(
+            ttft_ms=(first - self.start) * 1e3,
+            prefill_ms=prefill_s * 1e3,
+            decode_tokens_per_s=max(0, tokens - 1) / decode_s if decode_s > 0 else 0.0,
+            total_ms=(end - self.start) * 1e3,
+        )
+
+
+class ReplyWriter:
+    """The reply as it grows: sampled tokens -> streamed text, held back while a stop string may be starting."""
+
+    def __init__(self, runtime: ModelRuntime, request: TurnRequest, max_tokens: int) -> None:
+        self.tokens: list[int] = []  # every sampled token
+        self.text: list[str] = []  # text pieces emitted
+        self.max_tokens = max_tokens  # reply length cap (the context window's room included)
+        self._eos = runtime.eos_token_ids
+        self._detok = runtime.detokenizer()
+        self._stops = StopMatcher(request.params.stop)
+
+    def accept(self, token: int) -> tuple[list[Event], str | None]:
+        """Add a sampled token; return its events and the finish reason if the reply ends with it."""
+        self.tokens.append(token)
+        if token in self._eos:
+            return [], "stop"
+        text, stopped = self._stops.push(self._detok.push(token))
+        events: list[Event] = []
+        if text or not stopped:
+            events.append(Delta(text, (token,)))
+            self.text.append(text)
+        if stopped:
+            return events, "stop"
+        return events, "length" if len(self.tokens) >= self.max_tokens else None
+
+    def flush(self) -> list[Event]:
+        """Text held back at the end (nothing after a stop string: both flushes then give "")."""
+        tail, _ = self._stops.push(self._detok.flush())
+        tail += self._stops.flush()
+        if not tail:
+            return []
+        self.text.append(tail)
+        return [Delta(tail, ())]
+
+
+class Speculation:
+    """Prompt-lookup drafts for a greedy reply, and how well they did."""
+
+    def __init__(self, prompt: Sequence[int], most: int) -> None:
+        self.lookup = PromptLookup(prompt)  # prompt + reply so far
+        self.length = DraftLength(most)  # how many tokens to draft next
+        self.drafted = 0  # draft tokens verified
+        self.accepted = 0  # of those, the ones greedy decoding picked too
+
+    def draft(self, room: int) -> list[int]:
+        return self.lookup.draft(min(room, self.length.now), self.length.min_ngram)
+
+    def record(self, drafted: int, kept: int) -> None:
+        self.drafted += drafted
+        self.accepted += kept
+        self.length.update(drafted, kept)
+
+
+class Turn:
+    """One reply to one request. Not thread-safe: one scheduler thread drives it (``cancel`` may come from any)."""
+
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        cache: PrefixCache | None,
+        request: TurnRequest,
+        *,
+        draft_tokens: int = DRAFT_TOKENS,
+    ) -> None:
+        self.runtime = runtime  # the model
+        self.cache = cache  # None: no prefix reuse (`--no-prefix-cache`)
+        self.request = request
+        self.namespace = Namespace(runtime.fingerprint, runtime.dtype, request.salt)
+        self.phase = Phase.NEW
+        self.prompt: list[int] = []  # rendered prompt tokens
+        self.media: tuple[MediaSpan, ...] = ()  # media items of the prompt
+        self.cached_tokens = 0  # prompt tokens restored from the cache
+        self.reply = ReplyWriter(runtime, request, request.params.max_tokens)
+        self.speculation: Speculation | None = None  # set when the prompt is absorbed, if this reply drafts
+        self.clock = TurnClock()
+        self._draft_tokens = draft_tokens  # most draft tokens per decode step; 0: no speculation
+        self._lease: Lease | None = None  # held while the run uses cached tensors
+        self._run: Run | None = None  # the model state
+        self._fed: list[int] = []  # tokens the run has absorbed (its state is exactly these), in order
+        self._stops_at: list[int] = []  # prefill stops here (ascending; the last is len(prompt))
+        self._snapshots: set[int] = set()  # lengths where recurrent state was recorded
+        self._pending: Feed | None = None  # handed out by next_feed, not yet absorbed
+        self._rng = request.params.generator()  # the sampler's random state (None when greedy)
+        self._cancelled = False  # set from any thread; acted on at the next step
+
+    @property
+    def done(self) -> bool:
+        return self.phase is Phase.DONE
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def decoding(self) -> bool:
+        return self.phase is Phase.DECODE
+
+    def cancel(self) -> None:
+        """Ask the turn to stop; it finishes at its next step with finish_reason "cancelled"."""
+        self._cancelled = True
+
+    # ================================================================ begin
+
+    def begin(self) -> None:
+        """Render, check the context window, restore the best cached prefix.
+
+        Raises:
+            ContextOverflowError: the prompt leaves no room for a reply (nothing was computed or held).
+            InvalidMediaError: a media item cannot be used (nothing was computed or held).
+        """
+        rt, req = self.runtime, self.request
+        rendered = None
+        if req.prompt_tokens is not None:
+            self.prompt = list(req.prompt_tokens)
+        else:
+            try:
+                rendered = rt.render_prompt(req.messages)
+            except MediaError as exc:
+                raise InvalidMediaError(str(exc.item or "messages"), str(exc)) from exc
+            self.prompt, self.media = list(rendered.tokens), tuple(rendered.spans)
+        if len(self.prompt) >= rt.context_window:
+            raise ContextOverflowError(len(self.prompt), rt.context_window)
+        self.reply.max_tokens = min(self.reply.max_tokens, rt.context_window - len(self.prompt))
+        match = self.cache.lookup(self.namespace, self.prompt, self.media) if self.cache is not None else None
+        if match is not None:
+            self._lease = self.cache.acquire(match, self.namespace)
+            self.cached_tokens = match.length
+            self._fed = self.prompt[: match.length]
+        try:
+            self._run = rt.new_run(self._lease, rendered)
+        except BaseException:
+            self._release()
+            raise
+        self._stops_at = self._prefill_stops()
+        self.phase = Phase.PREFILL
+
+    def _prefill_stops(self) -> list[int]:
+        """Where prefill stops: the end of the system prompt (recurrent models only) and the end of the prompt."""
+        end = len(self.prompt)
+        marks = {end}
+        rt, msgs = self.runtime, self.request.messages
+        if rt.has_recurrent_state and self.request.prompt_tokens is None and msgs and msgs[0].get("role") == "system":
+            system = rt.render(msgs[:1], add_generation_prompt=False)
+            if self.cached_tokens < len(system) < end and self.prompt[: len(system)] == system:
+                marks.add(len(system))
+        return sorted(m for m in marks if m > self.cached_tokens)
+
+    # ================================================================ feeds
+
+    def next_feed(self, budget: int, *, drafts: bool = True) -> Feed:
+        """What the turn needs computed next: a prefill chunk of at most ``budget`` tokens (ending at the next
+        snapshot boundary at the latest), or the next token plus, when ``drafts`` and the budget allow, draft tokens.
+        Hand the feed's result to :meth:`absorb` (or its error to :meth:`fail`) before asking again."""
+        assert self._run is not None and self._pending is None and budget >= 1
+        if self.phase is Phase.PREFILL:
+            if self.clock.prefill_start is None:
+                self.clock.prefill_start = time.perf_counter()
+            start = len(self._fed)
+            end = min(self._stops_at[0], start + budget)
+            chunk = self.prompt[start:end]
+            feed = Feed(self._run, chunk, 1 if end == len(self.prompt) else 0)
+        else:
+            assert self.phase is Phase.DECODE and self.reply.tokens
+            draft = self._draft(budget - 1) if drafts else []
+            tokens = [self.reply.tokens[-1], *draft]
+            feed = Feed(self._run, tokens, len(tokens))
+        self._pending = feed
+        return feed
+
+    def _draft(self, room: int) -> list[int]:
+        """Draft tokens after the next one: as many as the budget, the reply's cap and the window leave room for."""
+        if self.speculation is None or room <= 0:
+            return []
+        assert self._run is not None
+        room = min(
+            room,
+            self.reply.max_tokens - len(self.reply.tokens) - 1,  # the step also samples one token after the drafts
+            self.runtime.context_window - self._run.length - 1,
+        )
+        return self.speculation.draft(room)
+
+    def absorb(self, logits: torch.Tensor | None) -> list[Event]:
+        """Take the result of the feed from :meth:`next_feed`: ``[feed.logits, vocab]`` logits (None when none
+        were asked for). Returns the events it produced (the last is a Done when the turn ends)."""
+        feed, self._pending = self._pending, None
+        assert feed is not None
+        try:
+            if self.phase is Phase.PREFILL:
+                return self._absorb_prefill(feed, logits)
+            assert logits is not None
+            if len(feed.tokens) > 1:
+                return self._verify(feed, logits)
+            self._fed.append(feed.tokens[0])
+            return self._accept(self._sample(logits[-1]))
+        except Exception as exc:  # a bug or a broken model: this turn fails, nothing is stored
+            return self._finish("error", exc)
+
+    def fail(self, error: Exception) -> list[Event]:
+        """The feed from :meth:`next_feed` failed: end the turn with finish_reason "error" (nothing is stored)."""
+        self._pending = None
+        return self._finish("error", error)
+
+    def stop(self, reason: str = "cancelled") -> list[Event]:
+        """End the turn at once (cancelled, or its client vanished), storing what was computed."""
+        if self.phase is Phase.DONE:
+            return []
+        self._pending = None
+        return self._finish(reason)
+
+    def step(self, budget: int = PREFILL_CHUNK) -> list[Event]:
+        """One round alone: begin if needed, run the next feed on its own, absorb it."""
+        if self.phase is Phase.DONE:
+            return []
+        if self.phase is Phase.NEW:
+            self.begin()
+        if self._cancelled:
+            return self.stop("cancelled")
+        feed = self.next_feed(budget)
+        (outcome,) = self.runtime.forward_batch([feed])
+        if isinstance(outcome, Exception):
+            return self.fail(outcome)
+        return self.absorb(outcome)
+
+    # ================================================================ absorbing
+
+    def _absorb_prefill(self, feed: Feed, logits: torch.Tensor | None) -> list[Event]:
+        self._fed.extend(feed.tokens)
+        if len(self._fed) < self._stops_at[0]:
+            return []
+        self._stops_at.pop(0)
+        if self.runtime.has_recurrent_state:
+            assert self._run is not None
+            self.runtime.snapshot(self._run)
+            self._snapshots.add(self._run.length)
+        if self._stops_at:
+            return []
+        self.clock.prefill_end = time.perf_counter()
+        self._store()  # the end of the rendered prompt: a prefix of the next turn, whatever the template does
+        self.phase = Phase.DECODE
+        if self._draft_tokens > 0 and self.request.params.temperature == 0.0 and self.runtime.can_rewind:
+            self.speculation = Speculation(self.prompt, self._draft_tokens)
+        assert logits is not None
+        return self._accept(self._sample(logits[-1]))
+
+    def _verify(self, feed: Feed, logits: torch.Tensor) -> list[Event]:
+        """The next token and drafts went in together: keep the longest run of drafts that greedy decoding picks
+        itself, then the model's pick after them; rewind the run over the rejected drafts."""
+        assert self._run is not None and self.speculation is not None
+        base = len(self._fed)
+        fed, draft = list(feed.tokens), list(feed.tokens[1:])
+        picks = [self._sample(row) for row in logits]  # [1 + len(draft)]
+        kept = 0
+        while kept < len(draft) and picks[kept] == draft[kept]:
+            kept += 1
+        self.runtime.rewind(self._run, len(draft) - kept)
+        self.speculation.record(len(draft), kept)
+        events: list[Event] = []
+        for i in range(kept + 1):
+            self._fed[base:] = fed[: 1 + i]  # the tokens before picks[i]: _finish rewinds the run to them
+            events.extend(self._accept(picks[i]))
+            if self.phase is Phase.DONE:
+                break
+        return events
+
+    def _sample(self, row: torch.Tensor) -> int:
+        return sample(row, self.request.params, self._rng)
+
+    def _accept(self, token: int) -> list[Event]:
+        now = time.perf_counter()
+        if self.clock.first_token is None:
+            self.clock.first_token = now
+        self.clock.last_token = now
+        if self.speculation is not None:
+            self.speculation.lookup.extend([token])
+        events, reason = self.reply.accept(token)
+        if reason is not None:
+            events.extend(self._finish(reason))
+        return events
+
+    # ================================================================ finishing
+
+    def _store(self) -> None:
+        if self.cache is None or self._run is None:
+            return
+        n = len(self._fed)
+        assert n == self._run.length
+        if any(span.start < n < span.end for span in self.media):
+            return  # stopped inside a media item (a cancelled prefill): no entry may end there
+        media = [span for span in self.media if span.end <= n]
+        extras = self.runtime.extras(self._run)
+        self.cache.insert(self.namespace, self._fed, self.runtime.export(self._run), media=media, extras=extras)
+
+    def _finish(self, reason: str, error: Exception | None = None) -> list[Event]:
+        """Flush held-back text, store what the model absorbed (unless it failed), give everything back."""
+        events = self.reply.flush() if error is None else []
+        try:
+            run = self._run
+            if run is not None and error is None and run.length > len(self._fed):
+                self.runtime.rewind(run, run.length - len(self._fed))  # accepted drafts after the end
+            if run is not None and error is None and len(self._fed) > self.cached_tokens:
+                if self.runtime.has_recurrent_state and run.length not in self._snapshots:
+                    self.runtime.snapshot(run)
+                self._store()  # the end of the reply, or as far as a cancelled prefill got
+        finally:
+            self._release()
+        self.phase = Phase.DONE
+        usage = Usage(len(self.prompt), self.cached_tokens, len(self.reply.tokens))
+        text = "".join(self.reply.text)
+        timings = self.clock.timings(len(self.reply.tokens))
+        events.append(Done(text, tuple(self.reply.tokens), reason, usage, timings, error))
+        return events
+
+    def _release(self) -> None:
+        if self._run is not None:
+            self.runtime.close_run(self._run)
+            self._run = None
+        if self._lease is not None and self.cache is not None:
+            self.cache.release(self._lease)
+            self._lease = None
+
+
+def run_to_end(turn: Turn, budget: int = PREFILL_CHUNK) -> tuple[list[Delta], Done]:
+    """Drive a turn alone to its end (tests, benchmarks, the terminal chat)."""
+    deltas: list[Delta] = []
+    while True:
+        for event in turn.step(budget):
+            if isinstance(event, Done):
+                return deltas, event
+            deltas.append(event)

@@ -1,0 +1,255 @@
+"""One forward over several runs: their new tokens laid end to end in one input row, each token attending only to
+its own run's K/V rows (ragged batching; no padding, no copy of anyone's K/V).
+
+Linear layers, norms, embeddings and rotary positions work on tokens one by one, so they run over the concatenated
+tokens of every run at once; only attention needs to know where each run's tokens are. A :class:`Pack` says that
+(one :class:`Slot` per run: its row, its token range, its own cache), and two small pieces make transformers'
+decoder code honour it:
+
+- :class:`RaggedCache` stands in for the ``past_key_values`` of the forward. When an attention layer hands it the new
+  K/V of all tokens, it appends each run's slice to that run's own :class:`~chat.models.kv_rows.AttentionRows` and
+  keeps the views those return (the run's whole visible K/V) on the pack for the attention function.
+- :func:`ragged_attention` is registered in transformers' ``AttentionInterface`` as :data:`RAGGED_ATTENTION` (and not
+  in its mask interface, so no mask is built for the packed row). It computes each run's attention over that run's
+  views: one-token queries (decoding) as a grouped matmul with no mask, longer queries (prefill chunks, draft
+  verification) with a causal (and sliding-window) mask of their own.
+
+::
+
+    pack = Pack([Slot(row=0, start=0, end=5, cache=run_a_cache), Slot(0, 5, 6, run_b_cache)])
+    with active(pack):
+        model(input_ids=ids, position_ids=positions, past_key_values=RaggedCache(layout, pack), ...)
+
+Outside a pack (the model called on its own, e.g. a baseline) the attention function computes what SDPA computes.
+Runs of models with recurrent layers are not packed: a recurrent mixer carries state along its input row, so
+packed runs would leak into each other. Their decode steps (one token per run) are *stacked* instead: one run per
+batch row, attention routed per row the same way, recurrent states stacked into batch tensors
+(:meth:`chat.models.hf_cache.CacheLayout.stacked_cache`). Their prefill chunks run one per forward. Not thread-safe:
+one thread drives a model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.cache_utils import (
+    Cache,
+    DummyLayer,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionAndSlidingWindowAttentionLayer,
+)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+RAGGED_ATTENTION = "turncache_ragged"  # our entry in transformers' attention interface
+MATMUL_QUERY = 16  # longest query computed as matmuls; longer ones go to SDPA with a mask
+
+
+@dataclass(slots=True)
+class Slot:
+    """Where one run's new tokens sit in the packed input."""
+
+    row: int  # batch row of the input ([B, S]); 0 when every run shares one row
+    start: int  # first token of the run in that row
+    end: int  # one past its last token
+    cache: Any  # the run's own cache (chat.models.hf_cache.RunCache): its attention layers own its K/V rows
+
+
+@dataclass(slots=True, eq=False)
+class Pack:
+    """The runs of one forward. :class:`RaggedCache` fills :attr:`kv` per layer, :func:`ragged_attention` takes it."""
+
+    slots: Sequence[Slot]  # in input order
+    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # the current layer's K/V views per slot
+    window: int | None = None  # the current layer's sliding window (None: full attention)
+    _masks: dict[tuple[int, int, int | None], torch.Tensor] = field(default_factory=dict)  # (q, kv, window) -> mask
+
+    def mask(self, q: int, kv: int, window: int | None, device: torch.device) -> torch.Tensor:
+        """Boolean ``[q, kv]`` (True = attend): the last ``q`` of ``kv`` positions are the queries; each sees itself
+        and what precedes it, within ``window`` positions if one is given."""
+        key = (q, kv, window)
+        mask = self._masks.get(key)
+        if mask is None:
+            seen = torch.arange(q, device=device).unsqueeze(1) + (kv - q)  # [q, 1]: each query's own kv index
+            cols = torch.arange(kv, device=device).unsqueeze(0)  # [1, kv]
+            mask = cols <= seen
+            if window is not None:
+                mask &= cols > seen - window
+            self._masks[key] = mask
+        return mask
+
+
+_active: list[Pack] = []  # packs of the forwards in progress (innermost last)
+
+
+def current() -> Pack | None:
+    """The pack of the forward in progress, if any."""
+    return _active[-1] if _active else None
+
+
+@contextlib.contextmanager
+def active(pack: Pack) -> Iterator[Pack]:
+    """Make ``pack`` the one :func:`ragged_attention` and :class:`RaggedCache` work with while the block runs."""
+    _active.append(pack)
+    try:
+        yield pack
+    finally:
+        _active.pop()
+
+
+# ==================================================================== the cache
+
+
+class _RaggedKV:
+    """Mixin for one attention layer of a :class:`RaggedCache`: K/V go to each slot's own rows."""
+
+    layer_idx: int
+    pack: Pack
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        views = []
+        window = None
+        for slot in self.pack.slots:
+            rows = slot.cache.layers[self.layer_idx].rows
+            window = rows.window
+            k = key_states[slot.row : slot.row + 1, :, slot.start : slot.end]  # [1, Hk, q, D]
+            v = value_states[slot.row : slot.row + 1, :, slot.start : slot.end]
+            views.append(rows.append(k, v))  # [1, Hk, kv, D] each
+        self.pack.kv, self.pack.window = views, window
+        self.is_initialized = True
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        raise NotImplementedError("a packed forward has one length per run; pass position_ids explicitly")
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return query_length, 0  # no mask is built for a packed row (see the module docstring)
+
+
+class RaggedFullLayer(_RaggedKV, DynamicLayer):
+    def __init__(self, layer_idx: int, pack: Pack) -> None:
+        DynamicLayer.__init__(self)
+        self.layer_idx = layer_idx  # decoder layer this stands for
+        self.pack = pack  # the forward's runs
+
+
+class RaggedSlidingLayer(_RaggedKV, DynamicSlidingWindowLayer):
+    def __init__(self, layer_idx: int, pack: Pack, window: int) -> None:
+        DynamicSlidingWindowLayer.__init__(self, sliding_window=window)
+        self.layer_idx = layer_idx
+        self.pack = pack
+
+
+class RaggedHybridLayer(_RaggedKV, LinearAttentionAndFullAttentionLayer):
+    """A hybrid layer of a stacked forward: attention routed per run, recurrent states stacked by the caller."""
+
+    def __init__(self, layer_idx: int, pack: Pack, number_of_states: int) -> None:
+        LinearAttentionAndFullAttentionLayer.__init__(self, number_of_states=number_of_states)
+        self.layer_idx = layer_idx
+        self.pack = pack
+
+
+class RaggedHybridSlidingLayer(_RaggedKV, LinearAttentionAndSlidingWindowAttentionLayer):
+    def __init__(self, layer_idx: int, pack: Pack, window: int, number_of_states: int) -> None:
+        LinearAttentionAndSlidingWindowAttentionLayer.__init__(
+            self, sliding_window=window, number_of_states=number_of_states
+        )
+        self.layer_idx = layer_idx
+        self.pack = pack
+
+
+class RaggedCache(Cache):
+    """The ``past_key_values`` of a packed forward: one layer per decoder layer, routing K/V per run.
+
+    ``kinds`` is the decoder's layer kinds as the run caches have them: ``"kv"``, ``("rotating", W)`` or
+    ``"none"`` for a layer without state.
+    """
+
+    def __init__(self, kinds: Sequence[Any], pack: Pack) -> None:
+        layers: list[Any] = []
+        for i, kind in enumerate(kinds):
+            if kind == "kv":
+                layers.append(RaggedFullLayer(i, pack))
+            elif isinstance(kind, tuple) and kind[0] == "rotating":
+                layers.append(RaggedSlidingLayer(i, pack, kind[1]))
+            elif kind == "none":
+                layers.append(DummyLayer())
+            else:
+                raise ValueError(f"layer {i}: a packed forward cannot hold a {kind!r} layer")
+        super().__init__(layers=layers)
+
+
+# ==================================================================== attention
+
+
+def ragged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """A transformers attention function: ``query [B, H, S, D]`` -> ``(out [B, S, H, Dv], None)``.
+
+    Inside a pack each slot's queries attend to that slot's K/V views (``key`` and ``value`` are ignored); outside
+    one this is SDPA.
+
+    Raises:
+        NotImplementedError: attention sinks (``s_aux``), which no served family uses.
+    """
+    pack = _active[-1] if _active else None
+    if pack is None or pack.kv is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("attention sinks are not supported in packed forwards")
+    views, pack.kv = pack.kv, None
+    b, h, s, d = query.shape
+    hk = views[0][0].shape[1]
+    g = h // hk  # query heads per K/V head
+    dv = views[0][1].shape[-1]
+    scale = d**-0.5 if scaling is None else scaling
+    softcap = kwargs.get("softcap")
+    window = pack.window
+    out = query.new_empty((b, s, h, dv))
+    scaled = query * scale  # [B, H, S, D]
+    for slot, (k, v) in zip(pack.slots, views, strict=True):
+        q = slot.end - slot.start
+        kv = k.shape[-2]
+        if q == 1:  # decoding: every visible row is attended (sliding layers return only the window)
+            qg = scaled[slot.row, :, slot.start].view(hk, g, d)  # head hk*g + j -> [hk, j]
+            scores = torch.bmm(qg, k[0].transpose(1, 2))  # [Hk, g, kv]
+            if softcap:
+                scores = torch.tanh(scores / softcap) * softcap
+            probs = torch.softmax(scores, dim=-1)
+            torch.bmm(probs, v[0], out=out[slot.row, slot.start].view(hk, g, dv))
+            continue
+        mask = pack.mask(q, kv, window, query.device)  # [q, kv]
+        qs = scaled[slot.row : slot.row + 1, :, slot.start : slot.end]  # [1, H, q, D]
+        if q <= MATMUL_QUERY or softcap:
+            qg = qs.reshape(hk, g * q, d)
+            scores = torch.bmm(qg, k[0].transpose(1, 2)).view(hk, g, q, kv)
+            if softcap:
+                scores = torch.tanh(scores / softcap) * softcap
+            scores.masked_fill_(~mask, float("-inf"))
+            probs = torch.softmax(scores, dim=-1).view(hk, g * q, kv)
+            o = torch.bmm(probs, v[0]).view(h, q, dv)  # [H, q, Dv]
+        else:
+            o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=1.0, enable_gqa=g > 1)[0]
+        out[slot.row, slot.start : slot.end].copy_(o.transpose(0, 1))
+    return out, None
+
+
+def register() -> None:
+    """Register :func:`ragged_attention` with transformers (idempotent)."""
+    if RAGGED_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(RAGGED_ATTENTION, ragged_attention)

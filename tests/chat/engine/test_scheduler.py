@@ -1,0 +1,193 @@
+"""The scheduler on a weightless fake model: one forward per step over every active turn, budgets, fairness, cancel
+within a step, a failing feed fails only its own turn, settings out of range are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache import PrefixCache
+from chat.engine.errors import InvalidBatchSettingError
+from chat.engine.events import Done, TurnRequest
+from chat.engine.sampling import SamplingParams
+from chat.engine.scheduler import MIN_PREFILL_CHUNK, BatchSettings, Scheduler
+from chat.engine.turn import Turn, run_to_end
+from tests.chat.engine.fakes import FakeRuntime
+
+
+class CountingRuntime(FakeRuntime):
+    """Records every step's feeds as (turn label, tokens)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps: list[list[int]] = []  # tokens per feed, per forward_batch call
+        self.runs_per_step: list[list[int]] = []  # id() of each feed's run, per call
+
+    def forward_batch(self, feeds):
+        self.steps.append([len(f.tokens) for f in feeds])
+        self.runs_per_step.append([id(f.run) for f in feeds])
+        return super().forward_batch(feeds)
+
+
+def request(text: str, **params) -> TurnRequest:
+    return TurnRequest([{"role": "user", "content": text}], SamplingParams(**params))
+
+
+def begun(rt, cache, req) -> Turn:
+    turn = Turn(rt, cache, req)
+    turn.begin()
+    return turn
+
+
+def run_all(scheduler: Scheduler, turns: list[Turn], *, add: bool = True) -> dict[int, Done]:
+    """Step until every turn is done (adding ``turns`` first unless ``add`` is False: they are in already); return
+    each turn's Done by its index in ``turns``."""
+    for turn in turns if add else ():
+        scheduler.add(turn)
+    done: dict[int, Done] = {}
+    index = {id(t): i for i, t in enumerate(turns)}
+    for _ in range(10_000):
+        if not scheduler.busy:
+            break
+        for turn, events in scheduler.step():
+            for event in events:
+                if isinstance(event, Done):
+                    done[index[id(turn)]] = event
+    assert not scheduler.busy, "the scheduler did not finish"
+    return done
+
+
+def alone(text: str, **params) -> Done:
+    return run_to_end(Turn(FakeRuntime(), None, request(text, **params)))[1]
+
+
+def test_concurrent_turns_share_forwards_and_give_the_replies_they_give_alone():
+    rt, cache = CountingRuntime(), PrefixCache()
+    texts = [f"question number {i}" * (i + 1) for i in range(6)]
+    turns = [begun(rt, cache, request(t)) for t in texts]
+    done = run_all(Scheduler(rt), turns)
+    for i, text in enumerate(texts):
+        want = alone(text)
+        assert (done[i].text, done[i].token_ids, done[i].finish_reason) == (want.text, want.token_ids, "stop")
+    assert max(len(s) for s in rt.steps) == 6  # every turn in one forward
+    assert len(rt.steps) < sum(len(d.token_ids) for d in done.values()) / 4  # far fewer forwards than tokens
+    assert cache.stats().in_use == 0 and rt.open_runs == 0
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("max_batch,budget", [(1, 16), (3, 16), (4, 40), (32, 256)])
+def test_every_step_keeps_to_the_batch_size_and_the_token_budget(max_batch, budget):
+    rt = CountingRuntime()
+    turns = [begun(rt, None, request("x" * (20 + 15 * i))) for i in range(7)]
+    done = run_all(Scheduler(rt, BatchSettings(max_batch=max_batch, token_budget=budget)), turns)
+    assert len(done) == 7 and all(d.finish_reason == "stop" for d in done.values())
+    for sizes in rt.steps:
+        assert len(sizes) <= max_batch
+        # a step holds at most the budget, or one decode token per seat plus the least prefill chunk
+        assert sum(sizes) <= max(budget, len(sizes) - 1 + MIN_PREFILL_CHUNK)
+
+
+def test_a_long_prefill_and_31_decoding_turns_all_make_progress():
+    rt = CountingRuntime(script=lambda prompt: "z" * 200)  # long replies: they keep decoding
+    settings = BatchSettings(max_batch=32, token_budget=48)
+    scheduler = Scheduler(rt, settings)
+    decoding = [begun(rt, None, request(f"d{i}", max_tokens=150)) for i in range(31)]
+    for turn in decoding:
+        scheduler.add(turn)
+    while not all(t.decoding for t in decoding):
+        scheduler.step()
+    long = begun(rt, None, request("p" * 1500, max_tokens=5))
+    scheduler.add(long)
+    produced = {id(t): len(t.reply.tokens) for t in decoding}
+    for _ in range(10):
+        before = len(long._fed)
+        scheduler.step()
+        assert len(long._fed) - before >= MIN_PREFILL_CHUNK  # the prompt moves every step...
+        assert len(rt.steps[-1]) == 32  # ...and so does every decoding turn, in the same forward
+    assert all(len(t.reply.tokens) == produced[id(t)] + 10 for t in decoding)
+
+
+def test_more_decoding_turns_than_seats_take_turns_round_robin():
+    rt = CountingRuntime(script=lambda prompt: "y" * 100)
+    scheduler = Scheduler(rt, BatchSettings(max_batch=4, token_budget=64))
+    turns = [begun(rt, None, request(f"t{i}", max_tokens=60)) for i in range(10)]
+    for turn in turns:
+        scheduler.add(turn)
+    while not all(t.decoding for t in turns):
+        scheduler.step()
+    counts_before = [len(t.reply.tokens) for t in turns]
+    for _ in range(10):  # 10 steps x 4 seats = 40 tokens over 10 turns
+        scheduler.step()
+    gained = [len(t.reply.tokens) - b for t, b in zip(turns, counts_before, strict=True)]
+    assert sum(gained) == 40 and set(gained) == {4}
+
+
+def test_a_cancel_takes_effect_at_the_next_step():
+    script = lambda prompt: "w" * 100  # noqa: E731
+    rt = CountingRuntime(script=script)
+    scheduler = Scheduler(rt)
+    turns = [begun(rt, None, request(f"c{i}", max_tokens=80)) for i in range(3)]
+    for turn in turns:
+        scheduler.add(turn)
+    for _ in range(5):
+        scheduler.step()
+    victim = turns[1]
+    victim_run = id(victim._run)
+    victim.cancel()
+    results = {id(t): events for t, events in scheduler.step()}
+    done = results[id(victim)][-1]
+    assert isinstance(done, Done) and done.finish_reason == "cancelled" and victim.done
+    assert victim_run not in rt.runs_per_step[-1] and len(rt.steps[-1]) == 2  # the others went on in that step
+    assert rt.open_runs == 2
+    others = run_all(scheduler, [turns[0], turns[2]], add=False)
+    for i, turn in enumerate((turns[0], turns[2])):
+        want = run_to_end(Turn(FakeRuntime(script=script), None, turn.request))[1]
+        assert others[i].token_ids == want.token_ids and others[i].finish_reason == "length"
+
+
+def test_a_failing_feed_fails_only_its_turn_and_the_others_give_their_own_replies():
+    rt, cache = CountingRuntime(), PrefixCache()
+    rt.poison = ord("!")
+    texts = ["fine one", "this one fails " + "late " * 10 + "!", "fine two", "fine three"]
+    turns = [begun(rt, cache, request(t)) for t in texts]
+    done = run_all(Scheduler(rt, BatchSettings(token_budget=16)), turns)  # the failing prompt's first chunks pass
+    assert done[1].finish_reason == "error" and str(done[1].error) == "poisoned feed"
+    poisoned = turns[1]
+    assert len(poisoned._fed) >= 16  # some of its prompt was computed before the failing chunk...
+    match = cache.lookup(poisoned.namespace, [*poisoned.prompt, 1])
+    assert match is None or match.length == 1  # ...yet none was stored (the others share only the role token)
+    for i in (0, 2, 3):
+        want = alone(texts[i])
+        assert (done[i].token_ids, done[i].finish_reason) == (want.token_ids, "stop")
+    assert cache.stats().in_use == 0 and rt.open_runs == 0
+    cache.check_invariants()
+
+
+def test_a_runtime_that_raises_fails_the_step_and_the_scheduler_goes_on():
+    rt = CountingRuntime()
+    scheduler = Scheduler(rt)
+    broken = [begun(rt, None, request(f"b{i}")) for i in range(2)]
+    for turn in broken:
+        scheduler.add(turn)
+    real = rt.forward_batch
+    rt.forward_batch = lambda feeds: (_ for _ in ()).throw(RuntimeError("runtime bug"))
+    results = scheduler.step()
+    assert all(events[-1].finish_reason == "error" for _, events in results) and not scheduler.busy
+    rt.forward_batch = real
+    assert run_all(scheduler, [begun(rt, None, request("after"))])[0].text == alone("after").text
+
+
+@pytest.mark.parametrize(
+    "settings,field",
+    [
+        ({"max_batch": 0}, "max_batch"),
+        ({"max_batch": 257}, "max_batch"),
+        ({"max_batch": 2.5}, "max_batch"),
+        ({"token_budget": 15}, "token_budget"),
+        ({"token_budget": 8193}, "token_budget"),
+        ({"token_budget": True}, "token_budget"),
+    ],
+)
+def test_settings_out_of_range_are_refused_naming_the_setting(settings, field):
+    with pytest.raises(InvalidBatchSettingError) as info:
+        BatchSettings(**settings)
+    assert info.value.field == field and field in str(info.value)

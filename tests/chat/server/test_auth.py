@@ -1,0 +1,135 @@
+"""API keys -> tenants: the keys file and environment formats, refusals that name the source but never a key, the
+constant-time lookup's results, and cache salts derived from the tenant id rather than from the key."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from chat.cli import main
+from chat.server.app import key_ring
+from chat.server.auth import DEFAULT_TENANT, KeyRing, KeysError, cache_salt, parse_keys, read_keys_file
+from chat.server.settings import ServerSettings
+
+KEY_A = "alice-key-0123456789abcdef"
+KEY_A2 = "alice-rotated-key-0123456789"
+KEY_B = "bob-key-fedcba9876543210xyz"
+
+
+def test_json_and_line_formats_give_the_same_keys(tmp_path):
+    as_json = tmp_path / "keys.json"
+    as_json.write_text(json.dumps({KEY_A: "alice", KEY_A2: "alice", KEY_B: "bob"}))
+    as_lines = tmp_path / "keys.txt"
+    as_lines.write_text(f"# tenants\n\n{KEY_A} alice\n  {KEY_A2}\talice , {KEY_B} bob\n")
+    expected = {KEY_A: "alice", KEY_A2: "alice", KEY_B: "bob"}
+    assert read_keys_file(str(as_json)) == read_keys_file(str(as_lines)) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (f"{KEY_A}", "expected 'KEY TENANT'"),
+        (f"{KEY_A} alice extra", "expected 'KEY TENANT'"),
+        ("short-key alice", "16 to 512 characters"),
+        (f"{KEY_A} al/ice", "tenant id"),
+        (f'{{"{KEY_A}": "alice", "{KEY_A}": "bob"}}', "already given to tenant 'alice'"),
+        (f"{KEY_A} alice\n{KEY_A} bob", "already given to tenant 'alice'"),
+        (f'{{"{KEY_A}": ["alice"]}}', "tenant id"),
+        (f'{{"{KEY_A}": "alice",', "not valid JSON"),
+        ("# only a comment\n", "holds no key"),
+        ("", "holds no key"),
+    ],
+)
+def test_a_malformed_keys_file_is_refused_naming_the_file_not_the_key(tmp_path, text, says):
+    path = tmp_path / "keys.conf"
+    path.write_text(text)
+    with pytest.raises(KeysError) as info:
+        read_keys_file(str(path))
+    message = str(info.value)
+    assert str(path) in message and says in message, message
+    assert KEY_A not in message and "short-key" not in message
+
+
+def test_an_unreadable_keys_file_is_refused(tmp_path):
+    with pytest.raises(KeysError, match="cannot be read"):
+        read_keys_file(str(tmp_path / "missing"))
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(KeysError, match="cannot be read"):
+        read_keys_file(str(binary))
+
+
+def test_sources_merge_and_a_key_given_to_two_tenants_is_refused(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"{KEY_A} alice\n")
+    ring = KeyRing.from_sources(auth_token="tok", keys_file=str(path), keys_env=f"{KEY_B} bob")
+    assert ring.tenants() == {DEFAULT_TENANT, "alice", "bob"}
+    with pytest.raises(KeysError) as info:
+        KeyRing.from_sources(keys_file=str(path), keys_env=f"{KEY_A} bob")
+    assert "TURNCACHE_API_KEYS" in str(info.value) and KEY_A not in str(info.value)
+    with pytest.raises(KeysError, match="TURNCACHE_API_KEYS: entry 1"):
+        KeyRing.from_sources(keys_env="not a valid entry")
+
+
+def test_settings_read_keys_from_the_environment(monkeypatch, tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"{KEY_A} alice\n")
+    monkeypatch.setenv("TURNCACHE_API_KEYS", f"{KEY_B} bob")
+    monkeypatch.setenv("TURNCACHE_API_KEYS_FILE", str(path))
+    ring = key_ring(ServerSettings())
+    assert ring.tenants() == {"alice", "bob"}
+    assert KEY_B not in repr(ServerSettings())  # a SecretStr: never printed
+
+
+def test_a_key_finds_its_tenant_and_the_salt_comes_from_the_tenant_id():
+    ring = KeyRing({KEY_A: "alice", KEY_A2: "alice", KEY_B: "bob"})
+    alice, rotated, bob = ring.authenticate(KEY_A), ring.authenticate(KEY_A2), ring.authenticate(KEY_B)
+    assert alice is not None and rotated is not None and bob is not None
+    assert alice == rotated  # two keys of one tenant: one owner, one cache namespace
+    assert (alice.id, alice.salt) == ("alice", cache_salt("alice"))
+    assert bob.id == "bob" and bob.salt != alice.salt
+    assert KEY_A not in alice.salt and len(alice.salt) == 32
+    for refused in (None, "", KEY_A + "x", KEY_A[:-1], "Bearer " + KEY_A, KEY_A.upper()):
+        assert ring.authenticate(refused) is None, refused
+
+
+def test_an_open_server_lets_everyone_in_as_one_tenant():
+    ring = KeyRing()
+    assert ring.open
+    anonymous, with_token, other_token = ring.authenticate(None), ring.authenticate("abc"), ring.authenticate("xyz")
+    assert anonymous.id == with_token.id == other_token.id == DEFAULT_TENANT  # sessions: one tenant
+    assert len({anonymous.salt, with_token.salt, other_token.salt}) == 3  # a token still picks its cache namespace
+    assert anonymous.salt == cache_salt(DEFAULT_TENANT)  # the same namespace as --auth-token's tenant
+
+
+def test_the_keys_parser_reports_entries_of_an_environment_value():
+    assert parse_keys(f"{KEY_A} alice,{KEY_B} bob", "env") == {KEY_A: "alice", KEY_B: "bob"}
+    with pytest.raises(KeysError, match="env: entry 2"):
+        parse_keys(f"{KEY_A} alice,{KEY_B}", "env")
+
+
+def test_serve_refuses_a_malformed_keys_file_before_loading_the_model(tmp_path, capsys):
+    path = tmp_path / "keys"
+    path.write_text(f"{KEY_A} alice\ntoo-short bob\n")
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", "no-such-model", "--api-keys-file", str(path), "--sessions-db", ""])
+    message = str(info.value.code)
+    assert message.startswith("turncache: --api-keys-file") and str(path) in message and "entry 2" in message
+    assert KEY_A not in message and "too-short" not in message
+    assert "loading" not in capsys.readouterr().err  # refused before the model
+
+
+def test_the_keys_file_example_of_the_security_doc_works(tmp_path):
+    import re
+    import subprocess
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[3] / "docs" / "security.md").read_text()
+    example = re.search(r"```sh\n(key\(\).*?)\nturncache serve --api-keys-file", doc, re.S)
+    assert example is not None
+    script = example.group(1).replace("/etc/turncache/keys", str(tmp_path / "keys"))
+    subprocess.run(["bash", "-c", script.replace("python3", sys.executable)], check=True)
+    keys = read_keys_file(str(tmp_path / "keys"))
+    assert sorted(keys.values()) == ["alice", "bob"] and all(len(k) >= 40 for k in keys)
