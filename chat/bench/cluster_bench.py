@@ -42,13 +42,13 @@ class ClusterTurn:
     error: str | None = None
 
 
-async def _conversation(url: str, index: int, turns: Sequence[Turn]) -> list[ClusterTurn]:
+async def _conversation(url: str, index: int, turns: Sequence[Turn], token: str | None) -> list[ClusterTurn]:
     from chat.client import AsyncChatClient, ChatError, ClientError
 
     records: list[ClusterTurn] = []
     messages: list[dict] = [{"role": "system", "content": SYSTEM}]
     try:
-        async with AsyncChatClient(url, timeout=600) as client:
+        async with AsyncChatClient(url, token=token, timeout=600) as client:
             for t, turn in enumerate(turns):
                 messages.append({"role": "user", "content": turn.user})
                 stream = client.complete(messages, sampling={"max_tokens": turn.reply_budget})
@@ -65,10 +65,13 @@ async def _conversation(url: str, index: int, turns: Sequence[Turn]) -> list[Clu
     return records
 
 
-async def run_workload(url: str, workload: list[list[Turn]]) -> tuple[list[ClusterTurn], float]:
-    """Every conversation at once against the WebSocket ``url``; returns (records, wall seconds)."""
+async def run_workload(
+    url: str, workload: list[list[Turn]], token: str | None = None
+) -> tuple[list[ClusterTurn], float]:
+    """Every conversation at once against the WebSocket ``url`` (with the API key ``token``, if the cluster has keys);
+    returns (records, wall seconds)."""
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(_conversation(url, i, turns) for i, turns in enumerate(workload)))
+    results = await asyncio.gather(*(_conversation(url, i, turns, token) for i, turns in enumerate(workload)))
     return [r for rs in results for r in rs], time.perf_counter() - t0
 
 

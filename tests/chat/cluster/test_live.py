@@ -1,8 +1,10 @@
 """A real Ray cluster on loopback: two Ray nodes (ray.cluster_utils.Cluster), two apps of 2 tiny-llama replicas
 each, one replica per node: ``affine`` (--router prefix) at ``/`` and ``rr`` (--router round_robin) at ``/rr``.
+Both apps have the keys file of tests/chat/server/test_tenants.py (tenants alice, with two keys, and bob); the tests
+act as alice unless they say otherwise.
 
-The tests run in file order and share the apps; the replica-kill test is last. Ray is shut down after the module
-(no raylet is left behind).
+The tests run in file order and share the apps; the replica-kill test and then the ingress's shutdown are last. Ray
+is shut down after the module (no raylet is left behind).
 """
 
 from __future__ import annotations
@@ -17,13 +19,29 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from websockets.sync.client import connect as ws_connect
+from websockets.sync.client import connect
+
+from tests.chat.server.test_tenants import (
+    KEY_A,
+    KEY_A2,
+    KEY_B,
+    KEYS,
+    SECRET_PROMPT,
+    alice_session,
+    probe_ws,
+    resumed_system,
+)
 
 ray = pytest.importorskip("ray", reason="the cluster extra (turncache[cluster]) is not installed")
 
 SYSTEM = "You are a careful assistant."
 TOPICS = ["tides", "waves", "salt", "whales", "reefs", "storms", "ice", "currents"]
 REPLY_TOKENS = 6  # short replies: a tiny model's random bytes do not re-tokenize to the tokens it generated
+AS_ALICE = {"authorization": f"Bearer {KEY_A}"}  # HTTP headers of the tests' default tenant
+
+
+def ws_connect(url: str, key: str = KEY_A):
+    return connect(url, additional_headers={"Authorization": f"Bearer {key}"})
 
 
 def opening(index: int) -> str:
@@ -44,6 +62,7 @@ class Live:
     rr: object
     engines: object  # the affine EngineReplica deployment's handle
     nodes: int
+    sessions_db: str  # the affine app's session store
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +79,10 @@ def live(tmp_path_factory):
     try:
         connect(nodes.address)
         port = free_port()
-        db = str(tmp_path_factory.mktemp("cluster") / "sessions.sqlite3")
-        settings = ServerSettings(model="tiny-llama", port=port, sessions_db=db)
+        folder = tmp_path_factory.mktemp("cluster")
+        db, keys = str(folder / "sessions.sqlite3"), folder / "keys"
+        keys.write_text(KEYS)
+        settings = ServerSettings(model="tiny-llama", port=port, sessions_db=db, api_keys_file=str(keys))
         common = {"replicas": 2, "replica_cpus": 0, "max_replicas_per_node": 1}
         affine, rr = deploy_many(
             [
@@ -76,7 +97,8 @@ def live(tmp_path_factory):
         )
         base = f"http://127.0.0.1:{port}"
         engines = serve.get_deployment_handle("EngineReplica", "affine")
-        yield Live(base, base + "/rr", f"ws://127.0.0.1:{port}/v1/ws", affine, rr, engines, len(ray.nodes()))
+        ws = f"ws://127.0.0.1:{port}/v1/ws"
+        yield Live(base, base + "/rr", ws, affine, rr, engines, len(ray.nodes()), db)
     finally:
         try:
             serve.shutdown()
@@ -96,11 +118,11 @@ def replicas_of(live) -> dict[str, object]:
     """replica id -> its report (pid, node), for every live replica of the affine app."""
     from chat.cluster.wire import ToReplica
 
-    ids = [r["replica"] for r in httpx.get(live.http + "/v1/cluster").json()["replicas"]]
+    ids = [r["replica"] for r in httpx.get(live.http + "/v1/cluster", headers=AS_ALICE).json()["replicas"]]
     return {r: live.engines.report.remote(ToReplica(r)).result() for r in ids}
 
 
-async def session_conversation(url: str, index: int, turns: int, token: str | None = None) -> tuple[str, list]:
+async def session_conversation(url: str, index: int, turns: int, token: str = KEY_A) -> tuple[str, list]:
     from chat.client import AsyncChatClient
 
     async with AsyncChatClient(url, token=token, timeout=120) as client:
@@ -126,7 +148,7 @@ def openai_conversations(base: str, conversations: int, turns: int) -> list[list
         return usages
 
     async def everything():
-        async with AsyncOpenAI(base_url=base + "/v1", api_key="tenant-openai", timeout=120) as client:
+        async with AsyncOpenAI(base_url=base + "/v1", api_key=KEY_A, timeout=120) as client:
             return await asyncio.gather(*(one(client, i) for i in range(conversations)))
 
     return asyncio.run(everything())
@@ -165,25 +187,29 @@ def test_the_single_process_surface_is_served_by_the_ingress(live):
     assert live.nodes == 2
     assert "<html" in httpx.get(live.http + "/").text.lower()  # the web UI
     assert httpx.get(live.http + "/health").json()["status"] == "ok"
-    assert httpx.get(live.http + "/v1/models").json()["data"][0]["id"] == "tiny-llama"
+    assert httpx.get(live.http + "/v1/models", headers=AS_ALICE).json()["data"][0]["id"] == "tiny-llama"
+    for path in ("/v1/models", "/metrics", "/v1/cluster"):  # the cluster's own routes need a key too
+        assert httpx.get(live.http + path).status_code == 401, path
     reports = replicas_of(live)
     assert len(reports) == 2 and len({r.node for r in reports.values()}) == 2  # one replica per Ray node
     for _ in range(5):  # every replica answers every time (concurrent calls of one request each get an id)
-        metrics = httpx.get(live.http + "/metrics").text
+        metrics = httpx.get(live.http + "/metrics", headers=AS_ALICE).text
         assert all(f'turncache_turns_total{{replica="{r}"}}' in metrics for r in reports)
     for replica in reports:
         assert f'turncache_turns_total{{replica="{replica}"}}' in metrics
         assert f'turncache_cluster_turns_inflight{{replica="{replica}"}} 0' in metrics
     assert metrics.count("# TYPE turncache_turns_total counter") == 1
-    cluster = httpx.get(live.http + "/v1/cluster").json()
+    assert "\nturncache_session_write_failures_total 0\n" in metrics  # the ingress's session store, no label
+    cluster = httpx.get(live.http + "/v1/cluster", headers=AS_ALICE).json()
     (head,) = [n["NodeID"] for n in ray.nodes() if n["Resources"].get("node:__internal_head__")]
     assert cluster["router"] == "prefix" and cluster["ingress_node"] == head  # where the session store is
-    assert httpx.get(live.rr_http + "/v1/cluster").json()["router"] == "round_robin"
+    assert httpx.get(live.rr_http + "/v1/cluster", headers=AS_ALICE).json()["router"] == "round_robin"
 
 
 def test_an_engine_refusal_keeps_its_type_through_the_cluster(live):
     long = "word " * 5000  # over tiny-llama's 4096-token window
-    r = httpx.post(live.http + "/v1/chat/completions", json={"messages": [{"role": "user", "content": long}]})
+    body = {"messages": [{"role": "user", "content": long}]}
+    r = httpx.post(live.http + "/v1/chat/completions", json=body, headers=AS_ALICE)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_overflow"
 
 
@@ -240,8 +266,8 @@ def test_bench_cluster_workload_and_summary_run_against_a_cluster(live):
 
     cfg = MultiTurnConfig(conversations=2, turns_per_conversation=2, min_user_tokens=40, max_user_tokens=60)
     workload = make_workload(load_model("tiny-llama"), cfg)
-    affine, _ = asyncio.run(run_workload(live.ws, workload))
-    rr, _ = asyncio.run(run_workload(live.rr_http.replace("http", "ws") + "/v1/ws", workload))
+    affine, _ = asyncio.run(run_workload(live.ws, workload, KEY_A))
+    rr, _ = asyncio.run(run_workload(live.rr_http.replace("http", "ws") + "/v1/ws", workload, KEY_A))
     result = summarize(cfg, {"affine": affine, "round_robin": rr})
     assert result["errors"] == 0 and len(affine) == len(rr) == 4
     for key in ("cached_token_ratio_affine", "cached_token_ratio_round_robin", "ttft_p50_ms_affine"):
@@ -249,22 +275,45 @@ def test_bench_cluster_workload_and_summary_run_against_a_cluster(live):
     assert len(result["cached_token_ratio_per_turn_affine"]) == 2
 
 
-def test_tenants_share_no_cache_entry_and_no_routing_entry(live):
-    async def first_turn(token):
-        from chat.client import AsyncChatClient
+def test_two_tenants_never_reach_each_others_sessions_through_the_cluster(live):
+    """tests/chat/server/test_tenants.py's probe, through the ingress: the same answers as the single process."""
+    alice_id, alice_msg, _ = asyncio.run(alice_session(live.ws))
+    answers = asyncio.run(probe_ws(live.ws, KEY_B, alice_id, alice_msg))
+    foreign, missing = answers["session.resume"]
+    assert foreign == missing  # byte for byte, apart from the id
+    assert json.loads(foreign) == {
+        "type": "error",
+        "reply_to": "r",
+        "code": "unknown_session",
+        "message": "no session has id '<id>'",
+    }
+    for kind in ("conversation.get", "turn.regenerate"):
+        assert json.loads(answers[kind][0])["code"] == "no_session", answers[kind]
+    assert answers["turn.edit"][0] == answers["turn.edit"][1]
+    assert json.loads(answers["turn.edit"][0])["code"] == "invalid_event"
+    assert SECRET_PROMPT.strip() not in json.dumps(answers)
+    assert asyncio.run(resumed_system(live.ws, KEY_A2, alice_id)) == SECRET_PROMPT  # her other key: her session
 
-        async with AsyncChatClient(live.ws, token=token, timeout=120) as client:
-            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Describe the deep ocean."}]
-            return await client.complete(messages, sampling={"max_tokens": 8})
 
-    asyncio.run(first_turn("tenant-a-key-0001"))
-    again = asyncio.run(first_turn("tenant-a-key-0001"))
-    other = asyncio.run(first_turn("tenant-b-key-0002"))
-    assert again.cached_tokens > 0  # the same tenant finds its prefix (routing found the replica holding it)
-    assert other.cached_tokens == 0  # another tenant, same conversation: nothing shared
+def test_two_tenants_share_no_cache_entry_on_any_replica(live):
+    """Round robin puts alice's prompt on both replicas, then sends bob's same prompt to both: bob finds nothing."""
+    body = {"messages": [{"role": "system", "content": SECRET_PROMPT}, {"role": "user", "content": "Tides?"}]}
+
+    def cached_share(key: str) -> float:
+        headers = {"authorization": f"Bearer {key}"}
+        r = httpx.post(live.rr_http + "/v1/chat/completions", json={**body, "max_tokens": 2}, headers=headers)
+        usage = r.json()["usage"]
+        return usage["prompt_tokens_details"]["cached_tokens"] / usage["prompt_tokens"]
+
+    before = len(routing_log(live.rr))
+    cached_share(KEY_A), cached_share(KEY_A)
+    assert (cached_share(KEY_B), cached_share(KEY_B)) == (0, 0)
+    assert cached_share(KEY_A2) > 0.8  # alice's other key: her own entries
+    used = [entry["replica"] for entry in routing_log(live.rr)[before:]]
+    assert len(used) == 5 and used[0] != used[1] and (used[2], used[3]) == (used[0], used[1])  # strict rotation
 
 
-# ---------------------------------------------------------------- faults (last: they kill a replica)
+# ---------------------------------------------------------------- faults (last: they kill a replica, stop an app)
 
 
 def test_a_cancelled_turn_ends_cancelled_through_the_cluster(live):
@@ -310,7 +359,8 @@ def test_a_replica_killed_mid_turn_ends_that_turn_typed_and_the_next_turn_runs_e
         assert texts == [opening(0), "Second question about tides.", "Third question about tides."]
     deadline = time.monotonic() + 90  # Ray Serve starts a replacement, which rejoins routing
     while time.monotonic() < deadline:
-        replicas = {r["replica"] for r in httpx.get(live.http + "/v1/cluster").json()["replicas"]}
+        views = httpx.get(live.http + "/v1/cluster", headers=AS_ALICE).json()["replicas"]
+        replicas = {r["replica"] for r in views}
         if len(replicas) == 2 and home not in replicas:
             break
         time.sleep(1)
@@ -318,3 +368,20 @@ def test_a_replica_killed_mid_turn_ends_that_turn_typed_and_the_next_turn_runs_e
     (fresh,) = replicas - {routing_log(live.affine)[-1]["replica"]}
     sid, _ = asyncio.run(session_conversation(live.ws, 0, 1))  # a new session goes to the emptier, new replica
     assert [e["replica"] for e in routing_log(live.affine) if e["session_id"] == sid] == [fresh]
+
+
+def test_a_stopped_ingress_closes_its_session_store(live):
+    from ray import serve
+
+    from chat.server.session_db import SqliteSessionStore
+
+    sid, _ = asyncio.run(session_conversation(live.ws, 1, 1))
+    assert os.path.exists(live.sessions_db + "-wal")  # open: SQLite's write-ahead log is there
+    serve.delete("affine")
+    assert not os.path.exists(live.sessions_db + "-wal")  # closed: the log was written into the file and removed
+    store = SqliteSessionStore(live.sessions_db)
+    try:
+        session = store.get(sid, owner="alice")
+        assert (session.system, [m.role for m in session.messages]) == (SYSTEM, ["user", "assistant"])
+    finally:
+        store.close()
