@@ -15,7 +15,13 @@ Keys: ``model``, ``replicas``, ``conversations``, ``turns_per_conversation``, ``
 ``cached_token_ratio_affine`` / ``cached_token_ratio_round_robin`` (cached / prompt tokens over all turns),
 ``ratio_gain`` (affine / round robin), ``ttft_p50_ms_affine`` / ``ttft_p50_ms_round_robin``,
 ``cached_token_ratio_per_turn_affine`` / ``..._round_robin`` (lists indexed by turn), ``wall_s_affine`` /
-``wall_s_round_robin``, ``replicas_used_affine`` / ``replicas_used_round_robin`` (replicas that ran a turn).
+``wall_s_round_robin``, ``replicas_used_affine`` / ``replicas_used_round_robin`` (replicas that ran a turn),
+``stayed_share_affine`` / ``stayed_share_round_robin``: of the turns after a conversation's first, the share that
+ran on the replica of the conversation's previous turn. It is read from the cache: such a turn finds the whole
+previous prompt cached (its prompt starts with it); on any other replica it finds at most an earlier, shorter one.
+Round robin (one cursor for every turn, whoever sent it) leaves this share to the order in which turns arrive: about
+``1 / replicas`` when that order is unrelated to the conversations', more when successive rounds of the (in-step)
+conversations arrive in the same order, which sends each conversation back where it was.
 """
 
 from __future__ import annotations
@@ -88,6 +94,14 @@ def _ratio(records: list[ClusterTurn]) -> float:
     return sum(r.cached_tokens for r in records) / max(1, sum(r.prompt_tokens for r in records))
 
 
+def _stayed_share(records: list[ClusterTurn]) -> float:
+    """Of the turns after a conversation's first, the share whose cached tokens cover the previous turn's prompt."""
+    prompts = {(r.conversation, r.turn): r.prompt_tokens for r in records}
+    later = [r for r in records if (r.conversation, r.turn - 1) in prompts]
+    stayed = [r for r in later if r.cached_tokens >= prompts[(r.conversation, r.turn - 1)]]
+    return len(stayed) / len(later) if later else float("nan")
+
+
 def summarize(cfg: MultiTurnConfig, runs: dict[str, list[ClusterTurn]]) -> dict:
     """The benchmark's figures from each mode's records (keys of ``runs``: "affine", "round_robin")."""
     out: dict = {"errors": sum(r.error is not None for rs in runs.values() for r in rs)}
@@ -99,6 +113,7 @@ def summarize(cfg: MultiTurnConfig, runs: dict[str, list[ClusterTurn]]) -> dict:
         out[f"cached_token_ratio_per_turn_{mode}"] = [
             _ratio([r for r in ok if r.turn == t]) for t in range(cfg.turns_per_conversation)
         ]
+        out[f"stayed_share_{mode}"] = _stayed_share(ok)
     rr = out.get("cached_token_ratio_round_robin", 0.0)
     out["ratio_gain"] = out.get("cached_token_ratio_affine", 0.0) / rr if rr else float("inf")
     return out

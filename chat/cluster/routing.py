@@ -14,8 +14,14 @@ The rule (``mode="prefix"``), for a turn with key :class:`RouteKey` over the liv
    with the fewest turns in progress; ties go to the one with the fewest pinned sessions, then in rotation.
 
 Every routed turn's digests then point to the replica that runs it ("last served"), so a conversation follows its
-cache when load moves it. ``mode="round_robin"`` ignores sessions and prefixes and takes replicas in turn (for
-comparison). The load of a replica is the number of turns this table routed to it that have not finished.
+cache when load moves it. The load of a replica is the number of turns this table routed to it that have not finished.
+
+``mode="round_robin"`` (for comparison) is the rule of Ray Serve's own ``RoundRobinRouter``
+(``ray.serve.experimental.round_robin_router``) and of SGLang's router's ``round_robin`` policy: one cursor, advanced
+by one for every turn in the order turns reach the router; the turn goes to the replica at the cursor. The cursor
+starts at a random position (as Ray's does; SGLang's starts at 0). Nothing else is looked at: not the session or
+conversation that sent the turn, not its prefix, not load (if the chosen replica is full, Ray Serve tries the next
+ones in the rotation, ``Decision.ranked``).
 
 Thread-safe: Ray Serve's router may run on its own event loop thread while the ingress reads the table.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import random
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
@@ -33,6 +40,7 @@ from chat.cluster.settings import RouterMode
 
 MAX_PREFIX_BLOCKS = 200_000  # block digests remembered (least recently routed dropped first): ~30 MB
 MAX_PINNED_SESSIONS = 100_000  # session pins remembered (least recently used dropped first)
+ROUND_ROBIN_START = 2**31  # the round-robin cursor starts below this (at random, as in Ray Serve's RoundRobinRouter)
 
 
 class Rule(enum.StrEnum):
@@ -74,7 +82,7 @@ class Decision:
     replica: str  # where the turn goes
     rule: Rule  # why
     matched_blocks: int  # digests of the turn known at `replica` (rule prefix), else 0
-    ranked: tuple[str, ...]  # `replica` first, then the others by load: Ray Serve tries them in order if full
+    ranked: tuple[str, ...]  # `replica` first, then the others (by load; round robin: in rotation): tried in order
 
 
 @dataclass(slots=True)
@@ -112,7 +120,8 @@ class RoutingTable:
         self._pin_counts: Counter[str] = Counter()  # pinned sessions per replica
         self._blocks: OrderedDict[int, str] = OrderedDict()  # digest -> replica that last served it, LRU first
         self._routed: Counter[tuple[str, Rule]] = Counter()  # (replica, rule) -> turns, since start
-        self._rotation = itertools.count()  # breaks ties, and drives round robin
+        self._tiebreak = itertools.count()  # rotates ties of the least-loaded rule
+        self._cursor = random.randrange(ROUND_ROBIN_START)  # round robin: the next turn's place in the rotation
 
     # ---------------------------------------------------------------- routing
 
@@ -194,9 +203,11 @@ class RoutingTable:
     # ---------------------------------------------------------------- internals (lock held)
 
     def _decide(self, key: RouteKey, usable: list[str]) -> Decision:
-        if self.policy.mode == "round_robin":
-            replica = usable[next(self._rotation) % len(usable)]
-            return Decision(replica, Rule.ROUND_ROBIN, 0, self._ranked(replica, usable))
+        if self.policy.mode == "round_robin":  # the key is not read: only the order of arrival counts
+            start, n = self._cursor % len(usable), len(usable)
+            self._cursor += 1
+            ranked = tuple(usable[(start + k) % n] for k in range(n))  # if full, the next ones in the rotation
+            return Decision(ranked[0], Rule.ROUND_ROBIN, 0, ranked)
         session = key.session
         pinned = self._pins.get(session.id) if session is not None else None
         if pinned in usable:
@@ -208,7 +219,7 @@ class RoutingTable:
         return Decision(least, Rule.LEAST_LOADED, 0, self._ranked(least, usable))
 
     def _least_loaded(self, usable: list[str]) -> str:
-        turn = next(self._rotation)
+        turn = next(self._tiebreak)
         order = {r: (i - turn) % len(usable) for i, r in enumerate(usable)}  # rotating tie-break
         return min(usable, key=lambda r: (self._inflight[r], self._pin_counts[r], order[r]))
 

@@ -273,6 +273,7 @@ def test_bench_cluster_workload_and_summary_run_against_a_cluster(live):
     for key in ("cached_token_ratio_affine", "cached_token_ratio_round_robin", "ttft_p50_ms_affine"):
         assert result[key] > 0, key
     assert len(result["cached_token_ratio_per_turn_affine"]) == 2
+    assert result["stayed_share_affine"] == 1.0  # both second turns ran where their conversation's first did
 
 
 def test_two_tenants_never_reach_each_others_sessions_through_the_cluster(live):

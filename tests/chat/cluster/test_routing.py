@@ -133,6 +133,20 @@ def test_round_robin_ignores_sessions_and_prefixes():
     assert t.pinned("s") is None
 
 
+def test_round_robin_rotates_per_turn_in_arrival_order_whoever_sent_it_and_whatever_the_load():
+    """Ray Serve's RoundRobinRouter: one cursor for every request; sessions, prefixes and load play no part."""
+    t = table(mode="round_robin", replicas=("a", "b", "c"))
+    senders = [key("s1", [1]), key(), key("s1", [1, 2]), key("s2"), key(digests=[1, 2, 3]), key("s1"), key(), key()]
+    decisions = [t.choose(k, ["c", "a", "b"]) for k in senders]
+    start = "abc".index(decisions[0].replica)
+    assert [d.replica for d in decisions] == ["abc"[(start + i) % 3] for i in range(len(senders))]
+    assert decisions[0].ranked == tuple("abc"[(start + i) % 3] for i in range(3))  # full: the next in rotation
+    for k in senders[:3]:  # the loads are now uneven: the rotation goes on regardless
+        t.finished(k.call_id)
+    after = [t.choose(key(), ["a", "b", "c"]).replica for _ in range(3)]
+    assert after == ["abc"[(start + 8 + i) % 3] for i in range(3)]
+
+
 def test_a_lost_replica_is_never_chosen_again_and_its_sessions_are_pinned_anew():
     t = table()
     home = t.choose(key("s", digests=[1]), ["a", "b"]).replica
@@ -194,6 +208,7 @@ def test_invariants_hold_under_any_sequence(ops, mode, imbalance):
     t = table(mode=mode, imbalance=imbalance, replicas=("a", "b", "c"))
     outstanding: dict[str, str] = {}  # call id -> replica (the reference: what must be in flight)
     lost: set[str] = set()
+    previous: tuple[str, frozenset] | None = None  # round robin: the last turn's replica, and the replicas lost then
     for op, arg, digests in ops:
         if op == "turn":
             pinned = t.pinned(arg) if arg else None
@@ -206,6 +221,10 @@ def test_invariants_hold_under_any_sequence(ops, mode, imbalance):
             assert sorted(decision.ranked) == sorted(set("abc") - lost)
             if mode == "prefix" and pinned is not None:
                 assert decision.replica == pinned and decision.rule is Rule.SESSION
+            if mode == "round_robin" and previous is not None and previous[1] == lost:  # the next one in rotation
+                usable = sorted(set("abc") - lost)
+                assert decision.replica == usable[(usable.index(previous[0]) + 1) % len(usable)]
+            previous = (decision.replica, frozenset(lost))
             outstanding[k.call_id] = decision.replica
         elif op == "finish" and outstanding:
             call = sorted(outstanding)[arg % len(outstanding)]
