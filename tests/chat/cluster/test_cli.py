@@ -70,3 +70,13 @@ def test_replicas_may_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("TURNCACHE_REPLICAS", "2")
     assert main(["serve", "--sessions-db", ""]) == 0
     assert seen["c"].replicas == 2 and seen["c"].router == "prefix"
+
+
+def test_a_bad_keys_file_is_refused_before_ray_starts(monkeypatch, tmp_path):
+    import chat.cluster.launch as launch
+
+    monkeypatch.delenv("TURNCACHE_REPLICAS", raising=False)
+    monkeypatch.setattr(launch, "connect", lambda *a, **k: pytest.fail("Ray was started"))
+    missing = str(tmp_path / "no-such-keys")
+    with pytest.raises(SystemExit, match=r"--api-keys-file .*cannot be read"):
+        main(["serve", "--replicas", "2", "--api-keys-file", missing, "--sessions-db", ""])
