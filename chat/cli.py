@@ -52,14 +52,41 @@ def _load(args: argparse.Namespace):
         raise SystemExit(f"turncache: {exc}") from exc
 
 
+CLUSTER_FLAGS = ("ray_address", "router", "route_imbalance", "replica_cpus", "max_replicas_per_node")
+
+
+def _cluster_settings(args: argparse.Namespace):
+    """Cluster settings when --replicas (or TURNCACHE_REPLICAS) asks for a cluster, else None (and no Ray)."""
+    from pydantic import ValidationError
+
+    if args.replicas is None and not os.environ.get("TURNCACHE_REPLICAS"):
+        given = [f"--{name.replace('_', '-')}" for name in CLUSTER_FLAGS if getattr(args, name) is not None]
+        if given:
+            raise SystemExit(f"turncache: {', '.join(given)} needs --replicas N")
+        return None
+    from chat.cluster.settings import ClusterSettings
+
+    flags = {name: getattr(args, name) for name in ("replicas", *CLUSTER_FLAGS)}
+    try:
+        return ClusterSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SystemExit(f"turncache: --{'-'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}") from exc
+
+
 def _serve(args: argparse.Namespace) -> int:
     from chat.models.errors import ModelError
     from chat.server.auth import KeysError
     from chat.server.main import serve
     from chat.server.session_rows import SessionDbError
 
+    settings, cluster = _settings(args), _cluster_settings(args)
     try:
-        return serve(_settings(args))
+        if cluster is not None:
+            from chat.cluster.launch import serve_cluster  # the only path that imports Ray
+
+            return serve_cluster(settings, cluster)
+        return serve(settings)
     except (ModelError, KeysError, SessionDbError) as exc:
         raise SystemExit(f"turncache: {exc}") from exc
 
@@ -165,6 +192,17 @@ def _bench_restart(args: argparse.Namespace) -> int:
     return main(as_json=args.json, model=args.model, turns=args.turns)
 
 
+def _bench_cluster(args: argparse.Namespace) -> int:
+    from chat.bench.cluster_bench import main
+
+    return main(
+        as_json=args.json,
+        model=args.model,
+        conversations=args.conversations,
+        replicas=args.replicas,
+    )
+
+
 def _bench_all(args: argparse.Namespace) -> int:
     from chat.bench.suite import main
 
@@ -216,6 +254,36 @@ def build_parser() -> argparse.ArgumentParser:
         "--disk-budget",
         type=int,
         help="bytes the disk tier's files may hold (8 GiB = 8589934592); 0 turns the disk tier off",
+    )
+    cluster = serve.add_argument_group(
+        "cluster", "Ray Serve: N engine replicas behind one ingress (the extra turncache[cluster]; see docs/cluster.md)"
+    )
+    cluster.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="engine replicas (each: the model, its prefix cache); without it: one process",
+    )
+    cluster.add_argument(
+        "--ray-address", metavar="ADDR", help="join this running Ray cluster ('auto', HOST:PORT); default: local"
+    )
+    cluster.add_argument(
+        "--router",
+        choices=["prefix", "round_robin"],
+        help="prefix: sessions pinned, stateless turns to the replica holding their prefix (default); round_robin",
+    )
+    cluster.add_argument(
+        "--route-imbalance",
+        type=int,
+        metavar="N",
+        help="a stateless turn leaves the replica holding its prefix when that replica runs more than N turns more "
+        "than the least-loaded one (4)",
+    )
+    cluster.add_argument(
+        "--replica-cpus", type=float, metavar="X", help="Ray CPUs reserved per replica, also its torch threads (1)"
+    )
+    cluster.add_argument(
+        "--max-replicas-per-node", type=int, metavar="N", help="at most N replicas on one Ray node (no limit)"
     )
     serve.set_defaults(run=_serve)
 
@@ -322,6 +390,15 @@ def build_parser() -> argparse.ArgumentParser:
     restart.add_argument("--model", default="smollm2", help="model spec (default: the built-in smollm2)")
     restart.add_argument("--turns", type=int, default=10, help="turns before the restart (%(default)s)")
     restart.set_defaults(run=_bench_restart)
+    cluster_bench = bench_sub.add_parser(
+        "cluster",
+        help="the multiturn workload (stateless) on a Ray Serve cluster: prefix-affine vs round-robin routing",
+    )
+    cluster_bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    cluster_bench.add_argument("--model", default="smollm2", help="model spec (default: the built-in smollm2)")
+    cluster_bench.add_argument("--conversations", type=int, default=8, help="conversations, all concurrent (8)")
+    cluster_bench.add_argument("--replicas", type=int, default=2, metavar="N", help="engine replicas (2)")
+    cluster_bench.set_defaults(run=_bench_cluster)
     return parser
 
 

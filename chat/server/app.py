@@ -84,7 +84,8 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
             return error_response(
                 RequestError(ErrorCode.TOO_LARGE, f"request bodies are limited to {settings.max_body_mib} MiB")
             )
-        protected = request.url.path.startswith("/v1/") or request.url.path == "/metrics"
+        path = request.url.path.removeprefix(request.scope.get("root_path", ""))  # as routed, without a mount prefix
+        protected = path.startswith("/v1/") or path == "/metrics"
         if protected:
             tenant = keys.authenticate(bearer_of(request.headers.get("authorization")))
             if tenant is None:

@@ -1,0 +1,130 @@
+"""ClusterIngress: the one HTTP/WebSocket front of a cluster, as a Ray Serve deployment.
+
+Its app is the single-process server's (``chat.server.app.create_app``) over a :class:`RemoteEngine`, so the web UI,
+``/v1/chat/completions``, ``/v1/models``, ``/health``, the auth checks and limits are that code. Three routes are
+the cluster's own, placed before the others:
+
+- ``/v1/ws``: the same ``serve_socket`` (origin and token checks, the protocol state machine), given a per-socket
+  engine that tags session turns with their session (see :mod:`chat.cluster.remote_engine`);
+- ``/metrics``: every live replica's single-process ``/metrics`` with a ``replica`` label, plus the routing
+  families ``turncache_cluster_*``;
+- ``/v1/cluster``: the routing table as JSON (the ingress's Ray node; replicas, their node once known, turns in
+  flight, pinned sessions, prefix blocks, turns routed by rule).
+
+The protocol state machine and the session store run here, not in the replicas: a replica that dies takes no
+session with it. The store is the server's (``--sessions-db``, SQLite on this node); it is closed (what is pending
+written) when Ray Serve stops the ingress. API keys arrive as a :class:`KeyRing` built where the cluster was started
+(:func:`chat.cluster.launch.build_application`): only their digests travel, and tenants are the single process's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ray
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse, PlainTextResponse
+from ray import serve
+
+from chat.cluster import metrics_merge
+from chat.cluster.prompt_keys import PromptKeyer
+from chat.cluster.ray_router import table_name
+from chat.cluster.remote_engine import RemoteEngine, SessionTracker, SocketEngine
+from chat.cluster.routing import RoutingPolicy, table_for
+from chat.server.auth import KeyRing
+from chat.server.settings import ServerSettings
+
+ENGINE_DEPLOYMENT = "EngineReplica"  # the engine deployment's name (the router's table is named after it)
+
+
+class ClusterIngress:
+    async def __init__(self, engines, settings: ServerSettings, keys: KeyRing, policy: dict, block_tokens: int) -> None:
+        """``engines``: the EngineReplica deployment's handle; ``keys``: the cluster's API keys (settings carry none).
+
+        Raises chat.models' typed errors.
+        """
+        from chat.models import load_model
+
+        self.settings = settings
+        self.keys = keys  # API keys -> tenants, for every route
+        # The model's chat template renders prompt keys; its modalities check media parts. (Its weights are loaded
+        # too: chat.models has no renderer-only loader yet.)
+        self.runtime = load_model(settings.model, settings.dtype, settings.weights)
+        self.policy = RoutingPolicy(**policy)
+        app_name = serve.get_replica_context().app_name
+        self.table = table_for(table_name(app_name, ENGINE_DEPLOYMENT), self.policy)  # shared with the router
+        keyer = PromptKeyer(self.runtime.render, block_tokens) if self.policy.mode == "prefix" else None
+        self.remote = RemoteEngine(engines, self.runtime, self.table, keyer)
+        self.node = ray.get_runtime_context().get_node_id()  # where the session store lives
+        self.sessions = None  # the app's session store, once Ray Serve built the app (__serve_build_asgi_app__)
+        await self.remote.describe()  # builds this process's router; waits until a replica runs
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        """Called once by Ray Serve. Raises SessionDbError when ``sessions_db`` cannot be opened."""
+        from chat.server.app import create_app
+
+        app = create_app(self.remote, self.settings, model_name=self.runtime.name, keys=self.keys)
+        add_cluster_routes(app, self.remote, self.settings, self.keys, self.policy, self.node)
+        self.sessions = app.state.sessions
+        return app
+
+    async def routing_log(self) -> list[dict]:
+        """Recent turns and the replica that ran each (for operators and tests, through a deployment handle)."""
+        return [dataclasses.asdict(r) for r in self.remote.log]
+
+    def __del__(self) -> None:
+        """Ray Serve calls this when it stops the ingress: the session store writes what is pending and closes."""
+        sessions = getattr(self, "sessions", None)  # (__init__ may have failed before setting it)
+        if sessions is not None:
+            sessions.close()
+
+
+def add_cluster_routes(
+    app: FastAPI, remote: RemoteEngine, settings: ServerSettings, keys: KeyRing, policy: RoutingPolicy, node: str
+) -> None:
+    """Put the cluster's ``/v1/ws``, ``/metrics`` and ``/v1/cluster`` before the app's own routes."""
+    from chat.server.metrics_text import render_session_metrics
+    from chat.server.session_db import SqliteSessionStore
+    from chat.server.ws import serve_socket
+
+    before = len(app.router.routes)
+    store = app.state.sessions
+
+    async def chat_socket(ws: WebSocket) -> None:  # create_app's /v1/ws, with a per-socket engine and store view
+        tracker = SessionTracker(store)
+        await serve_socket(
+            ws,
+            SocketEngine(remote, tracker),
+            tracker,
+            remote.runtime.name,
+            keys=keys,
+            allowed_origins=settings.allowed_origins,
+        )
+
+    async def metrics() -> PlainTextResponse:
+        reports = await remote.reports()
+        text = metrics_merge.merge((r.replica, r.metrics_text) for r in reports)
+        text += metrics_merge.routing_families(remote.table.snapshot(), remote.lost_turns)
+        if isinstance(store, SqliteSessionStore):  # the sessions database is the ingress's: no replica label
+            text += render_session_metrics(store.writer.stats, store.writer.pending)
+        return PlainTextResponse(text)
+
+    async def cluster() -> JSONResponse:
+        views = remote.table.snapshot()
+        return JSONResponse(
+            {
+                "model": remote.runtime.name,
+                "ingress_node": node,
+                "router": policy.mode,
+                "route_imbalance": policy.imbalance,
+                "replicas": [{**dataclasses.asdict(v), "node": remote.nodes.get(v.replica)} for v in views],
+                "turns_inflight": remote.table.inflight(),
+                "lost_turns": remote.lost_turns,
+            }
+        )
+
+    app.add_api_websocket_route("/v1/ws", chat_socket)
+    app.add_api_route("/metrics", metrics, methods=["GET"], response_class=PlainTextResponse)
+    app.add_api_route("/v1/cluster", cluster, methods=["GET"])
+    routes = app.router.routes
+    routes[:] = routes[before:] + routes[:before]

@@ -1,0 +1,217 @@
+"""Build the Ray Serve application of a cluster, start or join Ray, and run ``turncache serve --replicas N``.
+
+The application: ``ClusterIngress`` (one replica, no CPU reserved, on the head node) in front of ``EngineReplica``
+x N, routed by ``TurncacheRouter``. Ray Serve's HTTP proxy listens on ``--host`` / ``--port`` of the head node and
+hands every request (WebSockets included) to the ingress.
+
+Workers import this package from the same place as this process (its directory is put on their ``PYTHONPATH``):
+on other machines turncache must be installed at the same version (see docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import ray
+from ray import serve
+from ray.serve.config import HTTPOptions, RequestRouterConfig
+from ray.serve.schema import LoggingConfig
+
+from chat.cluster.ingress import ENGINE_DEPLOYMENT, ClusterIngress
+from chat.cluster.replica import EngineReplica
+from chat.cluster.settings import ClusterSettings, without_keys
+from chat.server.app import key_ring
+from chat.server.settings import ServerSettings
+
+APP_NAME = "turncache"  # the Ray Serve application's name
+INGRESS_DEPLOYMENT = "ClusterIngress"
+ROUTER_CLASS = "chat.cluster.ray_router.TurncacheRouter"
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the chat, cache and modalities packages
+QUIET = LoggingConfig(log_level="WARNING", enable_access_log=False)
+HEAD_NODE = "node:__internal_head__"  # the resource Ray gives the head node only
+
+
+def runtime_env() -> dict:
+    """What every worker of this job needs: this package on its path, the same model home, no Hub access."""
+    paths = [str(SOURCE_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), "HF_HUB_OFFLINE": "1"}
+    for name in ("TURNCACHE_HOME",):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    return {"env_vars": env}
+
+
+def build_application(settings: ServerSettings, cluster: ClusterSettings):
+    """The bound application (``serve.run`` it). Nothing starts until then.
+
+    The API keys are read here, in this process (relative paths are this process's): the ingress gets them as a
+    KeyRing of digests, and no worker gets the keys themselves.
+
+    Raises:
+        KeysError: a keys source is unreadable or malformed.
+    """
+    keys = key_ring(settings)
+    settings = without_keys(settings)
+    if settings.sessions_db:  # the ingress opens it on this (the head) node, from its own working directory
+        settings = settings.model_copy(update={"sessions_db": str(Path(settings.sessions_db).expanduser().resolve())})
+    policy = {"mode": cluster.router, "imbalance": cluster.route_imbalance}
+    engine_options: dict = {
+        "name": ENGINE_DEPLOYMENT,
+        "num_replicas": cluster.replicas,
+        "max_ongoing_requests": cluster.max_turns_per_replica,
+        "ray_actor_options": {"num_cpus": cluster.replica_cpus, "runtime_env": runtime_env()},
+        "request_router_config": RequestRouterConfig(
+            request_router_class=ROUTER_CLASS, request_router_kwargs={"policy": policy}
+        ),
+        "logging_config": QUIET,
+        "graceful_shutdown_timeout_s": 5,
+        "health_check_period_s": 5,
+    }
+    if cluster.max_replicas_per_node is not None:
+        engine_options["max_replicas_per_node"] = cluster.max_replicas_per_node
+    engines = serve.deployment(EngineReplica, **engine_options)
+    ingress = serve.deployment(
+        serve.ingress()(ClusterIngress),
+        name=INGRESS_DEPLOYMENT,
+        num_replicas=1,
+        max_ongoing_requests=settings.max_sessions + 256,  # each open WebSocket is one request for its whole life
+        # On the head node, always: the session store (SQLite) is a file there, found again after a restart.
+        ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}, "runtime_env": runtime_env()},
+        logging_config=QUIET,
+        graceful_shutdown_timeout_s=5,
+    )
+    threads = max(1, int(cluster.replica_cpus))
+    return ingress.bind(engines.bind(settings, threads), settings, keys, policy, cluster.route_block_tokens)
+
+
+def connect(address: str | None, *, num_cpus: int | None = None) -> bool:
+    """Join the Ray cluster at ``address``, or start a local one (no dashboard); True when it was started here."""
+    if address:
+        ray.init(address=address, runtime_env=runtime_env(), logging_level=logging.WARNING, log_to_driver=False)
+        return False
+    ray.init(
+        address="local",  # a new instance, even when `ray start` left one running on this machine
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        runtime_env=runtime_env(),
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
+    return True
+
+
+def deploy(settings: ServerSettings, cluster: ClusterSettings, *, name: str = APP_NAME, route_prefix: str = "/"):
+    """Start Serve's proxy on ``settings.host:settings.port`` (the first time) and run the app; returns the
+    ingress's handle when every replica is up. The caller must be connected to Ray (:func:`connect`)."""
+    return deploy_many([(name, route_prefix, settings, cluster)])[0]
+
+
+def deploy_many(apps: Sequence[tuple[str, str, ServerSettings, ClusterSettings]]) -> list:
+    """Several apps ``(name, route_prefix, settings, cluster)`` started together (replicas load in parallel); the
+    proxy listens where the first one's settings say. Returns their ingresses' handles."""
+    first = apps[0][2]
+    serve.start(http_options=HTTPOptions(host=first.host, port=first.port), proxy_location="HeadOnly")
+    targets = [serve.RunTarget(target=build_application(s, c), name=n, route_prefix=p) for n, p, s, c in apps]
+    return serve.run_many(targets)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_ray(*, num_cpus: int | None = None) -> Iterator[None]:
+    """A new local Ray instance for the block (benchmarks); Serve and Ray are shut down after it."""
+    connect(None, num_cpus=num_cpus)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+
+
+def answers(settings: ServerSettings) -> bool:
+    """Whether the app's /health answers where the settings say it listens."""
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else settings.host
+    try:
+        with urllib.request.urlopen(f"http://{host}:{settings.port}/health", timeout=5) as response:
+            return response.status == 200
+    except OSError:  # refused, timed out, or an HTTP error status
+        return False
+
+
+def deploy_failure(name: str = APP_NAME) -> str:
+    """Why the app did not start: the last line of each failed deployment's error (a replica's exception)."""
+    try:
+        app = serve.status().applications[name]
+    except Exception:  # Serve itself is gone: nothing more to say
+        return "Ray Serve did not report why"
+    reasons = []
+    for deployment, status in app.deployments.items():
+        lines = [line for line in (status.message or "").splitlines() if line.strip()]
+        if lines and "FAILED" in str(status.status):
+            reasons.append(f"{deployment}: {lines[-1].strip()}")
+    return "; ".join(dict.fromkeys(reasons)) or app.message
+
+
+def serve_cluster(settings: ServerSettings, cluster: ClusterSettings) -> int:
+    """``turncache serve --replicas N``: run until SIGINT or SIGTERM, then stop the app (and Ray, if started here).
+
+    Raises:
+        SystemExit: the app did not start (the message names the replica's error, e.g. an unknown model).
+        KeysError: a keys source is unreadable or malformed (before Ray starts).
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.port == 0:
+        settings = settings.model_copy(update={"port": free_port(settings.host)})
+    key_ring(settings)  # a malformed keys file is refused before Ray starts (KeysError)
+    where = cluster.ray_address or "a local Ray instance"
+    print(
+        f"turncache: starting {cluster.replicas} replica(s) of {settings.model} on {where} "
+        f"(router: {cluster.router}) ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        started = connect(cluster.ray_address)
+    except Exception as exc:  # unreachable, wrong token (Ray's message says which), version mismatch...
+        raise SystemExit(f"turncache: cannot start or join Ray ({where}): {exc}") from exc
+    stop = threading.Event()  # after ray.init, which installs a SIGTERM handler of its own
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            deploy(settings, cluster)
+        except RuntimeError as exc:
+            raise SystemExit(f"turncache: the cluster did not start: {deploy_failure()}") from exc
+        if not answers(settings):
+            print(
+                f"turncache: nothing answers on {settings.host}:{settings.port}: Ray Serve was already running on this "
+                "cluster with other HTTP options (they are set once per cluster; see `serve status`)",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            print(f"turncache: serving {settings.model} on http://{settings.host}:{settings.port}/", flush=True)
+        stop.wait()
+        print("turncache: stopping", file=sys.stderr, flush=True)
+    finally:
+        for sig in previous:  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        with contextlib.suppress(Exception):
+            serve.shutdown() if started else serve.delete(APP_NAME)
+        ray.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,175 @@
+"""The ingress's RemoteEngine over a fake deployment handle: no Ray cluster, Ray's error classes only."""
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("ray", reason="the cluster extra (turncache[cluster]) is not installed")
+
+from ray.exceptions import ActorDiedError
+
+from chat.cluster.remote_engine import RemoteEngine, SessionTracker, SocketEngine
+from chat.cluster.routing import RoutingTable, SessionRef
+from chat.cluster.wire import Failed, ReplicaLostError, Served
+from chat.engine.errors import ContextOverflowError
+from chat.engine.events import Delta, Done, Timings, TurnRequest, Usage
+from chat.protocol.client_events import TurnCreate
+from chat.protocol.store import InMemorySessionStore
+
+DONE = Done("hi there", (1, 2), "stop", Usage(10, 4, 2), Timings(1.0, 1.0, 1.0, 2.0))
+
+
+class FakeStream:
+    """What ``handle.options(stream=True).run_turn.remote(call)`` returns: items, then maybe an error."""
+
+    def __init__(self, items, error=None):
+        self.items, self.error, self.cancelled = list(items), error, False
+
+    def __aiter__(self):
+        return self._run()
+
+    async def _run(self):
+        for item in self.items:
+            await asyncio.sleep(0)
+            yield item
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class FakeHandle:
+    def __init__(self, stream):
+        self.stream = stream
+        self.calls = []  # (method, args)
+
+    def options(self, **_):
+        return self
+
+    def __getattr__(self, method):
+        handle = self
+
+        class Method:
+            def remote(self, *args):
+                handle.calls.append((method, args))
+                return handle.stream if method == "run_turn" else asyncio.sleep(0)
+
+        return Method()
+
+
+def engine(stream):
+    table = RoutingTable()
+    table.replicas_changed(["r1", "r2"])
+    return RemoteEngine(FakeHandle(stream), runtime=object(), table=table, keyer=None), table
+
+
+def collect(remote, session=None):
+    async def run():
+        return [e async for e in remote.generate(TurnRequest([{"role": "user", "content": "hi"}]), session)]
+
+    return asyncio.run(run())
+
+
+def test_a_turn_streams_the_replicas_events_and_is_logged():
+    remote, table = engine(FakeStream([Served("r1", "node", 7), Delta("hi", (1,)), DONE]))
+    events = collect(remote, SessionRef("s1"))
+    assert events == [Delta("hi", (1,)), DONE]
+    (entry,) = remote.log
+    assert (entry.session_id, entry.replica, entry.cached_tokens, entry.prompt_tokens) == ("s1", "r1", 4, 10)
+    assert remote.nodes == {"r1": "node"} and table.inflight() == 0
+
+
+def test_a_replica_that_dies_mid_turn_ends_it_with_a_typed_error_and_leaves_routing():
+    stream = FakeStream([Served("r1", "node", 7), Delta("hi", (1,))], error=ActorDiedError())
+    remote, table = engine(stream)
+    events = collect(remote)
+    assert events[0] == Delta("hi", (1,))
+    assert events[-1].finish_reason == "error" and isinstance(events[-1].error, ReplicaLostError)
+    assert events[-1].error.replica == "r1" and remote.lost_turns == 1
+    assert table.live() == ("r2",) and stream.cancelled  # never routed to again; the call given up
+
+
+def test_an_engine_refusal_is_raised_as_itself():
+    refusal = Failed.of(ContextOverflowError(9000, 4096))
+    remote, _ = engine(FakeStream([Served("r1", "node", 7), refusal]))
+    with pytest.raises(ContextOverflowError, match="9000 tokens"):
+        collect(remote)
+
+
+def test_a_stream_that_ends_without_done_is_a_lost_turn():
+    remote, _ = engine(FakeStream([Served("r1", "node", 7)]))
+    (done,) = collect(remote)
+    assert isinstance(done.error, ReplicaLostError)
+
+
+def test_submit_delivers_events_then_the_lost_replica_error_to_the_sink():
+    remote, _ = engine(FakeStream([Served("r1", "node", 7), Delta("a", (1,))], error=ActorDiedError()))
+    got = []
+
+    async def run():
+        job = remote.submit(TurnRequest([{"role": "user", "content": "hi"}]), got.append)
+        await job.task
+
+    asyncio.run(run())
+    assert got[0] == Delta("a", (1,)) and isinstance(got[1], ReplicaLostError) and len(got) == 2
+
+
+def test_a_cancel_after_the_replica_announced_itself_goes_to_that_replica():
+    remote, _ = engine(FakeStream([Served("r1", "node", 7), Delta("a", (1,)), DONE]))
+    handle = remote._handle
+    got = []
+
+    async def run():
+        job = remote.submit(TurnRequest([{"role": "user", "content": "hi"}]), got.append)
+        while job.replica is None:
+            await asyncio.sleep(0)
+        job.cancel()
+        await job.task
+        await asyncio.sleep(0)
+
+    asyncio.run(run())
+    (cancel,) = [args for method, args in handle.calls if method == "cancel_turn"]
+    assert cancel[0].replica == "r1" and got[-1] == DONE
+
+
+def test_a_cancel_before_any_replica_was_asked_ends_cancelled_without_a_call():
+    remote, _ = engine(FakeStream([Served("r1", "node", 7), DONE]))
+    got = []
+
+    async def run():
+        job = remote.submit(TurnRequest([{"role": "user", "content": "hi"}]), got.append)
+        job.cancel()  # before the task ran at all
+        await job.task
+
+    asyncio.run(run())
+    assert [e.finish_reason for e in got] == ["cancelled"]
+    assert not [m for m, _ in remote._handle.calls if m == "run_turn"]
+
+
+def test_a_session_turn_is_claimed_once_and_knows_it_is_the_first():
+    remote, _ = engine(FakeStream([]))
+    store = InMemorySessionStore()
+    tracker = SessionTracker(store)
+    session = tracker.create("tiny-llama")
+    assert tracker.bound is session and remote.claim(session) is None  # idle: nothing to claim
+    session.create_turn(TurnCreate(type="turn.create", content="hello"))
+    assert remote.claim(session) == SessionRef(session.id, first_turn=True)
+    assert remote.claim(session) is None  # a completion.create sent during the turn is stateless
+    other_socket = SessionTracker(store)
+    assert other_socket.get(session.id) is session and remote.claim(other_socket.bound) is None
+
+
+def test_a_socket_engine_tags_only_its_sessions_turns():
+    remote, _ = engine(FakeStream([]))
+    seen = []
+    remote.submit = lambda request, sink, session=None: seen.append(session)
+    tracker = SessionTracker(InMemorySessionStore())
+    socket = SocketEngine(remote, tracker)
+    request = TurnRequest([{"role": "user", "content": "hi"}])
+    socket.submit(request, print)  # no session bound: stateless
+    session = tracker.create("tiny-llama")
+    session.create_turn(TurnCreate(type="turn.create", content="hello"))
+    socket.submit(request, print)
+    assert seen == [None, SessionRef(session.id, first_turn=True)]
+    assert socket.runtime is remote.runtime
