@@ -50,7 +50,7 @@ class _BufferedKV:
         self.is_initialized = True
         pack = ragged.current()
         if pack is not None:  # a one-run forward (chat.models.ragged): attention reads the views from the pack
-            pack.kv, pack.window = [(keys, values)], self.rows.window
+            pack.kv, pack.window = [(keys[0], values[0])], self.rows.window
         return keys, values
 
     def get_seq_length(self) -> int:

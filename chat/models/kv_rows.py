@@ -136,6 +136,22 @@ class AttentionRows:
         lo = end - visible
         return self.keys[..., lo : end + q, :], self.values[..., lo : end + q, :]
 
+    def append_token(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`append` for one token given as ``[H, D]`` (a decode step), in fewer tensor operations; returns
+        views ``[H, kv_length, D]`` of the run's first (only) batch row."""
+        visible = self.seen if self.window is None else min(self.seen, self.window - 1)
+        if self.keys is None or not self.at_tip() or self.row0 + self.held + 1 > self.keys.shape[-2]:
+            self._reallocate(key[None, :, None], value[None, :, None], 1)
+        assert self.keys is not None and self.values is not None and self.mark is not None
+        end = self.row0 + self.held
+        keys, values = self.keys[0], self.values[0]  # [H, capacity, D]
+        keys[:, end].copy_(key)
+        values[:, end].copy_(value)
+        self.mark.filled = end + 1
+        self.seen += 1
+        lo = end - visible
+        return keys[:, lo : end + 1], values[:, lo : end + 1]
+
     # ---------------------------------------------------------------- the cache's side
 
     def export(self) -> NormalKV | RotatingKV:

@@ -114,15 +114,7 @@ class _RaggedKV:
     pack: Pack
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        views = []
-        window = None
-        for slot in self.pack.slots:
-            rows = slot.cache.layers[self.layer_idx].rows
-            window = rows.window
-            k = key_states[slot.row : slot.row + 1, :, slot.start : slot.end]  # [1, Hk, q, D]
-            v = value_states[slot.row : slot.row + 1, :, slot.start : slot.end]
-            views.append(rows.append(k, v))  # [1, Hk, kv, D] each
-        self.pack.kv, self.pack.window = views, window
+        self.pack.kv, self.pack.window = route_kv(self.pack, self.layer_idx, key_states, value_states)
         self.is_initialized = True
         return key_states, value_states
 
@@ -131,6 +123,35 @@ class _RaggedKV:
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return query_length, 0  # no mask is built for a packed row (see the module docstring)
+
+
+def route_kv(
+    pack: Pack, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int | None]:
+    """Append each slot's new K/V (``[B, Hk, S, D]``, all slots' tokens) to that slot's rows of layer ``layer_idx``;
+    return the slots' visible K/V as ``[Hk, kv, D]`` views, and the layer's sliding window. One-token slots (decode
+    steps, the common case) take a shorter path: a decode step of many runs makes this call once per slot and layer."""
+    views: list[tuple[torch.Tensor, torch.Tensor]] = []
+    window = None
+    tokens: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = None  # per-token [Hk, D] views
+    width = key_states.shape[2]  # S
+    for slot in pack.slots:
+        rows = slot.cache.layers[layer_idx].rows
+        window = rows.window
+        if slot.end - slot.start == 1:
+            if tokens is None:
+                tokens = (
+                    key_states.transpose(1, 2).flatten(0, 1).unbind(0),
+                    value_states.transpose(1, 2).flatten(0, 1).unbind(0),
+                )
+            at = slot.row * width + slot.start
+            views.append(rows.append_token(tokens[0][at], tokens[1][at]))
+            continue
+        k = key_states[slot.row : slot.row + 1, :, slot.start : slot.end]  # [1, Hk, q, D]
+        v = value_states[slot.row : slot.row + 1, :, slot.start : slot.end]
+        keys, values = rows.append(k, v)  # [1, Hk, kv, D]
+        views.append((keys[0], values[0]))
+    return views, window
 
 
 class RaggedFullLayer(_RaggedKV, DynamicLayer):
@@ -214,7 +235,7 @@ def ragged_attention(
         raise NotImplementedError("attention sinks are not supported in packed forwards")
     views, pack.kv = pack.kv, None
     b, h, s, d = query.shape
-    hk = views[0][0].shape[1]
+    hk = views[0][0].shape[0]
     g = h // hk  # query heads per K/V head
     dv = views[0][1].shape[-1]
     scale = d**-0.5 if scaling is None else scaling
@@ -222,29 +243,32 @@ def ragged_attention(
     window = pack.window
     out = query.new_empty((b, s, h, dv))
     scaled = query * scale  # [B, H, S, D]
+    token_queries = token_outputs = None  # per-token views, for one-token slots
     for slot, (k, v) in zip(pack.slots, views, strict=True):
         q = slot.end - slot.start
         kv = k.shape[-2]
         if q == 1:  # decoding: every visible row is attended (sliding layers return only the window)
-            qg = scaled[slot.row, :, slot.start].view(hk, g, d)  # head hk*g + j -> [hk, j]
-            scores = torch.bmm(qg, k[0].transpose(1, 2))  # [Hk, g, kv]
+            if token_queries is None:
+                token_queries = scaled.transpose(1, 2).flatten(0, 1).unbind(0)  # [H, D] per token
+                token_outputs = out.view(b * s, h, dv).unbind(0)
+            at = slot.row * s + slot.start
+            scores = torch.bmm(token_queries[at].view(hk, g, d), k.transpose(1, 2))  # [Hk, g, kv], head hk*g + j
             if softcap:
                 scores = torch.tanh(scores / softcap) * softcap
-            probs = torch.softmax(scores, dim=-1)
-            torch.bmm(probs, v[0], out=out[slot.row, slot.start].view(hk, g, dv))
+            torch.bmm(torch.softmax(scores, dim=-1), v, out=token_outputs[at].view(hk, g, dv))
             continue
         mask = pack.mask(q, kv, window, query.device)  # [q, kv]
         qs = scaled[slot.row : slot.row + 1, :, slot.start : slot.end]  # [1, H, q, D]
         if q <= MATMUL_QUERY or softcap:
             qg = qs.reshape(hk, g * q, d)
-            scores = torch.bmm(qg, k[0].transpose(1, 2)).view(hk, g, q, kv)
+            scores = torch.bmm(qg, k.transpose(1, 2)).view(hk, g, q, kv)
             if softcap:
                 scores = torch.tanh(scores / softcap) * softcap
             scores.masked_fill_(~mask, float("-inf"))
             probs = torch.softmax(scores, dim=-1).view(hk, g * q, kv)
-            o = torch.bmm(probs, v[0]).view(h, q, dv)  # [H, q, Dv]
+            o = torch.bmm(probs, v).view(h, q, dv)  # [H, q, Dv]
         else:
-            o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=1.0, enable_gqa=g > 1)[0]
+            o = F.scaled_dot_product_attention(qs, k[None], v[None], attn_mask=mask, scale=1.0, enable_gqa=g > 1)[0]
         out[slot.row, slot.start : slot.end].copy_(o.transpose(0, 1))
     return out, None
 

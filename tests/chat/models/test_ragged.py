@@ -44,7 +44,7 @@ def test_each_slot_attends_to_its_own_rows_with_its_own_mask(heads, kv_heads, wi
     for q, _ in shapes:
         slots.append(ragged.Slot(0, start, start + q, cache=None))
         start += q
-    pack = ragged.Pack(slots, kv=list(views), window=window)
+    pack = ragged.Pack(slots, kv=[(k[0], v[0]) for k, v in views], window=window)  # what the layers hand on
     with ragged.active(pack):
         out, weights = ragged.ragged_attention(nn.Module(), query, None, None, None, scaling=0.3)
     assert weights is None and out.shape == (1, total, heads, 8) and pack.kv is None  # the views were taken
