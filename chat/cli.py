@@ -24,6 +24,7 @@ def _settings(args: argparse.Namespace):
         "dtype": args.dtype,
         "weights": args.weights,
         "max_batch": args.max_batch,
+        "threads": args.threads,
         "token_budget": args.token_budget,
         "device_cache_mib": args.device_cache_mib,
         "host_cache_mib": args.host_cache_mib,
@@ -226,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (8000)")
     _model_flags(serve, defaults=False)
     serve.add_argument("--max-batch", type=int, help="most turns in one batched forward (32)")
+    serve.add_argument("--threads", type=int, help="torch threads of the engine (the number of CPU cores)")
     serve.add_argument("--token-budget", type=int, help="most tokens in one batched forward (256)")
     serve.add_argument("--device-cache-mib", type=int, help="prefix cache budget on the model's device (1024)")
     serve.add_argument("--host-cache-mib", type=int, help="prefix cache budget on the host tier (2048)")

@@ -5,13 +5,15 @@ for ``reply_tokens`` tokens (64) without repeating their context, so speculative
 level of 1, 2, 4, 8, 16 and 32 concurrent sessions, every session asks one question at the same moment on one
 engine (the server's, without the network), and the level's aggregate rate is all completion tokens over its wall
 time. Then, on the same prompts and in the same run: one session alone with speculation off and on, and stock
-transformers ``generate`` in float32 (the model as loaded from disk, no prefix cache).
+transformers ``generate`` in float32 (the model as loaded from disk, no prefix cache). Torch runs in parallel only
+in the engines' workers and in a short-lived thread for ``generate`` (:mod:`chat.bench.threads`).
 
 Keys: ``model``, ``weights`` (the engine's weight format), ``levels``, ``aggregate_tokens_per_s`` and ``ttft_p50_ms``
 (lists, one per level), ``single_stream_tokens_per_s`` (speculation off) and ``single_stream_spec_tokens_per_s``
 (speculation on): decode rates (tokens after the first over the time after the first, median over prompts);
 ``hf_generate_tokens_per_s``: the same rate for ``generate`` (its time for N tokens minus its time for 1, median);
-``max_batch`` and ``token_budget`` (the scheduler's settings); ``errors``.
+``max_batch`` and ``token_budget`` (the scheduler's settings); ``threads`` (torch threads of each engine);
+``errors``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import threading
 import time
 
 from chat.bench.report import emit
+from chat.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 SUBJECTS = (
@@ -71,18 +74,41 @@ def run_level(engine, conversations: list[list[dict]], reply_tokens: int) -> tup
 
 
 def single_stream(runtime, conversations: list[list[dict]], reply_tokens: int, draft_tokens: int) -> list[float]:
-    """Decode rates of each conversation run alone."""
-    from chat.engine.events import TurnRequest
-    from chat.engine.sampling import SamplingParams
-    from chat.engine.turn import Turn, run_to_end
+    """Decode rates of each conversation run alone on an engine (speculation on or off)."""
+    from cache import PrefixCache
+    from chat.engine.engine import Engine
+    from chat.engine.scheduler import BatchSettings
 
     rates = []
     for messages in conversations:
-        turn = Turn(
-            runtime, None, TurnRequest(messages, SamplingParams(max_tokens=reply_tokens)), draft_tokens=draft_tokens
+        engine = Engine(
+            runtime, cache=PrefixCache(), batch=BatchSettings(draft_tokens=draft_tokens), threads=engine_threads()
         )
-        rates.append(run_to_end(turn)[1].timings.decode_tokens_per_s)
+        try:
+            done = _one(engine, messages, reply_tokens)
+        finally:
+            engine.close()
+        rates.append(done.timings.decode_tokens_per_s)
     return rates
+
+
+def _one(engine, messages: list[dict], reply_tokens: int):
+    from chat.engine.events import Done, TurnRequest
+    from chat.engine.sampling import SamplingParams
+
+    finished = threading.Event()
+    box: list = []
+
+    def sink(event) -> None:
+        if isinstance(event, Done | BaseException):
+            box.append(event)
+            finished.set()
+
+    engine.submit(TurnRequest(messages, SamplingParams(max_tokens=reply_tokens)), sink)
+    finished.wait()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
 
 
 def hf_rates(model: str, conversations: list[list[dict]], reply_tokens: int) -> list[float]:
@@ -113,18 +139,21 @@ def run(
     max_batch: int | None = None,
     token_budget: int | None = None,
 ) -> dict:
+    """The benchmark. Torch runs in parallel only inside the engines' workers and in short-lived threads
+    (chat.bench.threads): this thread stays single-threaded."""
     from cache import PrefixCache
     from chat.engine.engine import Engine
     from chat.engine.scheduler import BatchSettings
     from chat.models import load_model
 
-    runtime = load_model(model, weights=weights)
+    leave_parallelism_to_engines()
+    runtime = in_fresh_thread(lambda: load_model(model, weights=weights))
     settings = BatchSettings(**{k: v for k, v in (("max_batch", max_batch), ("token_budget", token_budget)) if v})
     sample = prompts(4)
     single_stream(runtime, sample[:1], 4, 0)  # warm-up: every weight touched once
     rates, ttfts, errors = [], [], 0
     for n in levels:
-        engine = Engine(runtime, cache=PrefixCache(), batch=settings)
+        engine = Engine(runtime, cache=PrefixCache(), batch=settings, threads=engine_threads())
         try:
             wall, level_ttfts, tokens, failed = run_level(engine, prompts(n), reply_tokens)
         finally:
@@ -133,12 +162,13 @@ def run(
         ttfts.append(statistics.median(level_ttfts) if level_ttfts else float("nan"))
         errors += failed
     plain = single_stream(runtime, sample, reply_tokens, 0)
-    spec = single_stream(runtime, sample, reply_tokens, 4)
+    spec = single_stream(runtime, sample, reply_tokens, settings.draft_tokens)
+    weights_used = runtime.weights
     del runtime
-    hf = hf_rates(model, sample, reply_tokens)
+    hf = in_fresh_thread(lambda: hf_rates(model, sample, reply_tokens))
     return {
         "model": model,
-        "weights": load_weights_name(model, weights),
+        "weights": weights_used,
         "levels": list(levels),
         "aggregate_tokens_per_s": rates,
         "ttft_p50_ms": ttfts,
@@ -147,14 +177,9 @@ def run(
         "hf_generate_tokens_per_s": statistics.median(hf),
         "max_batch": settings.max_batch,
         "token_budget": settings.token_budget,
+        "threads": engine_threads(),
         "errors": errors,
     }
-
-
-def load_weights_name(model: str, weights: str | None) -> str:
-    from chat.models.registry import parse_weights
-
-    return parse_weights(weights, "float32", model)
 
 
 def targets_met(result: dict) -> dict[str, bool]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from chat.bench.report import emit
 from chat.bench.serve_bench import _pct, _session
+from chat.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
 
 MiB = 1024 * 1024
 
@@ -80,6 +81,7 @@ async def _run(url: str, sessions: int, turns: int, short_tokens: int) -> dict:
 
 
 def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 24, cache_mib: int = 256) -> dict:
+    leave_parallelism_to_engines()  # torch runs in parallel in the engine's worker only (chat.bench.threads)
     from cache import PrefixCache
     from chat.engine.engine import Engine
     from chat.engine.events import TurnRequest
@@ -91,7 +93,9 @@ def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 2
 
     # warm up: touch every weight once, so that "before" is the resident size of a serving process
     run_to_end(Turn(runtime, None, TurnRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=2))))
-    engine = Engine(runtime, cache=PrefixCache(device_budget_bytes=cache_mib * MiB, host_budget_bytes=0))
+    engine = Engine(
+        runtime, cache=PrefixCache(device_budget_bytes=cache_mib * MiB, host_budget_bytes=0), threads=engine_threads()
+    )
     try:
         before = rss_mib()
         tokens_before = engine.metrics.completion_tokens
@@ -127,5 +131,5 @@ TARGETS = {"errors": ("==", 0), "completion_tokens_per_s": (">=", 100.0), "ttft_
 def main(as_json: bool, model: str = "smollm2") -> int:
     from chat.models import load_model
 
-    emit(run_on(load_model(model)), TARGETS, as_json)
+    emit(run_on(in_fresh_thread(lambda: load_model(model))), TARGETS, as_json)
     return 0

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chat.bench.report import emit
+from chat.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
 
 GiB = 1024 * 1024 * 1024
 SYSTEM = "You are a helpful assistant."
@@ -164,7 +165,11 @@ def run_workload(runtime, workload: list[list[Turn]], *, cache: bool, parallel: 
     from cache import PrefixCache
     from chat.engine.engine import Engine
 
-    engine = Engine(runtime, cache=PrefixCache(device_budget_bytes=GiB, host_budget_bytes=0) if cache else None)
+    engine = Engine(
+        runtime,
+        cache=PrefixCache(device_budget_bytes=GiB, host_budget_bytes=0) if cache else None,
+        threads=engine_threads(),
+    )
 
     async def everything() -> list[list[TurnRecord]]:
         gate = asyncio.Semaphore(parallel or len(workload) or 1)
@@ -228,6 +233,7 @@ def summarize(cfg: MultiTurnConfig, hit: list[TurnRecord], miss: list[TurnRecord
 
 def run_on(runtime, cfg: MultiTurnConfig | None = None) -> dict:
     """The benchmark on an already loaded runtime: warm-up, then the workload with the cache, then without."""
+    leave_parallelism_to_engines()  # torch runs in parallel in the engine's worker only (chat.bench.threads)
     from chat.engine.events import TurnRequest
     from chat.engine.sampling import SamplingParams
     from chat.engine.turn import Turn, run_to_end
@@ -252,5 +258,5 @@ def main(as_json: bool, model: str = "smollm2", conversations: int | None = None
     from chat.models import load_model
 
     cfg = MultiTurnConfig() if conversations is None else MultiTurnConfig(conversations=conversations)
-    emit(run_on(load_model(model), cfg), TARGETS, as_json)
+    emit(run_on(in_fresh_thread(lambda: load_model(model)), cfg), TARGETS, as_json)
     return 0

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from websockets.asyncio.client import connect
 
 from chat.bench.report import emit
+from chat.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
 
 QUESTIONS = [
     "What is a good name for a cat?",
@@ -159,20 +160,25 @@ async def _run(url: str, sessions: int, turns: int, short_tokens: int, long_toke
 def run(model: str = "smollm2", **kwargs) -> dict:
     from chat.models import load_model
 
-    return run_on(load_model(model), **kwargs)
+    return run_on(in_fresh_thread(lambda: load_model(model)), **kwargs)
 
 
 def run_on(
     runtime, *, sessions: int = 8, turns: int = 5, short_tokens: int = 24, long_tokens: int = 400, probes: int = 5
 ) -> dict:
     """The benchmark on an already loaded runtime."""
+    leave_parallelism_to_engines()  # torch runs in parallel in the engine's worker only (chat.bench.threads)
     from cache import PrefixCache
     from chat.engine.engine import Engine
     from chat.server.app import create_app
     from chat.server.runner import BackgroundServer
     from chat.server.settings import ServerSettings
 
-    engine = Engine(runtime, cache=PrefixCache(device_budget_bytes=1024 * 1024 * 1024, host_budget_bytes=0))
+    engine = Engine(
+        runtime,
+        cache=PrefixCache(device_budget_bytes=1024 * 1024 * 1024, host_budget_bytes=0),
+        threads=engine_threads(),
+    )
     try:
         with BackgroundServer(create_app(engine, ServerSettings(), model_name=runtime.name)) as server:
             url = server.url.replace("http://", "ws://") + "/v1/ws"

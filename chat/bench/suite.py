@@ -8,6 +8,9 @@ still run. The file also holds ``machine`` (CPU, cores, memory, torch / transfor
 other load distorts timings) and ``rss_before_mib`` (this process's resident memory when each benchmark started,
 after collecting what the previous one left behind). Charts are drawn from the saved object by :mod:`chat.bench.charts`.
 
+Each benchmark runs in a thread of its own (:func:`chat.bench.threads.in_fresh_thread`), with the torch threads this
+process had, so that no OpenMP pool outlives it and slows the next one's engines down.
+
 Adding a benchmark is one line in :data:`BENCHMARKS`: a name and a callable from the run's :class:`Suite` to the
 benchmark's JSON object.
 """
@@ -28,6 +31,7 @@ from typing import Any
 
 from chat.bench import batch_bench, cache_bench, load_bench, multiturn_bench, serve_bench, turns_bench
 from chat.bench.charts import draw_all
+from chat.bench.threads import in_fresh_thread, leave_parallelism_to_engines
 
 RESULTS_FILE = "bench.json"
 
@@ -103,19 +107,18 @@ def run_all(suite: Suite, out_dir: Path, *, log=None) -> dict[str, Any]:
     for key in ("elapsed_s", "loadavg_before", "rss_before_mib"):
         results[key] = {}
     threads = torch.get_num_threads()
+    leave_parallelism_to_engines()  # each benchmark runs in a thread of its own (chat.bench.threads)
     for name, bench in BENCHMARKS:
         log(f"bench {name} ...")
         # the previous benchmark's engines and caches are garbage in reference cycles: free them before the next
         results["rss_before_mib"][name] = round(load_bench.settled_rss_mib(), 1)
         results["loadavg_before"][name] = round(os.getloadavg()[0], 2)
         t0 = time.perf_counter()
-        try:
-            results[name] = bench(suite)
+        try:  # in a thread of its own, which takes its OpenMP pool along when it ends
+            results[name] = in_fresh_thread(lambda bench=bench: bench(suite), threads)
         except Exception as exc:  # one broken benchmark must not lose the others' figures
-            traceback.print_exc(file=sys.stderr)
+            traceback.print_exception(exc, file=sys.stderr)
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            torch.set_num_threads(threads)  # `bench cache` pins one thread; the next benchmark gets the default
         results["elapsed_s"][name] = round(time.perf_counter() - t0, 1)
         log(f"bench {name}: {'failed' if 'error' in results[name] else 'done'} in {results['elapsed_s'][name]} s")
     out_dir.mkdir(parents=True, exist_ok=True)

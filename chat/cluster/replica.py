@@ -47,8 +47,9 @@ class EngineReplica:
         from chat.server.app import create_app
         from chat.server.main import build_engine
 
-        torch.set_num_threads(max(1, torch_threads))
-        self.engine = build_engine(settings)  # the model, its prefix cache, the scheduler thread
+        torch.set_num_threads(1)  # this thread only relays: the engine's worker alone runs torch in parallel
+        threads = max(1, torch_threads)
+        self.engine = build_engine(settings.model_copy(update={"threads": threads}))  # model, cache, scheduler
         self.replica = serve.get_replica_context().replica_id.unique_id  # our id in routing and /metrics
         self.node = ray.get_runtime_context().get_node_id()  # the Ray node we run on
         self.pid = os.getpid()

@@ -12,6 +12,13 @@ decoding turn and prefill chunks of the turns still prefilling. Callers use :met
 
 Cancelling the consumer of :meth:`generate` (or calling ``handle.cancel()``) stops the turn at the next step; what
 was computed is stored, every lease is given back.
+
+**Threads.** PyTorch runs its parallel regions on an OpenMP thread pool that belongs to the thread that calls it. Two
+threads with pools of their own (the loading thread and this worker, 2 threads each on 2 cores) make libgomp stop
+spinning between regions, and each of the thousands of small regions of a decode step then waits for a wake-up:
+steps measured 3x slower (docs/benchmarks.md). So the model's parallel work belongs to the worker alone: give
+``threads`` (the worker sets them) and build the engine with :meth:`Engine.load` (the model loads inside the worker),
+or keep the constructing thread's own torch work single-threaded.
 """
 
 from __future__ import annotations
@@ -44,17 +51,53 @@ class JobHandle:
 
 
 class Engine:
-    def __init__(self, runtime: ModelRuntime, *, cache: PrefixCache | None, batch: BatchSettings | None = None) -> None:
+    def __init__(
+        self,
+        runtime: ModelRuntime | None,
+        *,
+        cache: PrefixCache | None,
+        batch: BatchSettings | None = None,
+        threads: int | None = None,
+        loader: Callable[[], ModelRuntime] | None = None,
+    ) -> None:
+        """An engine over ``runtime``, or over what ``loader`` returns when called in the worker thread (see
+        :meth:`load`). ``threads``: torch threads of the worker (None: torch's current setting)."""
         self.runtime = runtime  # the model (used only by the worker thread)
         self.cache = cache  # None: `--no-prefix-cache`
         self.metrics = Metrics()  # counters and histograms for /metrics
-        self.scheduler = Scheduler(runtime, batch)  # the active turns (worker thread only)
+        self.batch = batch or BatchSettings()  # what one step may hold
+        self.scheduler: Scheduler | None = Scheduler(runtime, self.batch) if runtime is not None else None
+        self.threads = threads  # torch threads of the worker
         self._handles: dict[int, JobHandle] = {}  # id(turn) -> its handle, for active turns
         self._inbox: queue.SimpleQueue[JobHandle | None] = queue.SimpleQueue()  # new jobs; None wakes to exit
         self._lock = threading.Lock()  # held while the worker touches the cache; stats() takes it too
         self._closed = False
-        self._worker = threading.Thread(target=self._loop, name="turncache-engine", daemon=True)
+        self._loader = loader  # builds the runtime in the worker, once
+        self._ready = threading.Event()  # the runtime is there (or failed to load: _load_error)
+        self._load_error: BaseException | None = None
+        self._worker = threading.Thread(target=self._run, name="turncache-engine", daemon=True)
         self._worker.start()
+
+    @classmethod
+    def load(
+        cls,
+        loader: Callable[[], ModelRuntime],
+        *,
+        cache: PrefixCache | None,
+        batch: BatchSettings | None = None,
+        threads: int | None = None,
+    ) -> Engine:
+        """An engine whose model ``loader()`` loads inside its worker thread (so that only that thread ever runs
+        torch in parallel); returns once the model is loaded.
+
+        Raises:
+            whatever ``loader`` raised (the worker has then stopped).
+        """
+        engine = cls(None, cache=cache, batch=batch, threads=threads, loader=loader)
+        engine._ready.wait()
+        if engine._load_error is not None:
+            raise engine._load_error
+        return engine
 
     # ---------------------------------------------------------------- API
 
@@ -66,7 +109,7 @@ class Engine:
         """
         if self._closed:
             raise EngineClosedError("the engine is shut down")
-        handle = JobHandle(Turn(self.runtime, self.cache, request), sink)
+        handle = JobHandle(Turn(self.runtime, self.cache, request, draft_tokens=self.batch.draft_tokens), sink)
         self._inbox.put(handle)
         return handle
 
@@ -112,7 +155,25 @@ class Engine:
 
     # ---------------------------------------------------------------- worker
 
+    def _run(self) -> None:
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
+        if self._loader is not None:
+            try:
+                self.runtime = self._loader()
+                self.scheduler = Scheduler(self.runtime, self.batch)
+            except BaseException as exc:  # reported by load(); nothing else runs
+                self._load_error = exc
+                self._closed = True
+                self._ready.set()
+                return
+        self._ready.set()
+        self._loop()
+
     def _loop(self) -> None:
+        assert self.scheduler is not None
         while self._admit_waiting():
             if not self.scheduler.busy:
                 continue
@@ -136,6 +197,7 @@ class Engine:
     def _admit_waiting(self) -> bool:
         """Begin every queued turn (waiting for one when nothing is active). False once the engine is closing."""
         while True:
+            assert self.scheduler is not None
             try:
                 job = self._inbox.get() if not self.scheduler.busy else self._inbox.get_nowait()
             except queue.Empty:

@@ -40,12 +40,13 @@ from dataclasses import dataclass
 from chat.engine.errors import InvalidBatchSettingError
 from chat.engine.events import Event
 from chat.engine.runtime import Feed, ModelRuntime
-from chat.engine.turn import Turn
+from chat.engine.turn import DRAFT_TOKENS, Turn
 
 DEFAULT_MAX_BATCH = 32  # turns in one forward
 DEFAULT_TOKEN_BUDGET = 256  # tokens in one forward
 MAX_BATCH_RANGE = (1, 256)
 TOKEN_BUDGET_RANGE = (16, 8192)
+DRAFT_TOKENS_RANGE = (0, 16)
 MIN_PREFILL_CHUNK = 16  # a waiting prefill gets at least this many tokens per step
 SPECULATE_UP_TO = 2  # most decoding turns in a step that still carries draft tokens
 
@@ -56,9 +57,14 @@ class BatchSettings:
 
     max_batch: int = DEFAULT_MAX_BATCH  # most turns in one forward
     token_budget: int = DEFAULT_TOKEN_BUDGET  # most tokens in one forward (but see MIN_PREFILL_CHUNK)
+    draft_tokens: int = DRAFT_TOKENS  # most draft tokens a greedy reply verifies per step; 0: no speculation
 
     def __post_init__(self) -> None:
-        for name, (low, high) in (("max_batch", MAX_BATCH_RANGE), ("token_budget", TOKEN_BUDGET_RANGE)):
+        for name, (low, high) in (
+            ("max_batch", MAX_BATCH_RANGE),
+            ("token_budget", TOKEN_BUDGET_RANGE),
+            ("draft_tokens", DRAFT_TOKENS_RANGE),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise InvalidBatchSettingError(name, f"must be an integer in [{low}, {high}], got {value!r}")

@@ -19,10 +19,11 @@ SHUTDOWN_FLUSH_S = 10.0  # at most this long to write the prefix cache's queued 
 
 
 def build_engine(settings: ServerSettings) -> Engine:
-    """Raises chat.models' typed errors (unknown model, unsupported architecture, bad dtype)."""
+    """The engine, its model loaded inside the engine's worker thread, which alone runs torch with
+    ``settings.threads`` threads (see chat.engine.engine: two threads with OpenMP pools of their own slow every step
+    down 3x). Raises chat.models' typed errors (unknown model, unsupported architecture, bad dtype)."""
     from chat.models import load_model
 
-    runtime = load_model(settings.model, settings.dtype, settings.weights)
     cache = None
     if settings.prefix_cache:
         cache = PrefixCache(
@@ -31,7 +32,12 @@ def build_engine(settings: ServerSettings) -> Engine:
             disk_dir=settings.cache_dir or None,
             disk_budget_bytes=settings.disk_budget if settings.cache_dir else 0,
         )
-    return Engine(runtime, cache=cache, batch=BatchSettings(settings.max_batch, settings.token_budget))
+    return Engine.load(
+        lambda: load_model(settings.model, settings.dtype, settings.weights),
+        cache=cache,
+        batch=BatchSettings(settings.max_batch, settings.token_budget),
+        threads=settings.threads,
+    )
 
 
 def close_engine(engine: Engine) -> None:
@@ -49,6 +55,9 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 
 def serve(settings: ServerSettings) -> int:
+    import torch
+
+    torch.set_num_threads(1)  # this thread serves HTTP: the engine's worker alone runs torch in parallel
     signal.signal(signal.SIGTERM, _exit_cleanly)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = key_ring(settings)  # a malformed keys file is refused before the model loads

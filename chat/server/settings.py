@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -24,6 +26,9 @@ class ServerSettings(BaseSettings):
         description="format of the linear layers' weights (default: int8 for the built-in model, else the dtype)",
     )
     max_batch: int = Field(32, ge=1, le=256, description="most turns in one batched forward")
+    threads: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, le=256, description="torch threads of the engine"
+    )
     token_budget: int = Field(256, ge=16, le=8192, description="most tokens in one batched forward")
     prefix_cache: bool = Field(True, description="reuse cached prefixes (off: --no-prefix-cache)")
     device_cache_mib: int = Field(1024, ge=0, description="prefix cache budget on the model's device, MiB")

@@ -98,3 +98,34 @@ def test_a_closed_engine_refuses_new_turns():
     engine.close()
     with pytest.raises(EngineClosedError):
         engine.submit(ask("x"), lambda e: None)
+
+
+def test_load_builds_the_model_in_the_worker_thread_which_alone_gets_the_threads():
+    import threading
+
+    import torch
+
+    seen = {}
+
+    def loader():
+        seen["thread"] = threading.current_thread().name
+        seen["torch_threads"] = torch.get_num_threads()
+        return FakeRuntime()
+
+    caller_threads = torch.get_num_threads()
+    engine = Engine.load(loader, cache=PrefixCache(), threads=2)
+    try:
+        assert seen == {"thread": "turncache-engine", "torch_threads": 2}
+        assert torch.get_num_threads() == caller_threads  # the caller's own setting is not touched
+        _, done = asyncio.run(collect(engine, ask("hi")))
+        assert done.finish_reason == "stop" and engine.runtime.name == "fake"
+    finally:
+        engine.close()
+
+
+def test_a_failed_load_is_raised_to_the_caller():
+    def broken():
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        Engine.load(broken, cache=None)
