@@ -350,11 +350,21 @@ def install(
         _calibrate(patches, groups, calibrate_kernels)
     else:  # the loaded layers are dropped: only the chosen format's copies stay in memory
         patches.replaced = [(p, n, None, layer) for p, n, _, layer in patches.replaced]
+        _own_memory(model)
     ragged.register()
     for config in _decoder_configs(model):
         patches.attention.append((config, getattr(config, "_attn_implementation_internal", None)))
         config._attn_implementation_internal = ragged.RAGGED_ATTENTION
     return patches
+
+
+def _own_memory(model: nn.Module) -> None:
+    """Copy the parameters and buffers that stay (embeddings, norms) out of the memory they were loaded into: a
+    loaded file's mapping stays resident while any tensor still points into it (measured: 405 MiB of the built-in
+    model's 540 MiB file kept resident by its embedding alone)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.data = tensor.data.clone()
 
 
 def _fuse(patches: Patches, make: type) -> list[_FusedGroup]:
