@@ -428,9 +428,6 @@ class PrefixCache:
     def entry_tier(self, eid: EntryId) -> str:
         return self._entries[eid].tier
 
-    def entry_length(self, eid: EntryId) -> int:
-        return len(self._entries[eid].tokens)
-
     def entry_has_file(self, eid: EntryId) -> bool:
         """Whether the entry has a file on the disk tier (written or queued)."""
         return self._entries[eid].disk is not None

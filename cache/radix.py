@@ -229,9 +229,6 @@ class RadixIndex:
                 return other
         return None
 
-    def length_of(self, eid: EntryId) -> int:
-        return self._records[eid].end.depth
-
     def path_keys(self, eid: EntryId) -> array:
         """The keys from the root to ``eid``'s end (for invariant checks)."""
         edges = []

@@ -98,7 +98,7 @@ def _chat(args: argparse.Namespace) -> int:
     from cache import PrefixCache
     from chat.protocol.sampling import SamplingSettings
     from chat.server.turns import sampling_params
-    from chat.terminal import chat_loop
+    from chat.tools.terminal import chat_loop
 
     try:  # the wire's ranges: the engine does not check them again
         settings = SamplingSettings(temperature=args.temperature, max_tokens=args.max_tokens)
@@ -128,7 +128,7 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from chat.evaluation import EvalOptions, main
+    from chat.tools.evaluation import EvalOptions, main
 
     out = args.out or Path(f"{args.dataset.stem}.{args.mode}.results.jsonl")
     options = EvalOptions(
@@ -146,55 +146,55 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _bench_cache(args: argparse.Namespace) -> int:
-    from chat.bench.cache_bench import main
+    from chat.tools.bench.cache_bench import main
 
     return main(as_json=args.json, entries=args.entries)
 
 
 def _bench_turns(args: argparse.Namespace) -> int:
-    from chat.bench.turns_bench import main
+    from chat.tools.bench.turns_bench import main
 
     return main(as_json=args.json, model=args.model)
 
 
 def _bench_serve(args: argparse.Namespace) -> int:
-    from chat.bench.serve_bench import main
+    from chat.tools.bench.serve_bench import main
 
     return main(as_json=args.json, model=args.model)
 
 
 def _bench_load(args: argparse.Namespace) -> int:
-    from chat.bench.load_bench import main
+    from chat.tools.bench.load_bench import main
 
     return main(as_json=args.json, model=args.model)
 
 
 def _bench_batch(args: argparse.Namespace) -> int:
-    from chat.bench.batch_bench import main
+    from chat.tools.bench.batch_bench import main
 
     return main(as_json=args.json, model=args.model)
 
 
 def _bench_weights(args: argparse.Namespace) -> int:
-    from chat.bench.weights_bench import main
+    from chat.tools.bench.weights_bench import main
 
     return main(as_json=args.json)
 
 
 def _bench_multiturn(args: argparse.Namespace) -> int:
-    from chat.bench.multiturn_bench import main
+    from chat.tools.bench.multiturn_bench import main
 
     return main(as_json=args.json, model=args.model, conversations=args.conversations)
 
 
 def _bench_restart(args: argparse.Namespace) -> int:
-    from chat.bench.restart_bench import main
+    from chat.tools.bench.restart_bench import main
 
     return main(as_json=args.json, model=args.model, turns=args.turns)
 
 
 def _bench_cluster(args: argparse.Namespace) -> int:
-    from chat.bench.cluster_bench import main
+    from chat.tools.bench.cluster_bench import main
 
     return main(
         as_json=args.json,
@@ -205,7 +205,7 @@ def _bench_cluster(args: argparse.Namespace) -> int:
 
 
 def _bench_all(args: argparse.Namespace) -> int:
-    from chat.bench.suite import main
+    from chat.tools.bench.suite import main
 
     return main(args.out, model=args.all_model, as_json=args.all_json)
 

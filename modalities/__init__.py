@@ -6,7 +6,7 @@ no model.
 - :mod:`modalities.identity`: :func:`content_hash` (computed from the bytes' digest, before decoding) and ``data:``
   URL parsing;
 - :mod:`modalities.parts`: :class:`MediaInput`, one item of a request (kind, encoded bytes and their digest);
-- :mod:`modalities.formats`: the one magic-byte sniffer (also used by ``chat.client``);
+- :mod:`modalities.formats`: the one magic-byte sniffer (also used by ``chat.tools.client``);
 - :mod:`modalities.store`: :class:`MediaStore`, an LRU of decoded / encoded media keyed by content hash;
 - :mod:`modalities.limits`, :mod:`modalities.errors`: named limits and the one error hierarchy.
 

@@ -297,11 +297,6 @@ class ModelAdapter:
         run.inherited.clear()
         run.snapshots.clear()
 
-    def buffer_copies(self, run: RunState) -> int:
-        """How many times the run's attention layers had to copy rows into a fresh buffer (for tests, benches)."""
-        cache = self._live(run)
-        return sum(layer.rows.copies for layer in cache.layers if hasattr(layer, "rows"))
-
     @contextlib.contextmanager
     def stock_model(self) -> Iterator[Any]:
         """The transformers model exactly as loaded, for baselines such as HF ``generate``: the fast paths

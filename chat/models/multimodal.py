@@ -161,56 +161,6 @@ class MultimodalAdapter(ModelAdapter):
         """The transformers model (for reference forwards in tests and benchmarks)."""
         return self._full
 
-    def hf_inputs(self, prompt: RenderedPrompt) -> dict[str, torch.Tensor]:
-        """The whole prompt as the transformers model takes it without any cache (``input_ids``, ``attention_mask``
-        and each kind's batched media inputs): the reference that tests and benchmarks compare against."""
-        by_kind: dict[str, list[PreparedMedia]] = {"image": [], "video": [], "audio": []}
-        for it in prompt.items:
-            by_kind[it.span.kind.value].append(it.prepared)
-            if it.prepared.runs:  # a video's audio track: among the audio clips, in prompt order
-                by_kind["audio"].append(it.prepared)
-        ids = torch.tensor([list(prompt.tokens)], device=self.device)
-        out: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        images, videos, clips = by_kind["image"], by_kind["video"], by_kind["audio"]
-        if images:
-            out["pixel_values"] = torch.cat([p.inputs["pixel_values"] for p in images])
-            if "image_grid_thw" in images[0].inputs:
-                out["image_grid_thw"] = torch.cat([p.inputs["image_grid_thw"] for p in images])
-        if videos:
-            out["pixel_values_videos"] = torch.cat([p.inputs["pixel_values_videos"] for p in videos])
-            out["video_grid_thw"] = torch.cat([p.inputs["video_grid_thw"] for p in videos])
-            out["video_second_per_grid"] = torch.tensor([p.second_per_grid for p in videos])
-        if clips:
-            feats = [p.inputs["input_features"] for p in clips]  # [mels, frames] each
-            longest = max(f.shape[1] for f in feats)
-            batch = torch.zeros(len(feats), feats[0].shape[0], longest)
-            mask = torch.zeros(len(feats), longest, dtype=torch.long)
-            for i, f in enumerate(feats):
-                batch[i, :, : f.shape[1]] = f
-                mask[i, : f.shape[1]] = 1
-            out["input_features"], out["feature_attention_mask"] = batch, mask
-        if any(it.prepared.runs for it in prompt.items):
-            out["use_audio_in_video"] = True  # type: ignore[assignment]  # transformers: every video carries its audio
-        return out
-
-    def hf_generate(self, prompt: RenderedPrompt, max_new_tokens: int) -> list[int]:
-        """Greedy transformers ``generate`` on the whole prompt with its media (no prefix cache): the baseline of
-        the benchmarks. Returns the new token ids."""
-        import contextlib
-
-        eos = sorted(self.eos_token_ids)
-        stock = getattr(self, "stock_model", None)
-        with stock() if stock is not None else contextlib.nullcontext(), torch.inference_mode():
-            inputs = self.hf_inputs(prompt)
-            out = self._full.generate(
-                **inputs,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=eos or None,
-                pad_token_id=eos[0] if eos else None,
-            )
-        return out[0, inputs["input_ids"].shape[1] :].tolist()
-
     # ================================================================ prompts
 
     def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:

@@ -3,8 +3,8 @@
 Specs::
 
     "smollm2"          the built-in default: SmolLM2-135M-Instruct (converted once from the bundled GGUF)
-    "tiny-<name>"      a tiny seeded random model (chat.models.tiny.TINY; tiny-omni / tiny-llava in
-                       chat.models.tiny_mm), for tests
+    "tiny-<name>"      a tiny seeded random model (chat.tools.testing.tiny.TINY; tiny-omni / tiny-llava in
+                       chat.tools.testing.tiny_mm), for tests
     "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer with a chat template
 
 Nothing is ever downloaded: transformers runs with ``HF_HUB_OFFLINE=1`` and ``local_files_only``.
@@ -26,8 +26,8 @@ DEFAULT_WEIGHTS = {smollm2.NAME: "int8"}  # weight format when none is asked for
 
 
 def model_choices() -> list[str]:
-    from chat.models.tiny import tiny_names
-    from chat.models.tiny_mm import TINY_MM
+    from chat.tools.testing.tiny import tiny_names
+    from chat.tools.testing.tiny_mm import TINY_MM
 
     return [smollm2.NAME, *tiny_names(), *(f"tiny-{name}" for name in TINY_MM)]
 
@@ -121,7 +121,7 @@ def load_multimodal_directory(path: Path, config: Any, dtype: str, weights: str,
 
 def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any) -> Any:
     from chat.models.fingerprint import tensors_digest
-    from chat.models.tiny_mm import build_tiny_multimodal
+    from chat.tools.testing.tiny_mm import build_tiny_multimodal
 
     model, tokenizer, family = build_tiny_multimodal(name, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
@@ -132,9 +132,9 @@ def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any) -> Any:
     from transformers import AutoTokenizer
 
     from chat.models.fingerprint import tensors_digest
-    from chat.models.tiny import TINY, TINY_REFUSED, build_tiny_model, tiny_config
-    from chat.models.tiny_mm import TINY_MM
-    from chat.models.tiny_tokenizer import ASSET_DIR
+    from chat.tools.testing.tiny import TINY, TINY_REFUSED, build_tiny_model, tiny_config
+    from chat.tools.testing.tiny_mm import TINY_MM
+    from chat.tools.testing.tiny_tokenizer import ASSET_DIR
 
     if name in TINY_MM:
         return load_tiny_multimodal(name, dtype, weights, torch_dtype)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from chat.bench.cluster_bench import ClusterTurn, summarize
-from chat.bench.multiturn_bench import MultiTurnConfig
+from chat.tools.bench.cluster_bench import ClusterTurn, summarize
+from chat.tools.bench.multiturn_bench import MultiTurnConfig
 
 
 def test_a_turn_stayed_when_its_cache_covers_the_previous_prompt():

@@ -123,7 +123,7 @@ def replicas_of(live) -> dict[str, object]:
 
 
 async def session_conversation(url: str, index: int, turns: int, token: str = KEY_A) -> tuple[str, list]:
-    from chat.client import AsyncChatClient
+    from chat.tools.client import AsyncChatClient
 
     async with AsyncChatClient(url, token=token, timeout=120) as client:
         info = await client.create_session(system=SYSTEM, sampling={"max_tokens": REPLY_TOKENS})
@@ -260,9 +260,9 @@ def test_stateless_conversations_hit_the_cache_with_prefix_routing_and_less_with
 
 
 def test_bench_cluster_workload_and_summary_run_against_a_cluster(live):
-    from chat.bench.cluster_bench import run_workload, summarize
-    from chat.bench.multiturn_bench import MultiTurnConfig, make_workload
     from chat.models import load_model
+    from chat.tools.bench.cluster_bench import run_workload, summarize
+    from chat.tools.bench.multiturn_bench import MultiTurnConfig, make_workload
 
     cfg = MultiTurnConfig(conversations=2, turns_per_conversation=2, min_user_tokens=40, max_user_tokens=60)
     workload = make_workload(load_model("tiny-llama"), cfg)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from chat.tools.testing.baselines import hf_inputs
 from modalities.parts import MediaInput
 from tests.modalities.helpers import av_video, sf_audio
 
@@ -76,5 +77,5 @@ def reference_logits(adapter, prompt) -> torch.Tensor:
     """Logits ``[len(prompt.tokens), vocab]`` of the whole prompt through the transformers model (no cache), with
     the model's own media merging and position ids."""
     with torch.inference_mode():
-        out = adapter.full_model(**adapter.hf_inputs(prompt))
+        out = adapter.full_model(**hf_inputs(adapter, prompt))
     return out.logits[0].float()

@@ -113,7 +113,7 @@ def test_a_forward_past_the_context_window_is_refused():
 
 def test_every_supported_family_has_its_tiny_model():
     from chat.models.families import SUPPORTED
-    from chat.models.tiny import tiny_names
+    from chat.tools.testing.tiny import tiny_names
 
     assert sorted(name for name, _ in SUPPORTED.values()) == sorted(tiny_names())
     for model_type, (name, _) in SUPPORTED.items():

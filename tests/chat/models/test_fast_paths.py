@@ -22,7 +22,7 @@ from chat.models.fast_paths import (
     int8_linear,
     linear,
 )
-from chat.models.tiny import build_tiny_model, tiny_config
+from chat.tools.testing.tiny import build_tiny_model, tiny_config
 
 torch.set_num_threads(1)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from chat.models import UnsupportedArchitectureError, load_model
-from chat.models.tiny_mm import build_tiny_multimodal
+from chat.tools.testing.tiny_mm import build_tiny_multimodal
 from tests.chat.models.mm_helpers import image, png, user
 
 

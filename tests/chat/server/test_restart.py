@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from chat.bench.restart_bench import ServerProcess, copy_cache_dir
-from chat.client import ChatClient
+from chat.tools.bench.restart_bench import ServerProcess, copy_cache_dir
+from chat.tools.client import ChatClient
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,86 @@
+"""Plain transformers on the same weights, for tests and benchmarks to compare against: ``generate`` (no prefix cache,
+the stock ``DynamicCache``, the model as loaded: the adapter's patches are undone while it runs) for text and
+multimodal models, and a multimodal prompt in the shape transformers takes it (:func:`hf_inputs`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from chat.models.adapter import ModelAdapter
+from chat.models.multimodal import MultimodalAdapter, RenderedPrompt
+
+
+def hf_generate(runtime: ModelAdapter, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Greedy ``model.generate`` from ``prompt``; returns the new token ids (ending with an EOS id if one was made).
+
+    Stops at the adapter's EOS ids, as the engine does. Runs on the stock model (row-major weights, SDPA attention;
+    see :meth:`ModelAdapter.stock_model`).
+    """
+    ids = torch.as_tensor([list(prompt)], dtype=torch.long, device=runtime.device)  # [1, n]
+    eos = sorted(runtime.eos_token_ids)
+    with runtime.stock_model() as model, torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos or None,
+            pad_token_id=eos[0] if eos else None,
+        )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, torch.Tensor]:
+    """The whole prompt as the transformers model takes it without any cache (``input_ids``, ``attention_mask``
+    and each kind's batched media inputs): the reference that tests and benchmarks compare against."""
+    by_kind: dict[str, list] = {"image": [], "video": [], "audio": []}
+    for it in prompt.items:
+        by_kind[it.span.kind.value].append(it.prepared)
+        if it.prepared.runs:  # a video's audio track: among the audio clips, in prompt order
+            by_kind["audio"].append(it.prepared)
+    ids = torch.tensor([list(prompt.tokens)], device=adapter.device)
+    out: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    images, videos, clips = by_kind["image"], by_kind["video"], by_kind["audio"]
+    if images:
+        out["pixel_values"] = torch.cat([p.inputs["pixel_values"] for p in images])
+        if "image_grid_thw" in images[0].inputs:
+            out["image_grid_thw"] = torch.cat([p.inputs["image_grid_thw"] for p in images])
+    if videos:
+        out["pixel_values_videos"] = torch.cat([p.inputs["pixel_values_videos"] for p in videos])
+        out["video_grid_thw"] = torch.cat([p.inputs["video_grid_thw"] for p in videos])
+        out["video_second_per_grid"] = torch.tensor([p.second_per_grid for p in videos])
+    if clips:
+        feats = [p.inputs["input_features"] for p in clips]  # [mels, frames] each
+        longest = max(f.shape[1] for f in feats)
+        batch = torch.zeros(len(feats), feats[0].shape[0], longest)
+        mask = torch.zeros(len(feats), longest, dtype=torch.long)
+        for i, f in enumerate(feats):
+            batch[i, :, : f.shape[1]] = f
+            mask[i, : f.shape[1]] = 1
+        out["input_features"], out["feature_attention_mask"] = batch, mask
+    if any(it.prepared.runs for it in prompt.items):
+        out["use_audio_in_video"] = True  # type: ignore[assignment]  # transformers: every video carries its audio
+    return out
+
+
+def hf_generate_media(adapter: MultimodalAdapter, prompt: RenderedPrompt, max_new_tokens: int) -> list[int]:
+    """Greedy transformers ``generate`` on the whole prompt with its media (no prefix cache), on the model as
+    loaded. Returns the new token ids."""
+    eos = sorted(adapter.eos_token_ids)
+    with adapter.stock_model(), torch.inference_mode():
+        inputs = hf_inputs(adapter, prompt)
+        out = adapter.full_model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos or None,
+            pad_token_id=eos[0] if eos else None,
+        )
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def buffer_copies(adapter: ModelAdapter, run) -> int:
+    """How many times the run's attention layers had to copy rows into a fresh buffer (copy-on-write tests)."""
+    return sum(layer.rows.copies for layer in run.state.layers if hasattr(layer, "rows"))

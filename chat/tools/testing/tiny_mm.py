@@ -1,0 +1,182 @@
+"""Tiny seeded multimodal models for tests: ``tiny-omni`` (a Qwen2.5-Omni thinker: text + image + audio + video with
+3-D mRoPE) and ``tiny-llava`` (LLaVA: a CLIP vision tower on a Llama, images, 1-D RoPE).
+
+They use the committed tiny tokenizer with the family's placeholder tokens added (always in the same order, so their
+ids are fixed) and a ChatML template that renders content parts the way the real models' templates do. Weights come
+from a fixed seed, drawn like :func:`chat.tools.testing.tiny.build_tiny_model`'s. Processors are the real transformers
+classes with small pixel budgets so that an image is a few dozen tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from chat.tools.testing.tiny import _COMMON, INIT_STD, SEED
+
+OMNI_TOKENS = [
+    "<|vision_bos|>",
+    "<|vision_eos|>",
+    "<|IMAGE|>",
+    "<|VIDEO|>",
+    "<|AUDIO|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+]
+LLAVA_TOKENS = ["<image>"]
+OMNI_PARTS = {
+    "image": "<|vision_bos|><|IMAGE|><|vision_eos|>",
+    "video": "<|vision_bos|><|VIDEO|><|vision_eos|>",
+    "audio": "<|audio_bos|><|AUDIO|><|audio_eos|>",
+}
+LLAVA_PARTS = {"image": "<image>\n"}
+IMAGE_MAX_PIXELS = 112 * 112  # at most 8x8 patches of 14 px: 16 tokens per image
+VIDEO_MAX_PIXELS = 56 * 56  # per frame: 4 tokens per pair of frames
+VIDEO_FRAMES = 8
+LLAVA_IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 tokens per image
+
+TINY_MM = ("omni", "llava")
+
+
+def chat_template(parts: dict[str, str]) -> str:
+    """ChatML whose content may be a string or a list of parts (text, and the media kinds in ``parts``)."""
+    media = "".join(f"{{% elif part['type'] == '{kind}' %}}{{{{ '{text}' }}}}" for kind, text in parts.items()).replace(
+        "\n", "\\n"
+    )
+    return (
+        "{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for part in message['content'] %}"
+        "{% if part['type'] == 'text' %}{{ part['text'] }}" + media + "{% endif %}"
+        "{% endfor %}{% endif %}"
+        "{{ '<|im_end|>\\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+
+
+def tiny_tokenizer(extra: list[str], parts: dict[str, str]) -> Any:
+    from transformers import AutoTokenizer
+
+    from chat.tools.testing.tiny_tokenizer import ASSET_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ASSET_DIR), local_files_only=True)
+    tokenizer.add_special_tokens({"additional_special_tokens": extra})
+    tokenizer.chat_template = chat_template(parts)
+    return tokenizer
+
+
+def _seeded(model: Any, dtype: torch.dtype) -> Any:
+    generator = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters()):
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * INIT_STD)
+    return model.to(dtype).eval()
+
+
+def omni_config(tokenizer: Any) -> Any:
+    from transformers import Qwen2_5OmniThinkerConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in OMNI_TOKENS}
+    return Qwen2_5OmniThinkerConfig(
+        audio_config={
+            "num_mel_bins": 16,
+            "encoder_layers": 2,
+            "encoder_attention_heads": 2,
+            "encoder_ffn_dim": 64,
+            "d_model": 32,
+            "output_dim": 64,
+            "n_window": 50,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "fullatt_block_indexes": [1],
+            "window_size": 56,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+        text_config={
+            **_COMMON,
+            "vocab_size": len(tokenizer),
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        },
+        audio_token_index=ids["<|AUDIO|>"],
+        image_token_index=ids["<|IMAGE|>"],
+        video_token_index=ids["<|VIDEO|>"],
+        audio_start_token_id=ids["<|audio_bos|>"],
+        audio_end_token_id=ids["<|audio_eos|>"],
+        vision_start_token_id=ids["<|vision_bos|>"],
+        vision_end_token_id=ids["<|vision_eos|>"],
+    )
+
+
+def llava_config(tokenizer: Any) -> Any:
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    tokens = (LLAVA_IMAGE_SIZE // 14) ** 2
+    return LlavaConfig(
+        vision_config=CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=LLAVA_IMAGE_SIZE,
+            patch_size=14,
+            projection_dim=32,
+        ),
+        text_config=LlamaConfig(
+            **_COMMON,
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        image_seq_length=tokens,
+    )
+
+
+def build_tiny_multimodal(name: str, dtype: torch.dtype) -> tuple[Any, Any, Any]:
+    """``(model, tokenizer, family)`` of ``tiny-<name>`` (``name`` in :data:`TINY_MM`)."""
+    from chat.models.families_mm import llava_family, qwen_family
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        if name == "omni":
+            from transformers import Qwen2_5OmniThinkerForConditionalGeneration, WhisperFeatureExtractor
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+            tokenizer = tiny_tokenizer(OMNI_TOKENS, OMNI_PARTS)
+            model = _seeded(Qwen2_5OmniThinkerForConditionalGeneration(omni_config(tokenizer)), dtype)
+            family = qwen_family(
+                model.config,
+                image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=IMAGE_MAX_PIXELS),
+                video_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=VIDEO_MAX_PIXELS),
+                video_frames=VIDEO_FRAMES,
+                audio_extractor=WhisperFeatureExtractor(feature_size=16),
+            )
+        elif name == "llava":
+            from transformers import LlavaForConditionalGeneration
+            from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+            tokenizer = tiny_tokenizer(LLAVA_TOKENS, LLAVA_PARTS)
+            model = _seeded(LlavaForConditionalGeneration(llava_config(tokenizer)), dtype)
+            processor = LlavaImageProcessorPil(
+                size={"shortest_edge": LLAVA_IMAGE_SIZE},
+                crop_size={"height": LLAVA_IMAGE_SIZE, "width": LLAVA_IMAGE_SIZE},
+            )
+            family = llava_family(model.config, processor)
+        else:
+            raise KeyError(name)
+    return model, tokenizer, family

@@ -1,0 +1,34 @@
+"""The serving path imports none of ``chat.tools`` (client, evaluation, bench, terminal, test scaffolding)."""
+
+import subprocess
+import sys
+
+SERVING_PATH = (
+    "chat.cli",
+    "chat.server.main",
+    "chat.server.app",
+    "chat.server.ws",
+    "chat.server.openai_api",
+    "chat.engine.engine",
+    "chat.models.registry",
+    "chat.models.adapter",
+    "chat.models.multimodal",
+    "chat.cluster",
+)
+
+
+def test_the_serving_path_imports_no_tools():
+    code = (
+        "import importlib, sys\n"
+        f"for name in {SERVING_PATH!r}: importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('chat.tools')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_tiny_models_are_built_by_the_testing_package():
+    from chat.models import load_model
+
+    model = load_model("tiny-llama")
+    assert model.name == "tiny-llama" and "chat.tools.testing.tiny" in sys.modules

@@ -1,0 +1,38 @@
+"""`bench turns` on a multimodal model: media in every user message, repeats never re-encoded, the same keys as the
+text benchmark plus ``encoder_skipped``."""
+
+from __future__ import annotations
+
+import torch
+
+from chat.tools.bench import turns_bench
+
+
+def test_media_turns_report_every_key_and_skip_the_encoder_for_repeats():
+    torch.set_num_threads(1)
+    out = turns_bench.run("tiny-omni", turns=5, reply_tokens=4, decode_tokens=3, repeats=1, session_turns=3)
+    keys = ("ttft_hit_ms", "ttft_miss_ms", "ttft_floor_ms", "hf_reprefill_ms", "hit_speedup", "overhead_ratio",
+            "decode_tps", "hf_decode_tps", "decode_ratio", "encoder_skipped")  # fmt: skip
+    for key in keys:  # HF's decode rate subtracts two timings: with 3 tokens it may be noise, even negative
+        assert isinstance(out[key], float), key
+    assert all(out[key] > 0 for key in ("ttft_hit_ms", "ttft_miss_ms", "ttft_floor_ms", "hf_reprefill_ms"))
+    # turn 5 repeats the image of turn 1 in a new message; every turn resends the earlier media
+    assert out["media_items"] == 5 and out["media_repeated"] == 1 + 2 + 3 + (4 + 1)
+    assert out["encoder_skipped"] == 1.0
+    assert out["turn10_cached_tokens"] > 0
+    # the session of one new photo per turn: one render time and one time to first token per turn
+    assert out["session_turns"] == 3 and out["session_photo_kib"] > 100
+    assert len(out["request_ms_per_turn"]) == len(out["render_ms_per_turn"]) == len(out["ttft_ms_per_turn"]) == 3
+    assert all(0 < r < t for r, t in zip(out["render_ms_per_turn"], out["ttft_ms_per_turn"], strict=True))
+
+
+def test_text_models_get_no_media_keys():
+    torch.set_num_threads(1)
+    out = turns_bench.run("tiny-llama", turns=3, reply_tokens=4, decode_tokens=3, repeats=1)
+    assert "encoder_skipped" not in out and out["turn10_cached_tokens"] > 0
+
+
+def test_an_int8_engine_is_compared_with_generate_on_the_float32_weights():
+    torch.set_num_threads(1)
+    out = turns_bench.run("tiny-llama", turns=3, reply_tokens=4, decode_tokens=3, repeats=1, weights="int8")
+    assert out["weights"] == "int8" and isinstance(out["hf_decode_tps"], float) and out["hf_reprefill_ms"] > 0

@@ -1,0 +1,23 @@
+import io
+import re
+
+from cache import PrefixCache
+from chat.engine.sampling import SamplingParams
+from chat.tools.terminal import chat_loop
+from tests.chat.engine.fakes import FakeRuntime
+
+
+def test_terminal_chat_prints_cached_tokens_ttft_and_speed_per_turn():
+    stdin = io.StringIO("hello\nand more\n/regen\n/reset\nfresh\n/quit\n")
+    stdout = io.StringIO()
+    assert chat_loop(FakeRuntime(), PrefixCache(), SamplingParams(), system="be brief", stdin=stdin, stdout=stdout) == 0
+    stats = re.findall(
+        r"\[([\d,]+) of ([\d,]+) prompt tokens cached · first token [\d.]+ s · [\d.]+ tok/s · stop\]", stdout.getvalue()
+    )
+    cached = [int(c.replace(",", "")) for c, _ in stats]
+    prompts = [int(p.replace(",", "")) for _, p in stats]
+    assert len(stats) == 4
+    assert cached[0] == 0  # first turn: nothing cached
+    assert cached[1] > 0  # second turn reuses the first
+    assert cached[2] == prompts[2] - 1  # regenerate: the same prompt again, one token short
+    assert 0 < cached[3] < prompts[3]  # after /reset only the system prompt is shared
