@@ -32,6 +32,8 @@ from tests.chat.server.test_tenants import (
     resumed_system,
 )
 
+pytestmark = pytest.mark.slow
+
 ray = pytest.importorskip("ray", reason="the cluster extra (turncache[cluster]) is not installed")
 
 SYSTEM = "You are a careful assistant."

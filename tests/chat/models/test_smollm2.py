@@ -9,6 +9,8 @@ from cache import PrefixCache
 from chat.models import load_model
 from tests.chat.models.helpers import TOLERANCE, full_logits, namespace, restored_logits, store
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def smollm2():

@@ -12,7 +12,7 @@ from chat.tools.evaluation import runner
 from chat.tools.evaluation.dataset import EvalConversation, parse_line
 from chat.tools.evaluation.results import turn_record
 
-DOC = (Path(__file__).parents[3] / "docs" / "eval.md").read_text()
+DOC = (Path(__file__).parents[4] / "docs" / "eval.md").read_text()
 RUNNER_CODES = {
     "invalid_dataset_line", "media_not_found", "media_encoding", "connect_failed", "connection_lost", "timeout",
     "unexpected_server_event", "eval_internal",

@@ -19,7 +19,7 @@ from chat.cli import main as cli_main
 from chat.tools.evaluation import EvalOptions, EvalUsageError, run_eval
 from tests.chat.tools.client.helpers import drop_on_turn, fake_server, free_port, scripted_server, session_created
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def user(content) -> dict:

@@ -11,7 +11,7 @@ from chat.tools.evaluation import EvalConversation, EvalOptions, load_dataset, r
 from chat.tools.evaluation.dataset import MediaItem, missing_media, turn_content
 from tests.chat.tools.client.helpers import fake_server
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "eval"
+EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "eval"
 
 
 def test_the_example_dataset_runs_with_generated_media(tmp_path: Path):
