@@ -61,8 +61,10 @@ def serve(settings: ServerSettings) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = key_ring(settings)  # a malformed keys file is refused before the model loads
-    weights = f", {settings.weights} weights" if settings.weights else ""
-    print(f"turncache: loading {settings.model} ({settings.dtype}{weights}) ...", file=sys.stderr, flush=True)
+    from chat.models.registry import parse_weights
+
+    weights = parse_weights(settings.weights, settings.dtype, settings.model)  # the model's default when not given
+    print(f"turncache: loading {settings.model} ({settings.dtype}, {weights} weights) ...", file=sys.stderr, flush=True)
     engine = build_engine(settings)
     app = create_app(engine, settings, model_name=engine.runtime.name, keys=keys)
     print(f"turncache: serving {engine.runtime.name} on http://{settings.host}:{settings.port}/", flush=True)
