@@ -16,6 +16,7 @@ Methods (called by the ingress through a deployment handle):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -58,32 +59,17 @@ class EngineReplica:
         self.app = create_app(self.engine, replica_settings(settings), model_name=self.engine.runtime.name)
 
     async def run_turn(self, call: TurnCall) -> AsyncIterator[Served | Delta | Done | Failed]:
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Delta | Done | BaseException] = asyncio.Queue()
         yield Served(self.replica, self.node, self.pid)
+        call_id = call.route.call_id
+        stream = self.engine.generate(call.turn, on_start=lambda job: self.running.__setitem__(call_id, job))
         try:
-            job = self.engine.submit(call.turn, lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
-        except EngineError as exc:
-            yield Failed.of(exc)
-            return
-        self.running[call.route.call_id] = job
-        finished = False
-        try:
-            while True:
-                item = await events.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    yield Failed.of(item if isinstance(item, EngineError) else self._internal(item))
-                    return
-                if isinstance(item, Done):
-                    finished = True
-                    yield portable_done(item)
-                    return
-                yield item
+            async with contextlib.aclosing(stream) as events:  # closed early: the ingress went away, cancel the turn
+                async for item in events:
+                    yield portable_done(item) if isinstance(item, Done) else item
+        except Exception as exc:  # the engine's refusal or failure, as data the ingress can raise again
+            yield Failed.of(exc if isinstance(exc, EngineError) else self._internal(exc))
         finally:
-            self.running.pop(call.route.call_id, None)
-            if not finished:  # the ingress went away: stop computing for nobody
-                job.cancel()
+            self.running.pop(call_id, None)
 
     async def cancel_turn(self, target: ToReplica, call_id: str) -> bool:
         """True when the turn was running here (it then ends with ``Done`` ``cancelled`` on its stream)."""

@@ -113,8 +113,11 @@ class Engine:
         self._inbox.put(handle)
         return handle
 
-    async def generate(self, request: TurnRequest) -> AsyncIterator[Event]:
-        """Stream a turn's events: Delta ... Done.
+    async def generate(
+        self, request: TurnRequest, *, on_start: Callable[[JobHandle], None] | None = None
+    ) -> AsyncIterator[Event]:
+        """Stream a turn's events: Delta ... Done. ``on_start`` gets the turn's handle once it is queued (to cancel
+        it from elsewhere). Closing the stream before its Done cancels the turn.
 
         Raises:
             ContextOverflowError, InvalidMediaError: before anything is computed.
@@ -123,6 +126,8 @@ class Engine:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         handle = self.submit(request, lambda e: loop.call_soon_threadsafe(events.put_nowait, e))
+        if on_start is not None:
+            on_start(handle)
         finished = False
         try:
             while True:

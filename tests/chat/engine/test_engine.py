@@ -81,6 +81,20 @@ def test_a_consumer_that_goes_away_cancels_its_generation(engine):
     assert stats.in_use == 0 and stats.entries == 1
 
 
+def test_the_handle_given_at_start_cancels_the_stream_from_elsewhere(engine):
+    async def scenario():
+        handles = []
+        events = []
+        async for event in engine.generate(ask("long please"), on_start=handles.append):
+            events.append(event)
+            if isinstance(event, Delta) and event.text:
+                handles[0].cancel()  # e.g. a cancel that reached a cluster replica by call id
+        return handles, events[-1]
+
+    handles, done = asyncio.run(scenario())
+    assert len(handles) == 1 and isinstance(done, Done) and done.finish_reason == "cancelled"
+
+
 def test_errors_reach_only_their_caller(engine):
     engine.runtime.context_window = 20
 
