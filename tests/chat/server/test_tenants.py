@@ -90,25 +90,30 @@ async def probe_ws(url: str, key: str, foreign_session: str, foreign_message: st
     return answers
 
 
+def assert_answered_as_missing(answers: dict) -> None:
+    """What :func:`probe_ws` saw: another tenant's session answered exactly as an id that does not exist."""
+    foreign, missing = answers["session.resume"]
+    assert foreign == missing  # byte for byte, apart from the id
+    assert json.loads(foreign) == {
+        "type": "error",
+        "reply_to": "r",
+        "code": "unknown_session",
+        "message": "no session has id '<id>'",
+    }
+    for kind in ("conversation.get", "turn.regenerate"):
+        assert json.loads(answers[kind][0])["code"] == "no_session", answers[kind]
+    assert answers["turn.edit"][0] == answers["turn.edit"][1]
+    assert json.loads(answers["turn.edit"][0])["code"] == "invalid_event"
+    assert SECRET_PROMPT.strip() not in json.dumps(answers)
+
+
 def test_two_tenants_never_reach_each_others_sessions(tmp_path):
     engine, srv = keyed_server(tmp_path, sessions_db=str(tmp_path / "sessions.sqlite3"))
     with srv:
         url = ws_url(srv)
         alice_id, alice_msg, _ = asyncio.run(alice_session(url))
         answers = asyncio.run(probe_ws(url, KEY_B, alice_id, alice_msg))
-        foreign, missing = answers["session.resume"]
-        assert foreign == missing  # byte for byte, apart from the id
-        assert json.loads(foreign) == {
-            "type": "error",
-            "reply_to": "r",
-            "code": "unknown_session",
-            "message": "no session has id '<id>'",
-        }
-        for kind in ("conversation.get", "turn.regenerate"):
-            assert json.loads(answers[kind][0])["code"] == "no_session", answers[kind]
-        assert answers["turn.edit"][0] == answers["turn.edit"][1]
-        assert json.loads(answers["turn.edit"][0])["code"] == "invalid_event"
-        assert SECRET_PROMPT.strip() not in json.dumps(answers)
+        assert_answered_as_missing(answers)
         # the owner, with either of her keys, still resumes it
         assert asyncio.run(resumed_system(url, KEY_A, alice_id)) == SECRET_PROMPT
         assert asyncio.run(resumed_system(url, KEY_A2, alice_id)) == SECRET_PROMPT
