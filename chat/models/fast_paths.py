@@ -359,9 +359,9 @@ def install(
 
 
 def _own_memory(model: nn.Module) -> None:
-    """Copy the parameters and buffers that stay (embeddings, norms) out of the memory they were loaded into: a
-    loaded file's mapping stays resident while any tensor still points into it (measured: 405 MiB of the built-in
-    model's 540 MiB file kept resident by its embedding alone)."""
+    """Copy the parameters and buffers that stay (embeddings, norms) out of the memory they were loaded into, which
+    stays resident while any tensor still points into it (measured on the built-in model in int8: resident memory
+    after loading 1,043 MiB without these copies, 638 MiB with them)."""
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             tensor.data = tensor.data.clone()

@@ -48,29 +48,37 @@ def prompts(n: int) -> list[list[dict]]:
     return out
 
 
-def run_level(engine, conversations: list[list[dict]], reply_tokens: int) -> tuple[float, list[float], int, int]:
-    """All conversations at once on ``engine``; (wall seconds, TTFTs in ms, completion tokens, errors)."""
+def finish_all(engine, conversations: list[list[dict]], reply_tokens: int) -> tuple[float, list]:
+    """Every conversation submitted at once on ``engine``; (wall seconds until the last ended, each one's Done or
+    exception, in the order they ended)."""
     from chat.engine.events import Done, TurnRequest
     from chat.engine.sampling import SamplingParams
 
     finished = threading.Event()
     lock = threading.Lock()
-    dones: list[Done | BaseException] = []
+    ends: list[Done | BaseException] = []
 
     def sink(event) -> None:
         if isinstance(event, Done | BaseException):
             with lock:
-                dones.append(event)
-                if len(dones) == len(conversations):
+                ends.append(event)
+                if len(ends) == len(conversations):
                     finished.set()
 
     start = time.perf_counter()
     for messages in conversations:
         engine.submit(TurnRequest(messages, SamplingParams(max_tokens=reply_tokens)), sink)
     finished.wait()
-    wall = time.perf_counter() - start
-    ok = [d for d in dones if isinstance(d, Done) and d.finish_reason in ("stop", "length")]
-    return wall, [d.timings.ttft_ms for d in ok], sum(d.usage.completion_tokens for d in ok), len(dones) - len(ok)
+    return time.perf_counter() - start, ends
+
+
+def run_level(engine, conversations: list[list[dict]], reply_tokens: int) -> tuple[float, list[float], int, int]:
+    """All conversations at once on ``engine``; (wall seconds, TTFTs in ms, completion tokens, errors)."""
+    from chat.engine.events import Done
+
+    wall, ends = finish_all(engine, conversations, reply_tokens)
+    ok = [d for d in ends if isinstance(d, Done) and d.finish_reason in ("stop", "length")]
+    return wall, [d.timings.ttft_ms for d in ok], sum(d.usage.completion_tokens for d in ok), len(ends) - len(ok)
 
 
 def single_stream(runtime, conversations: list[list[dict]], reply_tokens: int, draft_tokens: int) -> list[float]:
@@ -85,30 +93,13 @@ def single_stream(runtime, conversations: list[list[dict]], reply_tokens: int, d
             runtime, cache=PrefixCache(), batch=BatchSettings(draft_tokens=draft_tokens), threads=engine_threads()
         )
         try:
-            done = _one(engine, messages, reply_tokens)
+            _, (done,) = finish_all(engine, [messages], reply_tokens)
         finally:
             engine.close()
+        if isinstance(done, BaseException):
+            raise done
         rates.append(done.timings.decode_tokens_per_s)
     return rates
-
-
-def _one(engine, messages: list[dict], reply_tokens: int):
-    from chat.engine.events import Done, TurnRequest
-    from chat.engine.sampling import SamplingParams
-
-    finished = threading.Event()
-    box: list = []
-
-    def sink(event) -> None:
-        if isinstance(event, Done | BaseException):
-            box.append(event)
-            finished.set()
-
-    engine.submit(TurnRequest(messages, SamplingParams(max_tokens=reply_tokens)), sink)
-    finished.wait()
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0]
 
 
 def hf_rates(model: str, conversations: list[list[dict]], reply_tokens: int) -> list[float]:
