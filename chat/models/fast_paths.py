@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chat.models import ragged, smoothing
+from chat.models import native, ragged, smoothing
 
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
 FEW_ROWS = 16  # most rows (tokens) a float32 layer runs with its calibrated few-rows kernel, or fused
@@ -155,26 +155,66 @@ class BFloat16Matrix:
 
 
 class Int8Matrix:
-    """An int8 ``[out, in]`` weight with one float32 scale per output channel (symmetric); see :func:`int8_linear`."""
+    """An int8 ``[out, in]`` weight with one float32 scale per output channel (symmetric); see :func:`int8_linear`.
+
+    With the native kernels (:mod:`chat.models.native`) the weight is kept only in their packed layout and every
+    product runs there (the same numbers, bit for bit); without them, row-major for ``torch._int_mm``."""
 
     fuse_rows = 1 << 30  # always fused: the activations are quantized once for the whole group
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        w = weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # [out]: the weight's quantization step per channel
-        self.q = torch.round(w / scale.unsqueeze(1)).to(torch.int8)  # [out, in], row-major
+        q, scale = quantize_weight(weight)
+        self.in_features = q.shape[1]
         self.scale = scale  # [out] float32
         self.bias = None if bias is None else bias.detach().float()  # [out]
         self._step = scale / 127.0  # weight step x activation step per unit of |x| max: what int32 sums are worth
+        self.kernels = native.kernels()
+        self.q: torch.Tensor | None = None  # [out, in] int8 for torch._int_mm (without the native kernels)
+        self.packed: torch.Tensor | None = None  # the native kernels' layout of q (with them)
+        self.wsum: torch.Tensor | None = None  # [out] int32: q's row sums, which the native kernel needs
+        self.columns: tuple[int, int] | None = None  # a part that computes its whole group: its outputs in there
+        if self.kernels is None:
+            self.q = q
+        else:
+            self.packed, self.wsum = self.kernels.pack_int8(q), q.sum(dim=1, dtype=torch.int32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return int8_linear(x, self.q, self.scale, self.bias, step=self._step)
+        if self.kernels is None:
+            assert self.q is not None
+            return int8_linear(x, self.q, self.scale, self.bias, step=self._step)
+        assert self.packed is not None and self.wsum is not None
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.stride(-1) != 1 or rows.dtype != torch.float32:
+            rows = rows.float().contiguous()
+        out = self.kernels.int8_linear(rows, self.packed, self.wsum, self._step, self.bias)
+        if self.columns is not None:
+            out = out[:, self.columns[0] : self.columns[1]].contiguous()
+        return out.view(*x.shape[:-1], out.shape[-1])
 
     def rows(self, lo: int, hi: int) -> Int8Matrix:
+        """Output channels ``[lo, hi)`` as a matrix of their own, sharing this one's memory."""
         part = Int8Matrix.__new__(Int8Matrix)
-        part.q, part.scale, part._step = self.q[lo:hi], self.scale[lo:hi], self._step[lo:hi]
+        part.kernels, part.columns, part.in_features = self.kernels, None, self.in_features
+        part.scale, part._step = self.scale[lo:hi], self._step[lo:hi]
         part.bias = None if self.bias is None else self.bias[lo:hi]
+        part.q = None if self.q is None else self.q[lo:hi]
+        part.packed, part.wsum = self.packed, self.wsum
+        if self.packed is not None and self.wsum is not None:
+            if lo % native.INT8_CHANNEL_ALIGN == 0:  # the packed rows of these channels start where they are
+                assert self.q is None
+                part.packed = self.packed[native.packed_offset(lo, self.in_features) :]
+                part.wsum = self.wsum[lo:hi]
+            else:  # computes its whole group and keeps its columns (only when called apart from its group)
+                part._step, part.bias, part.columns = self._step, self.bias, (lo, hi)
         return part
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scale)``: int8 ``[out, in]`` (row-major) and float32 ``[out]`` with ``weight ~ q * scale[:, None]``, each
+    output channel scaled so that its absolute maximum is 127."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # [out]: the weight's quantization step per channel
+    return torch.round(w / scale.unsqueeze(1)).to(torch.int8), scale
 
 
 def int8_linear(

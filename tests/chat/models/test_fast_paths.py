@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chat.models import ragged
+from chat.models import native, ragged
 from chat.models.fast_paths import (
     BFloat16Matrix,
     FastLinear,
@@ -21,6 +21,7 @@ from chat.models.fast_paths import (
     install,
     int8_linear,
     linear,
+    quantize_weight,
 )
 from chat.tools.testing.tiny import build_tiny_model, tiny_config
 
@@ -185,20 +186,35 @@ def test_an_unknown_weight_format_is_refused(tiny_llama):
 # ==================================================================== int8 and bfloat16 products
 
 
-def test_int8_linear_is_the_product_of_its_quantized_operands():
+@pytest.fixture(params=["native", "torch"])
+def int8_path(request):
+    """Int8 matrices built (and run) with the native kernels, or with torch._int_mm."""
+    if request.param == "torch":
+        with native.disabled():
+            yield request.param
+    else:
+        if native.kernels() is None:
+            pytest.skip("no native kernels on this machine")
+        yield request.param
+
+
+def test_int8_linear_is_the_product_of_its_quantized_operands(int8_path):
     g = torch.Generator().manual_seed(3)
     weight, bias, x = torch.randn(40, 24, generator=g), torch.randn(40, generator=g), torch.randn(5, 24, generator=g)
     m = Int8Matrix(weight, bias)
-    assert m.q.dtype == torch.int8 and int(m.q.abs().max()) == 127
+    assert (m.packed is not None) == (int8_path == "native") and (m.q is None) == (int8_path == "native")
+    q, scale = quantize_weight(weight)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
     amax = x.abs().amax(dim=1, keepdim=True)
     xq = torch.round(x * 127 / amax)
-    want = (xq @ m.q.float().t()) * (amax / 127) * m.scale + bias
+    want = (xq @ q.float().t()) * (amax / 127) * scale + bias
     assert close(m(x), want, 1e-4)
+    assert torch.equal(m(x), int8_linear(x, q, scale, bias))  # both paths: the same arithmetic, bit for bit
     exact = F.linear(x, weight, bias)
     assert close(m(x), exact, 0.03 * exact.abs().max().item())  # and close to the float32 product
 
 
-def test_int8_gives_a_token_the_same_result_in_any_batch():
+def test_int8_gives_a_token_the_same_result_in_any_batch(int8_path):
     g = torch.Generator().manual_seed(4)
     m = Int8Matrix(torch.randn(64, 48, generator=g), None)
     rows = torch.randn(33, 48, generator=g)
@@ -206,10 +222,23 @@ def test_int8_gives_a_token_the_same_result_in_any_batch():
     assert torch.equal(m(rows), alone) and torch.equal(m(rows.view(3, 11, 48)).view(33, 64), alone)
 
 
-def test_int8_handles_a_row_of_zeros_and_leading_dimensions():
+def test_int8_handles_a_row_of_zeros_and_leading_dimensions(int8_path):
     m = Int8Matrix(torch.randn(8, 4), None)
-    out = int8_linear(torch.zeros(2, 3, 4), m.q, m.scale, None)
+    out = m(torch.zeros(2, 3, 4))
     assert out.shape == (2, 3, 8) and torch.equal(out, torch.zeros(2, 3, 8))
+
+
+@pytest.mark.parametrize("bounds", [[(0, 64), (64, 96), (96, 128)], [(0, 40), (40, 41), (41, 100)]])
+def test_int8_parts_compute_their_own_columns(int8_path, bounds):
+    """A fused group's parts, called on their own: aligned parts read their slice of the packed weight, the others
+    compute the group and keep their columns; either way they equal the group's columns."""
+    g = torch.Generator().manual_seed(6)
+    out_features = bounds[-1][1]
+    group = Int8Matrix(torch.randn(out_features, 24, generator=g), torch.randn(out_features, generator=g))
+    x = torch.randn(3, 24, generator=g)
+    whole = group(x)
+    for lo, hi in bounds:
+        assert torch.equal(group.rows(lo, hi)(x), whole[:, lo:hi])
 
 
 def test_bfloat16_matrix_is_close_to_the_float32_product():

@@ -1,0 +1,268 @@
+/* turncache's two CPU kernels, built and loaded by chat/models/native.py (read its docstring first).
+ *
+ * tc_int8_linear       y = dequant(quant(x) . W^T) (+ bias) for a few rows: the same arithmetic as
+ *                      chat.models.fast_paths.int8_linear, bit for bit, with each weight byte read once per step.
+ * tc_decode_attention  one query token per sequence, every sequence over its own K/V rows, in one call.
+ *
+ * Both need AVX-512 (F, BW) and VNNI; tc_supported() says whether this CPU has them. Work is split over OpenMP
+ * threads (the caller's team: torch's own libgomp, which the loader shares by soname), and every output element is
+ * computed by one thread in a fixed order, so results do not depend on the number of threads or of rows.
+ * Compiled without FMA contraction: every multiply and add rounds as written.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
+
+int tc_abi_version(void) { return 2; }
+
+int tc_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+static inline __mmask16 float_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+/* ------------------------------------------------------------------ int8 linear */
+
+/* The weight is packed for VNNI: output channels in blocks of 16 (the lanes of a vector), the input dimension in
+ * groups of 4 bytes (what one lane's dot-product step takes). Block b holds, for group g, channel c and byte e:
+ *     packed[((b * groups + g) * 16 + c) * 4 + e] = w[16 b + c][4 g + e]
+ * with channels padded with zeros to a multiple of PAIR (32) and the input to a multiple of 4 (groups = k4 / 4).
+ * One activation row then meets 16 channels per instruction, with no horizontal sums at the end. */
+#define LANES 16
+#define PAIR 32      /* channels per task: two blocks */
+#define MAX_ROWS 8   /* activation rows per pass over a pair of blocks (2 x 8 accumulators stay in registers) */
+
+int64_t tc_int8_packed_size(int64_t n, int64_t k) {
+    return ((n + PAIR - 1) / PAIR) * PAIR * ((k + 3) / 4) * 4;
+}
+
+/* Fill packed (tc_int8_packed_size(n, k) bytes) from w: int8 [n, k] with row stride ldw. */
+void tc_int8_pack(int64_t n, int64_t k, const int8_t *w, int64_t ldw, int8_t *packed) {
+    int64_t groups = (k + 3) / 4, blocks = ((n + PAIR - 1) / PAIR) * (PAIR / LANES);
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t g = 0; g < groups; g++)
+            for (int64_t c = 0; c < LANES; c++)
+                for (int64_t e = 0; e < 4; e++) {
+                    int64_t j = b * LANES + c, p = 4 * g + e;
+                    packed[((b * groups + g) * LANES + c) * 4 + e] = j < n && p < k ? w[j * ldw + p] : 0;
+                }
+}
+
+/* Each row of x scaled so that its absolute maximum is 127, rounded half to even (what torch's round_ does), stored
+ * plus 128 as unsigned bytes (VNNI multiplies unsigned by signed bytes), rows k4 bytes apart (padding: 128, which
+ * meets zero weights). amax gets each row's maximum, clamped to 1e-12 as torch's clamp_min_ does. */
+TARGET static void quantize_rows(int64_t m, int64_t k, int64_t k4, const float *x, int64_t ldx, uint8_t *xq,
+                                 float *amax) {
+    const __m512 most = _mm512_set1_ps(127.0f);
+    const __m512i bias = _mm512_set1_epi32(128);
+    for (int64_t i = 0; i < m; i++) {
+        const float *row = x + i * ldx;
+        __m512 top = _mm512_setzero_ps();
+        for (int64_t p = 0; p < k; p += 16)
+            top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_maskz_loadu_ps(float_mask(k - p), row + p)));
+        float a = _mm512_reduce_max_ps(top);
+        a = a > 1e-12f ? a : 1e-12f;
+        amax[i] = a;
+        const __m512 divisor = _mm512_set1_ps(a);
+        uint8_t *dst = xq + i * k4;
+        for (int64_t p = 0; p < k; p += 16) {
+            __mmask16 mk = float_mask(k - p);
+            __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(mk, row + p), divisor);
+            v = _mm512_roundscale_ps(_mm512_mul_ps(v, most), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            /* |v| <= 127; NaN (a broken activation) converts to INT_MIN, whose low byte plus 128 is 128: zero */
+            __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(v), bias);
+            _mm512_mask_cvtepi32_storeu_epi8(dst + p, mk, q);
+        }
+        for (int64_t p = k; p < k4; p++) dst[p] = 128;
+    }
+}
+
+/* One pair of blocks (channels j0 .. j0 + 31) for R activation rows: the exact sums of q(x) . w, as int32 lanes. R is
+ * a constant in each instance, so the accumulators stay in registers. */
+#define PAIR_ROWS(R)                                                                                                 \
+    TARGET static void pair_##R(int64_t groups, const int8_t *b0, const int8_t *b1, const uint8_t *xr, int64_t k4, \
+                                __m512i sums[MAX_ROWS][2]) {                                                         \
+        __m512i lo[R], hi[R];                                                                                        \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm512_setzero_si512();                 \
+        for (int64_t g = 0; g < groups; g++) {                                                                       \
+            __m512i w0 = _mm512_loadu_si512(b0 + g * 64), w1 = _mm512_loadu_si512(b1 + g * 64);                     \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                    \
+                int32_t four;                                                                                        \
+                memcpy(&four, xr + r * k4 + 4 * g, 4);                                                               \
+                __m512i xv = _mm512_set1_epi32(four);                                                                \
+                lo[r] = _mm512_dpbusd_epi32(lo[r], xv, w0);                                                          \
+                hi[r] = _mm512_dpbusd_epi32(hi[r], xv, w1);                                                          \
+            }                                                                                                        \
+        }                                                                                                            \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) sums[r][0] = lo[r], sums[r][1] = hi[r];                 \
+    }
+PAIR_ROWS(1)
+PAIR_ROWS(2)
+PAIR_ROWS(3)
+PAIR_ROWS(4)
+PAIR_ROWS(5)
+PAIR_ROWS(6)
+PAIR_ROWS(7)
+PAIR_ROWS(8)
+
+typedef void (*pair_fn)(int64_t, const int8_t *, const int8_t *, const uint8_t *, int64_t, __m512i[MAX_ROWS][2]);
+
+/* out[i, j] = ((float)(sum_p q(x)[i, p] * w[j, p]) * amax[i]) * step[j] (+ bias[j]) for i < m, j < n: the
+ * arithmetic of chat.models.fast_paths.int8_linear. packed: tc_int8_pack of w; wsum[j] = sum_p w[j, p] (the
+ * correction for the +128 bias of the bytes); x: float [m, k] with row stride ldx; out: [m, n] with row stride ldo.
+ * Returns 0, or -1 if scratch memory could not be had. */
+TARGET int tc_int8_linear(int64_t m, int64_t k, int64_t n, const float *x, int64_t ldx, const int8_t *packed,
+                          const int32_t *wsum, const float *step, const float *bias, float *out, int64_t ldo) {
+    static const pair_fn by_rows[MAX_ROWS] = {pair_1, pair_2, pair_3, pair_4, pair_5, pair_6, pair_7, pair_8};
+    if (m <= 0 || n <= 0) return 0;
+    int64_t groups = (k + 3) / 4, k4 = 4 * groups;
+    uint8_t *xq = malloc((size_t)(m * (k4 > 0 ? k4 : 4)));
+    float *amax = malloc((size_t)m * sizeof(float));
+    if (!xq || !amax) {
+        free(xq);
+        free(amax);
+        return -1;
+    }
+    quantize_rows(m, k, k4, x, ldx, xq, amax);
+    int64_t pairs = (n + PAIR - 1) / PAIR;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < pairs; t++) {
+        const int8_t *b0 = packed + (2 * t) * groups * 64, *b1 = b0 + groups * 64;
+        for (int64_t i0 = 0; i0 < m; i0 += MAX_ROWS) {
+            int rows = m - i0 < MAX_ROWS ? (int)(m - i0) : MAX_ROWS;
+            __m512i sums[MAX_ROWS][2];
+            by_rows[rows - 1](groups, b0, b1, xq + i0 * k4, k4, sums);
+            for (int h = 0; h < 2; h++) {
+                int64_t j = t * PAIR + h * LANES;
+                if (j >= n) break;
+                __mmask16 live = n - j >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1u);
+                __m512i correction = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(live, wsum + j), 7); /* 128 sum w */
+                __m512 scale = _mm512_maskz_loadu_ps(live, step + j);
+                __m512 shift = bias ? _mm512_maskz_loadu_ps(live, bias + j) : _mm512_setzero_ps();
+                for (int r = 0; r < rows; r++) {
+                    __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[r][h], correction));
+                    v = _mm512_mul_ps(v, _mm512_set1_ps(amax[i0 + r]));
+                    v = _mm512_mul_ps(v, scale);
+                    if (bias) v = _mm512_add_ps(v, shift);
+                    _mm512_mask_storeu_ps(out + (i0 + r) * ldo + j, live, v);
+                }
+            }
+        }
+    }
+    free(xq);
+    free(amax);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ decode attention */
+
+#define V_CHUNKS 4 /* output vectors (of 16 floats) accumulated per pass over the V rows */
+
+/* exp(x) for x <= 0 (scores minus their maximum): Cody-Waite reduction and a degree-6 polynomial (cephes' expf),
+ * within 2 ulp; 0 below -87.3. */
+TARGET static inline __m512 exp_nonpositive(__m512 x) {
+    __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+}
+
+TARGET static inline float dot(const float *a, const float *b, int64_t d) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t p = 0; p < d; p += 16) {
+        __mmask16 mk = float_mask(d - p);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + p), _mm512_maskz_loadu_ps(mk, b + p), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* Softmax over scores[0..len) in place: exp(s - max) / sum. */
+TARGET static void softmax(float *scores, int64_t len) {
+    float top = -INFINITY;
+    for (int64_t r = 0; r < len; r++) top = scores[r] > top ? scores[r] : top;
+    __m512 shift = _mm512_set1_ps(top);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t r = 0; r < len; r += 16) {
+        __mmask16 mk = float_mask(len - r);
+        __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, scores + r), shift));
+        e = _mm512_maskz_mov_ps(mk, e);
+        _mm512_mask_storeu_ps(scores + r, mk, e);
+        total = _mm512_add_ps(total, e);
+    }
+    __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+    for (int64_t r = 0; r < len; r += 16) {
+        __mmask16 mk = float_mask(len - r);
+        _mm512_mask_storeu_ps(scores + r, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, scores + r), inverse));
+    }
+}
+
+/* For sequence s < n, query head h < heads (= kv_heads * group; head h reads K/V head h / group):
+ *   out[s, h] = softmax_r(softcap(q[s, h] . K_s[h / group, r])) . V_s[h / group, r],  r < lengths[s]
+ * q: [n, heads, d] (already multiplied by the attention scale), out: [n, heads, dv], both contiguous.
+ * K_s: float address keys[s], head stride k_heads[s], row stride k_rows[s] (elements; the last dim contiguous);
+ * likewise V_s. softcap <= 0: none. Returns 0, or -1 if scratch memory could not be had. */
+TARGET int tc_decode_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, int64_t dv, const float *q,
+                               const int64_t *keys, const int64_t *k_heads, const int64_t *k_rows,
+                               const int64_t *values, const int64_t *v_heads, const int64_t *v_rows,
+                               const int64_t *lengths, float softcap, float *out) {
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed)
+    for (int64_t task = 0; task < n * kv_heads; task++) {
+        int64_t s = task / kv_heads, h = task % kv_heads, len = lengths[s];
+        const float *K = (const float *)(intptr_t)keys[s] + h * k_heads[s];
+        const float *V = (const float *)(intptr_t)values[s] + h * v_heads[s];
+        float *scores = malloc((size_t)(group * (len > 0 ? len : 1)) * sizeof(float));
+        if (!scores) {
+            failed = 1;
+            continue;
+        }
+        const float *qh = q + (s * kv_heads + h) * group * d;
+        for (int64_t r = 0; r < len; r++) {
+            const float *row = K + r * k_rows[s];
+            for (int64_t j = 0; j < group; j++) scores[j * len + r] = dot(qh + j * d, row, d);
+        }
+        for (int64_t j = 0; j < group; j++) {
+            float *sj = scores + j * len;
+            if (softcap > 0.0f)
+                for (int64_t r = 0; r < len; r++) sj[r] = tanhf(sj[r] / softcap) * softcap;
+            softmax(sj, len);
+            float *o = out + ((s * kv_heads + h) * group + j) * dv;
+            for (int64_t p0 = 0; p0 < dv; p0 += 16 * V_CHUNKS) { /* up to V_CHUNKS vectors of the output at once */
+                __m512 acc[V_CHUNKS];
+                __mmask16 mk[V_CHUNKS];
+                for (int c = 0; c < V_CHUNKS; c++) {
+                    acc[c] = _mm512_setzero_ps();
+                    mk[c] = p0 + 16 * c < dv ? float_mask(dv - p0 - 16 * c) : 0;
+                }
+                for (int64_t r = 0; r < len; r++) {
+                    __m512 weight = _mm512_set1_ps(sj[r]);
+                    const float *row = V + r * v_rows[s] + p0;
+                    for (int c = 0; c < V_CHUNKS; c++)
+                        acc[c] = _mm512_fmadd_ps(weight, _mm512_maskz_loadu_ps(mk[c], row + 16 * c), acc[c]);
+                }
+                for (int c = 0; c < V_CHUNKS; c++) _mm512_mask_storeu_ps(o + p0 + 16 * c, mk[c], acc[c]);
+            }
+        }
+        free(scores);
+    }
+    return failed ? -1 : 0;
+}

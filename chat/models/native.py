@@ -1,0 +1,225 @@
+"""turncache's two C kernels (``native.c``), for the two places where torch's own operations cost most per step:
+
+- :func:`int8_linear`: an int8 linear layer for a few rows (tokens). ``torch._int_mm`` takes a fast matrix-vector
+  path for one row, but repacks the weight on every call for two rows or more, so a batched decode step paid about
+  3x per weight byte what a one-sequence step paid. This kernel reads each weight byte once for up to
+  :data:`INT8_ROWS` rows (AVX-512 VNNI) and gives the same numbers as ``chat.models.fast_paths.int8_linear``, bit for
+  bit: the integer sums are exact and the float operations are the same, in the same order.
+- :func:`decode_attention`: the attention of every one-token query of a packed step, each sequence over its own K/V
+  rows, in one call (instead of ~6 torch operations per sequence per layer, ~25 us each at short contexts).
+
+Each output element is computed by one thread in a fixed order, whatever the number of rows or sequences in the
+call, so a sequence's result inside a batch equals its result alone (the batched-exactness tests hold either way).
+
+The library is compiled once per machine with the system C compiler (``$CC`` or ``cc``) into
+``$TURNCACHE_HOME/native`` (by default ``~/.cache/turncache/native``), under a name that digests the source, the
+compiler's version and the CPU model, and loaded with :mod:`ctypes`. It shares torch's OpenMP runtime (same
+soname), so its threads are the calling thread's torch threads. Without a compiler, on a CPU without AVX-512 VNNI,
+or with ``TURNCACHE_NATIVE=0``, :func:`kernels` returns None and the callers keep their torch paths (logged once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+_log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native.c")
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
+INT8_CHANNEL_ALIGN = 32  # a packed weight's rows can be sliced at multiples of this many output channels
+ABI_VERSION = 2
+
+_lock = threading.Lock()
+_loaded: list[Kernels | None] = []  # [] until the first call of kernels(); then [the kernels or None]
+_enabled = [os.environ.get("TURNCACHE_NATIVE", "1") != "0"]
+
+_i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+
+
+class NativeError(RuntimeError):
+    """A kernel could not allocate its scratch memory."""
+
+
+class Kernels:
+    """The loaded library's entry points."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._int8 = lib.tc_int8_linear
+        self._int8.argtypes = [_i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64]
+        self._int8.restype = ctypes.c_int
+        self._packed_size = lib.tc_int8_packed_size
+        self._packed_size.argtypes = [_i64, _i64]
+        self._packed_size.restype = _i64
+        self._pack = lib.tc_int8_pack
+        self._pack.argtypes = [_i64, _i64, _ptr, _i64, _ptr]
+        self._pack.restype = None
+        self._attention = lib.tc_decode_attention
+        self._attention.argtypes = [_i64] * 5 + [_ptr] * 8 + [_f32, _ptr]
+        self._attention.restype = ctypes.c_int
+
+    def pack_int8(self, q: torch.Tensor) -> torch.Tensor:
+        """``q`` (int8 ``[out, in]``, last dim contiguous) in the layout :meth:`int8_linear` reads: channels in
+        blocks of 16, inputs in groups of 4 bytes (see ``native.c``); a flat int8 tensor."""
+        n, k = q.shape
+        packed = torch.empty(self._packed_size(n, k), dtype=torch.int8)
+        self._pack(n, k, q.data_ptr(), q.stride(0), packed.data_ptr())
+        return packed
+
+    def int8_linear(
+        self,
+        rows: torch.Tensor,
+        packed: torch.Tensor,
+        wsum: torch.Tensor,
+        step: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``[m, out]`` float32: what ``fast_paths.int8_linear(rows, q, scale, bias, step=step)`` returns, for
+        ``rows`` float32 ``[m, in]`` (last dim contiguous), ``packed`` = :meth:`pack_int8` of ``q``, ``wsum``
+        int32 ``[out]`` (``q.sum(1)``), ``step`` and ``bias`` float32 ``[out]`` contiguous."""
+        m, k = rows.shape
+        n = wsum.shape[0]
+        out = torch.empty((m, n), dtype=torch.float32)
+        status = self._int8(
+            m,
+            k,
+            n,
+            rows.data_ptr(),
+            rows.stride(0),
+            packed.data_ptr(),
+            wsum.data_ptr(),
+            step.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            out.data_ptr(),
+            n,
+        )
+        if status:
+            raise NativeError("tc_int8_linear could not allocate scratch memory")
+        return out
+
+    def decode_attention(
+        self,
+        queries: torch.Tensor,
+        kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        out: torch.Tensor,
+        softcap: float | None,
+    ) -> None:
+        """Fill ``out`` ``[n, H, Dv]`` (contiguous float32) with the attention of ``queries`` ``[n, H, D]``
+        (contiguous float32, already scaled) over ``kv``: per query, its sequence's keys ``[Hk, L, D]`` and values
+        ``[Hk, L, Dv]`` (float32 views, last dim contiguous; ``H`` a multiple of ``Hk``). Every row is attended."""
+        n, heads, d = queries.shape
+        kv_heads = kv[0][0].shape[0]
+        dv = out.shape[-1]
+        rows = [
+            (k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), k.shape[1]) for k, v in kv
+        ]
+        table = torch.tensor([field for column in zip(*rows, strict=True) for field in column], dtype=torch.int64)
+        fields = [table.data_ptr() + i * n * 8 for i in range(7)]  # 7 columns of n: the C side's arrays
+        status = self._attention(
+            n,
+            kv_heads,
+            heads // kv_heads,
+            d,
+            dv,
+            queries.data_ptr(),
+            *fields,
+            float(softcap or 0.0),
+            out.data_ptr(),
+        )
+        if status:
+            raise NativeError("tc_decode_attention could not allocate scratch memory")
+
+
+def packed_offset(channel: int, in_features: int) -> int:
+    """Where output channel ``channel`` (a multiple of :data:`INT8_CHANNEL_ALIGN`) starts in a packed weight with
+    ``in_features`` inputs: a slice from there is the packed weight of the channels from ``channel`` on."""
+    if channel % INT8_CHANNEL_ALIGN:
+        raise ValueError(f"channel {channel} is not a multiple of {INT8_CHANNEL_ALIGN}")
+    return channel * 4 * -(-in_features // 4)
+
+
+def kernels() -> Kernels | None:
+    """The kernels, built and loaded on first use; None when they cannot be had here (see the module docstring)."""
+    if not _enabled[0]:
+        return None
+    if not _loaded:
+        with _lock:
+            if not _loaded:
+                _loaded.append(_load())
+    return _loaded[0]
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the block on the torch paths (tests compare the two)."""
+    before = _enabled[0]
+    _enabled[0] = False
+    try:
+        yield
+    finally:
+        _enabled[0] = before
+
+
+def _load() -> Kernels | None:
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        _log.warning("no C compiler (%s): the native kernels are off, torch's operations are used", compiler)
+        return None
+    try:
+        path = _build(compiler)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as exc:
+        _log.warning("the native kernels could not be built (%s); torch's operations are used", exc)
+        return None
+    if lib.tc_abi_version() != ABI_VERSION:
+        _log.warning("the native kernels at %s are of another version; torch's operations are used", path)
+        return None
+    if not lib.tc_supported():
+        _log.info("this CPU lacks AVX-512 VNNI: the native kernels are off, torch's operations are used")
+        return None
+    return Kernels(lib)
+
+
+def _build(compiler: str) -> Path:
+    """The library's path, compiling it first unless a build for this source, compiler and CPU exists."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    digest = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS).encode(), _cpu().encode()]))
+    home = Path(os.environ.get("TURNCACHE_HOME") or "~/.cache/turncache").expanduser()
+    target = home / "native" / f"kernels-{digest.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        done = subprocess.run(
+            [compiler, *FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True, timeout=300
+        )
+        if done.returncode != 0:
+            raise OSError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(built, target)  # atomic: concurrent builders each install a whole file
+    _log.info("built the native kernels: %s", target)
+    return target
+
+
+def _cpu() -> str:
+    """This CPU's model and flags (a build is specific to them only through its digest; the code checks at run
+    time what it uses)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines)))

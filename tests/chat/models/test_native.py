@@ -1,0 +1,161 @@
+"""chat.models.native: the int8 kernel gives torch's int8 product bit for bit and the decode-attention kernel gives
+attention over each sequence's own rows, for any shape, stride and number of threads; the library is built once per
+machine and the callers fall back to torch when it cannot be had."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chat.models import native
+from chat.models.fast_paths import int8_linear, quantize_weight
+
+torch.set_num_threads(1)
+
+KERNELS = native.kernels()
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason="no native kernels on this machine")
+
+
+def attention_reference(queries, kv, softcap):
+    """Per sequence: softmax(q . K^T (soft-capped)) . V with query head h reading K/V head h // group."""
+    outs = []
+    for i, (k, v) in enumerate(kv):
+        kv_heads, heads, d = k.shape[0], queries.shape[1], queries.shape[2]
+        group = heads // kv_heads
+        scores = torch.bmm(queries[i].view(kv_heads, group, d).double(), k.double().transpose(1, 2))
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        outs.append(torch.bmm(torch.softmax(scores, dim=-1), v.double()).reshape(heads, -1))
+    return torch.stack(outs).float()
+
+
+def int8_reference(x, q, scale, bias):
+    """fast_paths.int8_linear's arithmetic with the integer sums taken in int64 by a plain matmul."""
+    amax = x.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12)
+    quantized = x.div(amax).mul_(127.0).round_().to(torch.int64)
+    out = (quantized @ q.to(torch.int64).t()).to(torch.float32).mul(amax).mul_(scale / 127.0)
+    return out if bias is None else out + bias
+
+
+@needs_kernels
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(1, 20),
+    k=st.integers(1, 150),
+    n=st.integers(1, 100),
+    with_bias=st.booleans(),
+    pad=st.integers(0, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_int8_kernel_is_torchs_int8_product_bit_for_bit(m, k, n, with_bias, pad, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, scale = quantize_weight(torch.randn(n, k, generator=g))
+    bias = torch.randn(n, generator=g) if with_bias else None
+    x = (torch.randn(m, k + pad, generator=g) * 4)[:, :k]  # rows further apart than their length
+    x[0, 0] = 0.0
+    got = KERNELS.int8_linear(x, KERNELS.pack_int8(q), q.sum(dim=1, dtype=torch.int32), scale / 127.0, bias)
+    assert torch.equal(got, int8_reference(x, q, scale, bias))
+    if k > 1:  # torch._int_mm gives wrong sums for one input column and a transposed weight (torch 2.13, CPU)
+        assert torch.equal(got, int8_linear(x, q, scale, bias))
+
+
+@needs_kernels
+def test_int8_kernel_treats_a_zero_row_as_torch_does():
+    q, scale = quantize_weight(torch.randn(33, 70))
+    x = torch.zeros(3, 70)
+    x[1] = torch.randn(70)
+    got = KERNELS.int8_linear(x, KERNELS.pack_int8(q), q.sum(dim=1, dtype=torch.int32), scale / 127.0, None)
+    assert torch.equal(got, int8_linear(x, q, scale, None)) and torch.equal(got[0], torch.zeros(33))
+
+
+@needs_kernels
+@settings(max_examples=60, deadline=None)
+@given(
+    kv_heads=st.integers(1, 4),
+    group=st.integers(1, 4),
+    d=st.integers(1, 40),
+    dv=st.integers(1, 70),
+    lengths=st.lists(st.integers(1, 90), min_size=1, max_size=6),
+    softcap=st.sampled_from([None, 5.0, 30.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_decode_attention_kernel_attends_to_each_sequences_own_rows(kv_heads, group, d, dv, lengths, softcap, seed):
+    g = torch.Generator().manual_seed(seed)
+    kv = []
+    for length in lengths:  # views of larger buffers, as a run's rows are: head stride > length * d
+        keys = torch.randn(1, kv_heads, length + 17, d, generator=g)
+        values = torch.randn(1, kv_heads, length + 5, dv, generator=g)
+        kv.append((keys[0, :, 3 : 3 + length], values[0, :, 2 : 2 + length]))
+    queries = torch.randn(len(lengths), kv_heads * group, d, generator=g)
+    out = torch.full((len(lengths), kv_heads * group, dv), float("nan"))
+    KERNELS.decode_attention(queries, kv, out, softcap)
+    assert (out - attention_reference(queries, kv, softcap)).abs().max().item() < 1e-5
+
+
+@needs_kernels
+def test_results_do_not_depend_on_the_number_of_threads_or_of_sequences():
+    g = torch.Generator().manual_seed(9)
+    q, scale = quantize_weight(torch.randn(300, 64, generator=g))
+    packed, wsum, step = KERNELS.pack_int8(q), q.sum(dim=1, dtype=torch.int32), scale / 127.0
+    x = torch.randn(11, 64, generator=g)
+    kv = [(torch.randn(2, n, 16, generator=g), torch.randn(2, n, 16, generator=g)) for n in (5, 200, 33)]
+    queries = torch.randn(3, 6, 16, generator=g)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        together = torch.empty(3, 6, 16)
+        KERNELS.decode_attention(queries, kv, together, None)
+        alone = torch.empty(3, 6, 16)
+        for i in range(3):
+            KERNELS.decode_attention(queries[i : i + 1], kv[i : i + 1], alone[i : i + 1], None)
+        return KERNELS.int8_linear(x, packed, wsum, step, None), together, alone
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(2)
+        two = run()
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    assert torch.equal(one[1], one[2]) and torch.equal(two[1], two[2])
+
+
+def test_the_library_is_built_once_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("TURNCACHE_HOME", str(tmp_path))
+    compiler = os.environ.get("CC") or "cc"
+    first = native._build(compiler)
+    assert first.parent == tmp_path / "native" and first.exists()
+    stamp = first.stat().st_mtime_ns
+    again = native._build(compiler)
+    assert again == first and again.stat().st_mtime_ns == stamp  # found, not rebuilt
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no scratch left behind
+
+
+def test_without_a_compiler_the_torch_paths_are_used(monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with caplog.at_level(logging.WARNING, logger="chat.models.native"):
+        assert native._load() is None
+    assert "no C compiler" in caplog.text
+
+
+def test_a_compiler_error_leaves_the_torch_paths(tmp_path, monkeypatch, caplog):
+    script = tmp_path / "failing-cc"
+    script.write_text("#!/bin/sh\necho 'cc: internal error' >&2\nexit 1\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("CC", str(script))
+    monkeypatch.setenv("TURNCACHE_HOME", str(tmp_path / "home"))
+    with caplog.at_level(logging.WARNING, logger="chat.models.native"):
+        assert native._load() is None
+    assert "could not be built" in caplog.text and "internal error" in caplog.text
+
+
+def test_disabled_turns_the_kernels_off_for_a_block():
+    with native.disabled():
+        assert native.kernels() is None
+    assert native.kernels() is KERNELS
