@@ -48,6 +48,8 @@ from transformers.cache_utils import (
 )
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from chat.models import native
+
 RAGGED_ATTENTION = "turncache_ragged"  # our entry in transformers' attention interface
 MATMUL_QUERY = 16  # longest query computed as matmuls; longer ones go to SDPA with a mask
 
@@ -243,8 +245,11 @@ def ragged_attention(
     window = pack.window
     out = query.new_empty((b, s, h, dv))
     scaled = query * scale  # [B, H, S, D]
+    done = _native_decode(pack, views, scaled, out, softcap)
     token_queries = token_outputs = None  # per-token views, for one-token slots
-    for slot, (k, v) in zip(pack.slots, views, strict=True):
+    for slot, (k, v), computed in zip(pack.slots, views, done, strict=True):
+        if computed:
+            continue
         q = slot.end - slot.start
         kv = k.shape[-2]
         if q == 1:  # decoding: every visible row is attended (sliding layers return only the window)
@@ -271,6 +276,46 @@ def ragged_attention(
             o = F.scaled_dot_product_attention(qs, k[None], v[None], attn_mask=mask, scale=1.0, enable_gqa=g > 1)[0]
         out[slot.row, slot.start : slot.end].copy_(o.transpose(0, 1))
     return out, None
+
+
+def _native_decode(
+    pack: Pack,
+    views: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    scaled: torch.Tensor,
+    out: torch.Tensor,
+    softcap: float | None,
+) -> list[bool]:
+    """Compute the attention of every one-token slot with float32, row-contiguous K/V in one native call
+    (:func:`chat.models.native.kernels`), writing into ``out``; return which slots it computed (none without the
+    kernels)."""
+    done = [False] * len(pack.slots)
+    kernels = native.kernels()
+    if kernels is None or scaled.dtype != torch.float32:
+        return done
+    picked = [
+        i
+        for i, (slot, (k, v)) in enumerate(zip(pack.slots, views, strict=True))
+        if slot.end - slot.start == 1
+        and k.dtype == v.dtype == torch.float32
+        and k.stride(-1) == v.stride(-1) == 1
+        and k.shape[-2] > 0
+    ]
+    if not picked:
+        return done
+    b, h, s, d = scaled.shape
+    tokens = scaled.transpose(1, 2).reshape(b * s, h, d)  # [B*S, H, D]: a copy unless B*S == 1
+    flat_out = out.view(b * s, h, out.shape[-1])
+    in_order = len(picked) == b * s and all(pack.slots[i].row * s + pack.slots[i].start == i for i in picked)
+    if in_order:  # every token is a decode step, slot i at token i (the common case): no gather, no scatter
+        kernels.decode_attention(tokens.contiguous(), views, flat_out, softcap)
+    else:
+        at = torch.tensor([pack.slots[i].row * s + pack.slots[i].start for i in picked])
+        result = flat_out.new_empty((len(picked), h, flat_out.shape[-1]))
+        kernels.decode_attention(tokens.index_select(0, at), [views[i] for i in picked], result, softcap)
+        flat_out.index_copy_(0, at, result)
+    for i in picked:
+        done[i] = True
+    return done
 
 
 def register() -> None:

@@ -46,6 +46,8 @@ CASES = [
     ("tiny-gemma3", "int8"),
     ("tiny-lfm2", "int8"),
     ("tiny-omni", "int8"),
+    ("tiny-llama", "float32", "torch"),  # torch's operations instead of the native kernels (chat.models.native)
+    ("tiny-llama", "int8", "torch"),
 ]
 WORDS = "the cat sat on a mat while two dogs ran far away from home and never came back again".split()  # noqa: SIM905
 POISON_WORD = "zebra"  # only the failing turn's message holds it
@@ -239,11 +241,16 @@ def poison_the_last_layer(model, token: int) -> list:
     ]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c))
 def model(request):
-    from chat.models import load_model
+    from chat.models import load_model, native
 
-    return load_model(request.param[0], weights=request.param[1])
+    name, weights, *kernels = request.param
+    if kernels == ["torch"]:
+        with native.disabled():
+            yield load_model(name, weights=weights)
+    else:
+        yield load_model(name, weights=weights)
 
 
 def test_turns_in_a_batch_give_what_they_give_alone(model):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from chat.engine.runtime import Feed
-from chat.models import load_model, ragged
+from chat.models import load_model, native, ragged
 from chat.models.errors import InvalidSettingError, RunStateError
 from chat.models.kv_rows import AttentionRows
 
@@ -30,13 +30,29 @@ def reference(query, key, value, window, scale):
     return F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale).transpose(1, 2)[0]
 
 
+@pytest.fixture(params=["native", "torch"])
+def attention_path(request):
+    """One-token queries computed by the native kernel (chat.models.native) or by torch's operations."""
+    if request.param == "torch":
+        with native.disabled():
+            yield request.param
+    else:
+        if native.kernels() is None:
+            pytest.skip("no native kernels on this machine")
+        yield request.param
+
+
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (9, 3)])
 @pytest.mark.parametrize("window", [None, 5])
-def test_each_slot_attends_to_its_own_rows_with_its_own_mask(heads, kv_heads, window):
+@pytest.mark.parametrize(
+    "shapes",  # (new tokens q, visible rows kv) per slot
+    [[(1, 7), (3, 3), (20, 30), (1, 1), (2, 11)], [(1, 7), (1, 300), (1, 1), (1, 40)]],
+    ids=["mixed", "decode-only"],
+)
+def test_each_slot_attends_to_its_own_rows_with_its_own_mask(heads, kv_heads, window, shapes, attention_path):
     g = torch.Generator().manual_seed(0)
-    shapes = [(1, 7), (3, 3), (20, 30), (1, 1), (2, 11)]  # (new tokens q, visible rows kv) per slot
     total = sum(q for q, _ in shapes)
-    query = torch.randn(1, heads, total, 8, generator=g)
+    query = torch.randn(1, heads, total, 8, generator=g) * 2
     views = [
         (torch.randn(1, kv_heads, kv, 8, generator=g), torch.randn(1, kv_heads, kv, 8, generator=g)) for _, kv in shapes
     ]
