@@ -56,8 +56,8 @@ def load_model(spec: str, dtype: str = "float32", weights: str | None = None) ->
 
 
 def load_renderer(spec: str) -> TemplateRenderer:
-    """The chat template renderer of ``spec``: the name,
-    modalities and text rendering of ``load_model(spec)``'s adapter, without reading or building its weights.
+    """The chat template renderer of ``spec``: the name, modalities and text rendering of ``load_model(spec)``'s
+    adapter, without reading or building its weights (``dtype`` and ``weights`` do not change what it renders).
 
     Raises:
         UnknownModelError: ``spec`` is no built-in name, no tiny model and no directory.
