@@ -31,6 +31,7 @@ from chat.cluster.prompt_keys import PromptKeyer
 from chat.cluster.ray_router import table_name
 from chat.cluster.remote_engine import RemoteEngine, SessionTracker, SocketEngine
 from chat.cluster.routing import RoutingPolicy, table_for
+from chat.engine.runtime import ChatRenderer
 from chat.server.auth import KeyRing
 from chat.server.settings import ServerSettings
 
@@ -43,13 +44,13 @@ class ClusterIngress:
 
         Raises chat.models' typed errors.
         """
-        from chat.models import load_model
+        from chat.models import load_renderer
 
         self.settings = settings
         self.keys = keys  # API keys -> tenants, for every route
-        # The model's chat template renders prompt keys; its modalities check media parts. (Its weights are loaded
-        # too: chat.models has no renderer-only loader yet.)
-        self.runtime = load_model(settings.model, settings.dtype, settings.weights)
+        # The model's chat template renders prompt keys; its modalities check media parts. No weights: the replicas
+        # hold those.
+        self.runtime: ChatRenderer = load_renderer(settings.model)
         self.policy = RoutingPolicy(**policy)
         app_name = serve.get_replica_context().app_name
         self.table = table_for(table_name(app_name, ENGINE_DEPLOYMENT), self.policy)  # shared with the router

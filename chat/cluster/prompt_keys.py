@@ -55,7 +55,8 @@ def block_digests(tokens: Sequence[int], salt: str, block_tokens: int) -> tuple[
 
 
 class PromptKeyer:
-    """Routing keys of turns for one model: ``render`` is its chat template (``ModelAdapter.render``)."""
+    """Routing keys of turns for one model: ``render`` is its chat template (``ChatRenderer.render``: the ingress's
+    ``chat.models.load_renderer``, which renders text as the replicas' ``ModelAdapter.render`` does)."""
 
     def __init__(self, render: Render, block_tokens: int) -> None:
         self.render = render  # text-only messages -> token ids

@@ -35,6 +35,7 @@ from chat.cluster.wire import Failed, ReplicaLostError, ReplicaReport, Served, T
 from chat.engine.errors import EngineError
 from chat.engine.events import Done, Event, Timings, TurnRequest, Usage
 from chat.engine.metrics import Metrics
+from chat.engine.runtime import ChatRenderer
 from chat.protocol.session import Session
 
 log = logging.getLogger("turncache.cluster")
@@ -75,8 +76,8 @@ class RemoteJob:
 
 
 class RemoteEngine:
-    def __init__(self, handle, runtime, table: RoutingTable, keyer: PromptKeyer | None) -> None:
-        self.runtime = runtime  # the model's renderer and modalities (engine_messages, prompt keys)
+    def __init__(self, handle, runtime: ChatRenderer, table: RoutingTable, keyer: PromptKeyer | None) -> None:
+        self.runtime = runtime  # the model's name, modalities and chat template (engine_messages, prompt keys)
         self.table = table  # shared with this process's router
         self.keyer = keyer  # None: no prefix keys (round robin)
         self.metrics = Metrics()  # unused by the cluster's /metrics (replicas report theirs); kept for the server

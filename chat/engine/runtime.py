@@ -1,5 +1,6 @@
 """What the engine needs from a model: the :class:`ModelRuntime` protocol. ``chat.models`` provides the real one
-(text and multimodal adapters alike); tests provide fakes.
+(text and multimodal adapters alike); tests provide fakes. Its part that needs no weights, :class:`ChatRenderer`
+(name, media kinds, chat template), is all a cluster's ingress holds (``chat.models.load_renderer``).
 
 The engine knows token ids, media spans and cache layer states, never transformers types. One turn uses a runtime
 like this (each step of the scheduler gathers the feeds of every active turn into one ``forward_batch``)::
@@ -66,8 +67,21 @@ class Detokenizer(Protocol):
         ...
 
 
-class ModelRuntime(Protocol):
+class ChatRenderer(Protocol):
+    """A model's name, media kinds and chat template: what the server checks wire messages with (``engine_messages``)
+    and a cluster's ingress makes routing keys with. A :class:`ModelRuntime` is one."""
+
     name: str  # what /v1/models lists
+    modalities: frozenset[str]  # media kinds the model takes ("image", "audio", "video"); empty for text
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of text-only ``messages`` (used to find where the system prompt ends, and for routing keys)."""
+        ...
+
+
+class ModelRuntime(ChatRenderer, Protocol):
+    """A loaded model (``name``, ``modalities`` and ``render`` come from :class:`ChatRenderer`)."""
+
     fingerprint: str  # identity of weights (and their format) + config + tokenizer: the cache namespace's model id
     dtype: str  # dtype of the attention K/V: "float32" | "bfloat16"
     weights: str  # format of the linear layers' weights: "float32" | "bfloat16" | "int8"
@@ -75,11 +89,6 @@ class ModelRuntime(Protocol):
     eos_token_ids: frozenset[int] | set[int]  # tokens that end a reply
     has_recurrent_state: bool  # some layer is recurrent: snapshots only where taken, prefill split at boundaries
     can_rewind: bool  # rewind() works (no recurrent layers): greedy replies may decode speculatively
-    modalities: frozenset[str]  # media kinds the model takes ("image", "audio", "video"); empty for text
-
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of text-only ``messages`` (used to find where the system prompt ends)."""
-        ...
 
     def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
         """The prompt of ``messages`` (text, or text and ``modalities.parts.MediaInput`` s).

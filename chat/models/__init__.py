@@ -3,6 +3,7 @@
 Public surface::
 
     load_model(spec, dtype="float32", weights=None) -> ModelAdapter   # "smollm2", "tiny-<name>", or a directory
+    load_renderer(spec) -> TemplateRenderer   # the same model's name, modalities and render, without weights
     ModelAdapter   name, fingerprint, dtype, weights, context_window, eos_token_ids, vocab_size, modalities,
                    has_recurrent_state, render, render_prompt, decode, detokenizer, new_run, forward_batch,
                    forward, snapshot, export, extras, close_run, can_rewind, rewind (speculative decoding),
@@ -10,12 +11,13 @@ Public surface::
     RunState       one generation's live state (``.length``)
     errors         ModelError and its subclasses (chat.models.errors)
 
-Module map: ``registry`` (specs -> loaders), ``smollm2`` (GGUF -> model directory, once), ``tiny`` +
-``tiny_tokenizer`` (seeded test models), ``families`` (what is served or refused), ``adapter`` (the runtime),
-``hf_cache`` (a transformers Cache over ``kv_rows``' copy-on-write buffers), ``ragged`` (several runs in one
-forward, each attending to its own rows), ``fast_paths`` (every patch of the transformers model in one ``install``:
-weight formats, fused projections, the packed attention; undone for baselines), ``smoothing`` (activation outliers
-into the weights before int8), ``detokenizer``, ``fingerprint``, ``baseline`` (plain ``generate`` for benchmarks).
+Module map: ``registry`` (specs -> loaders), ``renderer`` (the chat template alone, for a cluster's ingress),
+``smollm2`` (GGUF -> model directory, once), ``tiny`` + ``tiny_tokenizer`` (seeded test models), ``families`` (what
+is served or refused), ``adapter`` (the runtime), ``hf_cache`` (a transformers Cache over ``kv_rows``' copy-on-write
+buffers), ``ragged`` (several runs in one forward, each attending to its own rows), ``fast_paths`` (every patch of
+the transformers model in one ``install``: weight formats, fused projections, the packed attention; undone for
+baselines), ``smoothing`` (activation outliers into the weights before int8), ``detokenizer``, ``fingerprint``,
+``baseline`` (plain ``generate`` for benchmarks).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from chat.models.errors import (
     UnknownModelError,
     UnsupportedArchitectureError,
 )
-from chat.models.registry import load_model
+from chat.models.registry import load_model, load_renderer
 
 if TYPE_CHECKING:
     from chat.models.adapter import ModelAdapter, RunState
@@ -45,6 +47,7 @@ __all__ = [
     "UnknownModelError",
     "UnsupportedArchitectureError",
     "load_model",
+    "load_renderer",
 ]
 
 

@@ -126,6 +126,15 @@ def llava_family(config: Any, processor: Any) -> MultimodalFamily:
 # ==================================================================== local directories
 
 
+MODEL_CLASSES = {  # served model type -> the transformers class that loads it
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen2_5_omni_thinker": "Qwen2_5OmniThinkerForConditionalGeneration",
+    "qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
+    "llava": "LlavaForConditionalGeneration",
+}
+
+
 def load_multimodal(path: Path, config: Any, torch_dtype: Any) -> tuple[Any, Any, MultimodalFamily]:
     """``(model, tokenizer, family)`` of a local multimodal model directory, with its own processor settings.
 
@@ -133,42 +142,62 @@ def load_multimodal(path: Path, config: Any, torch_dtype: Any) -> tuple[Any, Any
         UnsupportedArchitectureError: a family that is not served.
         ModelLoadError: files missing or unreadable, no chat template.
     """
-    from transformers import AutoTokenizer
-
     check_multimodal_config(config)
-    model_type = config.model_type
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        if not getattr(tokenizer, "chat_template", None):
-            tokenizer.chat_template = _template_file(path)
-        if model_type == "llava":
-            from transformers import LlavaForConditionalGeneration
-            from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
-
-            model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
-            family = llava_family(
-                model.config, LlavaImageProcessorPil.from_pretrained(str(path), local_files_only=True)
-            )
-        else:
-            model = _load_qwen(path, model_type, torch_dtype)
-            family = _qwen_family_from_files(path, model.config)
+        tokenizer = _tokenizer(path)
+        model = _model_class(config).from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+        family = directory_family(path, model.config)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the multimodal model in {path}: {exc}") from exc
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelLoadError(f"{path} has no chat template; a chat model needs one")
     return model.eval(), tokenizer, family
 
 
-def _load_qwen(path: Path, model_type: str, torch_dtype: Any) -> Any:
+def load_multimodal_text(path: Path, config: Any) -> tuple[Any, MultimodalFamily]:
+    """``(tokenizer, family)`` of a local multimodal model directory, as :func:`load_multimodal` gives them, without
+    reading its weights: the config is the one the model class reads, the family holds the processors.
+
+    Raises:
+        UnsupportedArchitectureError: a family that is not served.
+        ModelLoadError: files missing or unreadable, no chat template.
+    """
+    check_multimodal_config(config)
+    try:
+        tokenizer = _tokenizer(path)
+        model_config = _model_class(config).config_class.from_pretrained(str(path), local_files_only=True)
+        family = directory_family(path, model_config)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load the multimodal model in {path}: {exc}") from exc
+    return tokenizer, family
+
+
+def directory_family(path: Path, config: Any) -> MultimodalFamily:
+    """How the model in ``path`` takes media, from ``config`` (its model class's) and its processor files."""
+    if config.model_type == "llava":
+        from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+        return llava_family(config, LlavaImageProcessorPil.from_pretrained(str(path), local_files_only=True))
+    return _qwen_family_from_files(path, config)
+
+
+def _tokenizer(path: Path) -> Any:
+    """The directory's tokenizer with its chat template (from the tokenizer's files, else a template file).
+
+    Raises: ModelLoadError when there is no chat template; OSError, ValueError or KeyError when files are unreadable.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = _template_file(path)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(f"{path} has no chat template; a chat model needs one")
+    return tokenizer
+
+
+def _model_class(config: Any) -> Any:
     import transformers
 
-    cls = {
-        "qwen2_vl": "Qwen2VLForConditionalGeneration",
-        "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-        "qwen2_5_omni_thinker": "Qwen2_5OmniThinkerForConditionalGeneration",
-        "qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
-    }[model_type]
-    return getattr(transformers, cls).from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+    return getattr(transformers, MODEL_CLASSES[config.model_type])
 
 
 def _qwen_family_from_files(path: Path, config: Any) -> MultimodalFamily:

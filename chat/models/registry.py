@@ -1,4 +1,5 @@
-"""``load_model(spec, dtype)``: the one entry point that turns a model name or directory into a :class:`ModelAdapter`.
+"""``load_model(spec, dtype)``: the one entry point that turns a model name or directory into a :class:`ModelAdapter`;
+``load_renderer(spec)``: the same model's chat template and media kinds without its weights (for a cluster's ingress).
 
 Specs::
 
@@ -19,6 +20,7 @@ from typing import Any
 from chat.models import smollm2
 from chat.models.errors import InvalidSettingError, ModelLoadError, UnknownModelError
 from chat.models.families import check_config
+from chat.models.renderer import TemplateRenderer
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_CONTEXT = 4096  # when a config names no maximum
@@ -44,21 +46,30 @@ def load_model(spec: str, dtype: str = "float32", weights: str | None = None) ->
         ModelLoadError: files are missing or unreadable, or the tokenizer has no chat template.
     """
     torch_dtype = parse_dtype(dtype)
-    if not isinstance(spec, str) or not spec.strip():
-        raise UnknownModelError(repr(spec), model_choices())
-    spec = spec.strip()
+    spec = _clean_spec(spec)
     weights = parse_weights(weights, dtype, spec)
     _offline()
-    if spec == smollm2.NAME:
-        _quiet()
-        return load_directory(smollm2.ensure_converted(), dtype, weights, name=smollm2.NAME, torch_dtype=torch_dtype)
     if spec.startswith("tiny-"):
         return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        _quiet()
-        return load_directory(path, dtype, weights, name=path.resolve().name, torch_dtype=torch_dtype)
-    raise UnknownModelError(spec, model_choices())
+    path, name = _directory_of(spec)
+    return load_directory(path, dtype, weights, name=name, torch_dtype=torch_dtype)
+
+
+def load_renderer(spec: str) -> TemplateRenderer:
+    """The chat template renderer of ``spec``: the name, modalities and text rendering of ``load_model(spec)``'s
+    adapter, without reading or building its weights (``dtype`` and ``weights`` do not change what it renders).
+
+    Raises:
+        UnknownModelError: ``spec`` is no built-in name, no tiny model and no directory.
+        UnsupportedArchitectureError: the model family is refused (as ``load_model`` refuses it).
+        ModelLoadError: files are missing or unreadable, or the tokenizer has no chat template.
+    """
+    spec = _clean_spec(spec)
+    _offline()
+    if spec.startswith("tiny-"):
+        return tiny_renderer(spec.removeprefix("tiny-"))
+    path, name = _directory_of(spec)
+    return directory_renderer(path, name=name)
 
 
 def parse_dtype(dtype: str) -> Any:
@@ -85,29 +96,34 @@ def parse_weights(weights: str | None, dtype: str, spec: str = "") -> str:
 
 def load_directory(path: Path, dtype: str, weights: str, *, name: str, torch_dtype: Any) -> Any:
     """A model directory -> adapter. The config is checked before any weights are read."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    from chat.models.families_mm import is_multimodal
     from chat.models.fingerprint import weight_files_digest
 
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"{path} is not a Hugging Face model directory: it has no config.json")
-    try:
-        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"cannot read the config in {path}: {exc}") from exc
-    from chat.models.families_mm import is_multimodal
-
+    config = _read_config(path)
     if is_multimodal(config):
         return load_multimodal_directory(path, config, dtype, weights, name=name, torch_dtype=torch_dtype)
     check_config(config)
+    tokenizer = _text_tokenizer(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
-    _require_chat_template(tokenizer, path)
     model.eval()
     return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=weight_files_digest(path))
+
+
+def directory_renderer(path: Path, *, name: str) -> TemplateRenderer:
+    """A model directory -> its renderer: config, tokenizer and (multimodal) processor settings; no weights."""
+    from chat.models.families_mm import is_multimodal, load_multimodal_text
+
+    config = _read_config(path)
+    if is_multimodal(config):
+        tokenizer, family = load_multimodal_text(path, config)
+        return TemplateRenderer(tokenizer, name=name, modalities=frozenset(family.preparers))
+    check_config(config)
+    return TemplateRenderer(_text_tokenizer(path), name=name)
 
 
 def load_multimodal_directory(path: Path, config: Any, dtype: str, weights: str, *, name: str, torch_dtype: Any) -> Any:
@@ -129,27 +145,91 @@ def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any) 
 
 
 def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any) -> Any:
-    from transformers import AutoTokenizer
-
     from chat.models.fingerprint import tensors_digest
-    from chat.tools.testing.tiny import TINY, TINY_REFUSED, build_tiny_model, tiny_config
+    from chat.tools.testing.tiny import build_tiny_model
     from chat.tools.testing.tiny_mm import TINY_MM
-    from chat.tools.testing.tiny_tokenizer import ASSET_DIR
 
     if name in TINY_MM:
         return load_tiny_multimodal(name, dtype, weights, torch_dtype)
+    tokenizer, config = _tiny_text(name)
+    model = build_tiny_model(config, torch_dtype)
+    digest = tensors_digest(model.state_dict().items())
+    return _adapter(model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest)
+
+
+def tiny_renderer(name: str) -> TemplateRenderer:
+    """The renderer of ``tiny-<name>``: its tokenizer, config and media family are built, its weights are not."""
+    from chat.tools.testing.tiny_mm import TINY_MM, tiny_family, tiny_multimodal_text
+
+    if name in TINY_MM:
+        tokenizer, config = tiny_multimodal_text(name)
+        modalities = frozenset(tiny_family(name, config).preparers)
+        return TemplateRenderer(tokenizer, name=f"tiny-{name}", modalities=modalities)
+    tokenizer, _ = _tiny_text(name)
+    return TemplateRenderer(tokenizer, name=f"tiny-{name}")
+
+
+# ==================================================================== helpers
+
+
+def _clean_spec(spec: Any) -> str:
+    """``spec`` without surrounding blanks. Raises UnknownModelError when it is no string or blank."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise UnknownModelError(repr(spec), model_choices())
+    return spec.strip()
+
+
+def _directory_of(spec: str) -> tuple[Path, str]:
+    """The model directory of ``spec`` and the name it is served under: the built-in model's (converted once) or a
+    local directory. Raises UnknownModelError when ``spec`` is neither."""
+    if spec == smollm2.NAME:
+        _quiet()
+        return smollm2.ensure_converted(), smollm2.NAME
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        _quiet()
+        return path, path.resolve().name
+    raise UnknownModelError(spec, model_choices())
+
+
+def _read_config(path: Path) -> Any:
+    """The config of the model directory ``path`` (read before anything else). Raises ModelLoadError."""
+    from transformers import AutoConfig
+
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} is not a Hugging Face model directory: it has no config.json")
+    try:
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot read the config in {path}: {exc}") from exc
+
+
+def _text_tokenizer(path: Path) -> Any:
+    """The tokenizer of the text model directory ``path``. Raises ModelLoadError (unreadable, no chat template)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
+    _require_chat_template(tokenizer, path)
+    return tokenizer
+
+
+def _tiny_text(name: str) -> tuple[Any, Any]:
+    """``(tokenizer, config)`` of the tiny text model ``tiny-<name>``, its family checked (refused ones raise)."""
+    from transformers import AutoTokenizer
+
+    from chat.tools.testing.tiny import TINY, TINY_REFUSED, tiny_config
+    from chat.tools.testing.tiny_tokenizer import ASSET_DIR
+
     if name not in TINY and name not in TINY_REFUSED:
         raise UnknownModelError(f"tiny-{name}", model_choices())
     tokenizer = AutoTokenizer.from_pretrained(str(ASSET_DIR), local_files_only=True)
     special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
     config = tiny_config(name, len(tokenizer), special)
     check_config(config)  # refused families stop here
-    model = build_tiny_model(config, torch_dtype)
-    digest = tensors_digest(model.state_dict().items())
-    return _adapter(model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest)
-
-
-# ==================================================================== helpers
+    return tokenizer, config
 
 
 def _adapter(

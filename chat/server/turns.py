@@ -20,7 +20,7 @@ from typing import Any
 
 from chat.engine.errors import UnsupportedMediaError
 from chat.engine.events import Done, TurnRequest
-from chat.engine.runtime import ModelRuntime
+from chat.engine.runtime import ChatRenderer
 from chat.engine.sampling import SamplingParams
 from chat.protocol.content import PromptMessage, TextPart
 from chat.protocol.sampling import SamplingSettings
@@ -44,7 +44,7 @@ def sampling_params(settings: SamplingSettings) -> SamplingParams:
     return SamplingParams(**{**values, "stop": tuple(values["stop"])})
 
 
-def engine_messages(messages: Iterable[PromptMessage], runtime: ModelRuntime) -> list[dict[str, Any]]:
+def engine_messages(messages: Iterable[PromptMessage], runtime: ChatRenderer) -> list[dict[str, Any]]:
     """Messages whose content is a string, or (when media are present) text dicts and MediaInputs in order; adjacent
     text parts are joined. Media items are named ``messages[i].content[j]`` in errors.
 

@@ -147,36 +147,50 @@ def llava_config(tokenizer: Any) -> Any:
     )
 
 
-def build_tiny_multimodal(name: str, dtype: torch.dtype) -> tuple[Any, Any, Any]:
-    """``(model, tokenizer, family)`` of ``tiny-<name>`` (``name`` in :data:`TINY_MM`)."""
+def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
+    """``(tokenizer, config)`` of ``tiny-<name>`` (``name`` in :data:`TINY_MM`): everything but its weights."""
+    if name == "omni":
+        tokenizer = tiny_tokenizer(OMNI_TOKENS, OMNI_PARTS)
+        return tokenizer, omni_config(tokenizer)
+    if name == "llava":
+        tokenizer = tiny_tokenizer(LLAVA_TOKENS, LLAVA_PARTS)
+        return tokenizer, llava_config(tokenizer)
+    raise KeyError(name)
+
+
+def tiny_family(name: str, config: Any) -> Any:
+    """How ``tiny-<name>`` takes media (a ``chat.models.multimodal.MultimodalFamily``): its processors, no weights."""
     from chat.models.families_mm import llava_family, qwen_family
 
+    if name == "omni":
+        from transformers import WhisperFeatureExtractor
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        return qwen_family(
+            config,
+            image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=IMAGE_MAX_PIXELS),
+            video_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=VIDEO_MAX_PIXELS),
+            video_frames=VIDEO_FRAMES,
+            audio_extractor=WhisperFeatureExtractor(feature_size=16),
+        )
+    if name == "llava":
+        from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+        processor = LlavaImageProcessorPil(
+            size={"shortest_edge": LLAVA_IMAGE_SIZE},
+            crop_size={"height": LLAVA_IMAGE_SIZE, "width": LLAVA_IMAGE_SIZE},
+        )
+        return llava_family(config, processor)
+    raise KeyError(name)
+
+
+def build_tiny_multimodal(name: str, dtype: torch.dtype) -> tuple[Any, Any, Any]:
+    """``(model, tokenizer, family)`` of ``tiny-<name>`` (``name`` in :data:`TINY_MM`)."""
+    from transformers import LlavaForConditionalGeneration, Qwen2_5OmniThinkerForConditionalGeneration
+
+    tokenizer, config = tiny_multimodal_text(name)
+    model_class = Qwen2_5OmniThinkerForConditionalGeneration if name == "omni" else LlavaForConditionalGeneration
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        if name == "omni":
-            from transformers import Qwen2_5OmniThinkerForConditionalGeneration, WhisperFeatureExtractor
-            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-            tokenizer = tiny_tokenizer(OMNI_TOKENS, OMNI_PARTS)
-            model = _seeded(Qwen2_5OmniThinkerForConditionalGeneration(omni_config(tokenizer)), dtype)
-            family = qwen_family(
-                model.config,
-                image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=IMAGE_MAX_PIXELS),
-                video_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=VIDEO_MAX_PIXELS),
-                video_frames=VIDEO_FRAMES,
-                audio_extractor=WhisperFeatureExtractor(feature_size=16),
-            )
-        elif name == "llava":
-            from transformers import LlavaForConditionalGeneration
-            from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
-
-            tokenizer = tiny_tokenizer(LLAVA_TOKENS, LLAVA_PARTS)
-            model = _seeded(LlavaForConditionalGeneration(llava_config(tokenizer)), dtype)
-            processor = LlavaImageProcessorPil(
-                size={"shortest_edge": LLAVA_IMAGE_SIZE},
-                crop_size={"height": LLAVA_IMAGE_SIZE, "width": LLAVA_IMAGE_SIZE},
-            )
-            family = llava_family(model.config, processor)
-        else:
-            raise KeyError(name)
-    return model, tokenizer, family
+        model = _seeded(model_class(config), dtype)
+    return model, tokenizer, tiny_family(name, model.config)

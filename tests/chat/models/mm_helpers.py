@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from fractions import Fraction
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from PIL import Image
 
 from chat.tools.testing.baselines import hf_inputs
+from chat.tools.testing.tiny_mm import build_tiny_multimodal
 from modalities.parts import MediaInput
 from tests.modalities.helpers import av_video, sf_audio
 
@@ -79,3 +81,33 @@ def reference_logits(adapter, prompt) -> torch.Tensor:
     with torch.inference_mode():
         out = adapter.full_model(**hf_inputs(adapter, prompt))
     return out.logits[0].float()
+
+
+def save_tiny(name: str, path) -> None:
+    """``tiny-<name>`` saved as a model directory, its processor settings in the files the real models ship."""
+    model, tokenizer, family = build_tiny_multimodal(name, torch.float32)
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    (path / "chat_template.jinja").write_text(tokenizer.chat_template)
+    settings: dict = {}
+    for preparer in family.preparers.values():
+        processor = getattr(preparer, "processor", None) or getattr(preparer, "extractor", None)
+        settings.update(json.loads(processor.to_json_string()))
+    if name == "omni":  # one merged file with the pixel budget as min/max_pixels, as Qwen2.5-Omni ships it
+        del settings["size"]
+        image_proc = family.preparers["image"].processor
+        settings["min_pixels"], settings["max_pixels"] = (
+            image_proc.size["shortest_edge"],
+            image_proc.size["longest_edge"],
+        )
+        video_proc = family.preparers["video"].processor
+        (path / "video_preprocessor_config.json").write_text(
+            json.dumps(
+                {
+                    "min_pixels": video_proc.size["shortest_edge"],
+                    "max_pixels": video_proc.size["longest_edge"],
+                    "max_frames": family.preparers["video"].options.num_frames,
+                }
+            )
+        )
+    (path / "preprocessor_config.json").write_text(json.dumps(settings))

@@ -23,6 +23,7 @@ def test_public_names():
         "UnknownModelError",
         "UnsupportedArchitectureError",
         "load_model",
+        "load_renderer",
     ]
     for name in chat.models.__all__:
         assert getattr(chat.models, name) is not None

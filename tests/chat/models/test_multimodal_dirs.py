@@ -3,43 +3,11 @@ why."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from chat.models import UnsupportedArchitectureError, load_model
-from chat.tools.testing.tiny_mm import build_tiny_multimodal
-from tests.chat.models.mm_helpers import image, png, user
-
-
-def save_tiny(name: str, path) -> None:
-    model, tokenizer, family = build_tiny_multimodal(name, torch.float32)
-    model.save_pretrained(str(path))
-    tokenizer.save_pretrained(str(path))
-    (path / "chat_template.jinja").write_text(tokenizer.chat_template)
-    settings: dict = {}
-    for preparer in family.preparers.values():
-        processor = getattr(preparer, "processor", None) or getattr(preparer, "extractor", None)
-        settings.update(json.loads(processor.to_json_string()))
-    if name == "omni":  # one merged file with the pixel budget as min/max_pixels, as Qwen2.5-Omni ships it
-        del settings["size"]
-        image_proc = family.preparers["image"].processor
-        settings["min_pixels"], settings["max_pixels"] = (
-            image_proc.size["shortest_edge"],
-            image_proc.size["longest_edge"],
-        )
-        video_proc = family.preparers["video"].processor
-        (path / "video_preprocessor_config.json").write_text(
-            json.dumps(
-                {
-                    "min_pixels": video_proc.size["shortest_edge"],
-                    "max_pixels": video_proc.size["longest_edge"],
-                    "max_frames": family.preparers["video"].options.num_frames,
-                }
-            )
-        )
-    (path / "preprocessor_config.json").write_text(json.dumps(settings))
+from tests.chat.models.mm_helpers import image, png, save_tiny, user
 
 
 @pytest.mark.parametrize("name", ["omni", "llava"])

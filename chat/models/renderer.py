@@ -1,0 +1,51 @@
+"""A model's chat template without its weights: what a cluster's ingress needs to make routing keys and check media.
+
+Build one with :func:`chat.models.load_renderer` (the same specs as ``load_model``): it reads the tokenizer, the chat
+template and the config (and, for multimodal models, the processor settings that say which media kinds it takes),
+never the weights. It is a ``chat.engine.runtime.ChatRenderer``; a ``ModelAdapter`` of the same spec is one too, and
+renders text messages to the same token ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from chat.models.errors import InvalidSettingError
+
+
+def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of ``messages`` (``{"role", "content"}`` with string content) through ``tokenizer``'s chat template.
+
+    Raises:
+        InvalidSettingError: a message is not a role/content pair of strings (``field`` names which).
+    """
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise InvalidSettingError(f"messages[{i}].role", "each message needs a string role")
+        if not isinstance(m.get("content"), str):
+            raise InvalidSettingError(f"messages[{i}].content", "content must be a string for this model")
+        clean.append({"role": m["role"], "content": m["content"]})
+    text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class TemplateRenderer:
+    """A model's name, media kinds and chat template (no weights)."""
+
+    def __init__(self, tokenizer: Any, *, name: str, modalities: frozenset[str] = frozenset()) -> None:
+        self._tokenizer = tokenizer  # the model's tokenizer, with its chat template
+        self.name = name  # what /v1/models lists (the name load_model gives the adapter)
+        self.modalities = modalities  # media kinds the model takes; empty for text models
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of text-only ``messages``, as ``ModelAdapter.render`` of the same model gives them.
+
+        Raises:
+            InvalidSettingError: a message is not a role/content pair of strings.
+        """
+        return render_chat(self._tokenizer, messages, add_generation_prompt)
+
+    def __repr__(self) -> str:
+        return f"TemplateRenderer({self.name!r}, modalities={sorted(self.modalities)})"
