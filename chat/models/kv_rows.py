@@ -139,18 +139,27 @@ class AttentionRows:
     def append_token(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`append` for one token given as ``[H, D]`` (a decode step), in fewer tensor operations; returns
         views ``[H, kv_length, D]`` of the run's first (only) batch row."""
+        row, lo = self.reserve_token(key[None, :, None], value[None, :, None])
+        assert self.keys is not None and self.values is not None
+        keys, values = self.keys[0], self.values[0]  # [H, capacity, D]
+        keys[:, row].copy_(key)
+        values[:, row].copy_(value)
+        return keys[:, lo : row + 1], values[:, lo : row + 1]
+
+    def reserve_token(self, like_key: torch.Tensor, like_value: torch.Tensor) -> tuple[int, int]:
+        """Count one more token and make room for it in a buffer of this run's own (``like_key`` / ``like_value``,
+        ``[1, H, 1, D]``, give the shapes and dtype should a buffer be allocated) without writing it; return
+        ``(row, lo)``: the token's K/V go to row ``row`` of :attr:`keys` / :attr:`values` (``[1, H, capacity,
+        D]``, contiguous), which the caller must write before anything reads them, and attention sees rows
+        ``[lo, row]``. For a caller that writes the rows itself (the native decode kernel)."""
         visible = self.seen if self.window is None else min(self.seen, self.window - 1)
         if self.keys is None or not self.at_tip() or self.row0 + self.held + 1 > self.keys.shape[-2]:
-            self._reallocate(key[None, :, None], value[None, :, None], 1)
-        assert self.keys is not None and self.values is not None and self.mark is not None
-        end = self.row0 + self.held
-        keys, values = self.keys[0], self.values[0]  # [H, capacity, D]
-        keys[:, end].copy_(key)
-        values[:, end].copy_(value)
-        self.mark.filled = end + 1
+            self._reallocate(like_key, like_value, 1)
+        assert self.mark is not None
+        row = self.row0 + self.held
+        self.mark.filled = row + 1
         self.seen += 1
-        lo = end - visible
-        return keys[:, lo : end + 1], values[:, lo : end + 1]
+        return row, row - visible
 
     # ---------------------------------------------------------------- the cache's side
 

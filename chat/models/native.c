@@ -17,7 +17,7 @@
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-int tc_abi_version(void) { return 2; }
+int tc_abi_version(void) { return 3; }
 
 int tc_supported(void) {
     __builtin_cpu_init();
@@ -219,17 +219,26 @@ TARGET static void softmax(float *scores, int64_t len) {
  *   out[s, h] = softmax_r(softcap(q[s, h] . K_s[h / group, r])) . V_s[h / group, r],  r < lengths[s]
  * q: [n, heads, d] (already multiplied by the attention scale), out: [n, heads, dv], both contiguous.
  * K_s: float address keys[s], head stride k_heads[s], row stride k_rows[s] (elements; the last dim contiguous);
- * likewise V_s. softcap <= 0: none. Returns 0, or -1 if scratch memory could not be had. */
+ * likewise V_s. If new_keys[s] is not 0, head j of the sequence's new key (d floats at new_keys[s] + j * new_k_heads)
+ * is first copied into its last row, and likewise its new value. softcap <= 0: none.
+ * Returns 0, or -1 if scratch memory could not be had. */
 TARGET int tc_decode_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, int64_t dv, const float *q,
                                const int64_t *keys, const int64_t *k_heads, const int64_t *k_rows,
                                const int64_t *values, const int64_t *v_heads, const int64_t *v_rows,
-                               const int64_t *lengths, float softcap, float *out) {
+                               const int64_t *lengths, const int64_t *new_keys, const int64_t *new_values,
+                               float softcap, float *out, int64_t new_k_heads, int64_t new_v_heads) {
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int64_t task = 0; task < n * kv_heads; task++) {
         int64_t s = task / kv_heads, h = task % kv_heads, len = lengths[s];
-        const float *K = (const float *)(intptr_t)keys[s] + h * k_heads[s];
-        const float *V = (const float *)(intptr_t)values[s] + h * v_heads[s];
+        float *K = (float *)(intptr_t)keys[s] + h * k_heads[s];
+        float *V = (float *)(intptr_t)values[s] + h * v_heads[s];
+        if (new_keys[s]) {
+            const float *nk = (const float *)(intptr_t)new_keys[s] + h * new_k_heads;
+            const float *nv = (const float *)(intptr_t)new_values[s] + h * new_v_heads;
+            for (int64_t p = 0; p < d; p++) K[(len - 1) * k_rows[s] + p] = nk[p];
+            for (int64_t p = 0; p < dv; p++) V[(len - 1) * v_rows[s] + p] = nv[p];
+        }
         float *scores = malloc((size_t)(group * (len > 0 ? len : 1)) * sizeof(float));
         if (!scores) {
             failed = 1;

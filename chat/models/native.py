@@ -40,7 +40,8 @@ _log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
 INT8_CHANNEL_ALIGN = 32  # a packed weight's rows can be sliced at multiples of this many output channels
-ABI_VERSION = 2
+ABI_VERSION = 3
+_TABLE_FIELDS = 9  # columns of a decode-attention table (Kernels.decode_attention)
 
 _lock = threading.Lock()
 _loaded: list[Kernels | None] = []  # [] until the first call of kernels(); then [the kernels or None]
@@ -67,7 +68,7 @@ class Kernels:
         self._pack.argtypes = [_i64, _i64, _ptr, _i64, _ptr]
         self._pack.restype = None
         self._attention = lib.tc_decode_attention
-        self._attention.argtypes = [_i64] * 5 + [_ptr] * 8 + [_f32, _ptr]
+        self._attention.argtypes = [_i64] * 5 + [_ptr] * (1 + _TABLE_FIELDS) + [_f32, _ptr, _i64, _i64]
         self._attention.restype = ctypes.c_int
 
     def pack_int8(self, q: torch.Tensor) -> torch.Tensor:
@@ -112,21 +113,27 @@ class Kernels:
     def decode_attention(
         self,
         queries: torch.Tensor,
-        kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        kv_heads: int,
+        table: Sequence[tuple[int, ...]],
+        new_heads: tuple[int, int],
         out: torch.Tensor,
         softcap: float | None,
     ) -> None:
         """Fill ``out`` ``[n, H, Dv]`` (contiguous float32) with the attention of ``queries`` ``[n, H, D]``
-        (contiguous float32, already scaled) over ``kv``: per query, its sequence's keys ``[Hk, L, D]`` and values
-        ``[Hk, L, Dv]`` (float32 views, last dim contiguous; ``H`` a multiple of ``Hk``). Every row is attended."""
+        (contiguous float32, already scaled): query ``i`` over the rows that ``table[i]`` describes, every row
+        attended. A row of the table (addresses in bytes, strides in elements, all of float32 data whose last
+        dimension is contiguous)::
+
+            (keys, key head stride, key row stride, values, value head stride, value row stride, rows,
+             new key, new value)
+
+        ``keys`` / ``values``: the first row of K/V head 0. ``new key`` / ``new value``: 0, or where head 0 of the
+        query's own new K/V lie (head ``j`` at ``j * new_heads[0]`` / ``[1]`` elements): copied into the last row first.
+        ``H`` is a multiple of ``kv_heads``: query head ``h`` reads K/V head ``h // (H / kv_heads)``."""
         n, heads, d = queries.shape
-        kv_heads = kv[0][0].shape[0]
         dv = out.shape[-1]
-        rows = [
-            (k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), k.shape[1]) for k, v in kv
-        ]
-        table = torch.tensor([field for column in zip(*rows, strict=True) for field in column], dtype=torch.int64)
-        fields = [table.data_ptr() + i * n * 8 for i in range(7)]  # 7 columns of n: the C side's arrays
+        columns = torch.tensor([field for column in zip(*table, strict=True) for field in column], dtype=torch.int64)
+        fields = [columns.data_ptr() + i * n * 8 for i in range(_TABLE_FIELDS)]  # the C side's arrays
         status = self._attention(
             n,
             kv_heads,
@@ -137,6 +144,7 @@ class Kernels:
             *fields,
             float(softcap or 0.0),
             out.data_ptr(),
+            *new_heads,
         )
         if status:
             raise NativeError("tc_decode_attention could not allocate scratch memory")

@@ -127,26 +127,47 @@ class _RaggedKV:
         return query_length, 0  # no mask is built for a packed row (see the module docstring)
 
 
+@dataclass(slots=True)
+class Reserved:
+    """A one-token slot's place in its rows, made by :meth:`~chat.models.kv_rows.AttentionRows.reserve_token` for
+    the native decode kernel, which writes the token's K/V into row ``row`` and attends to rows ``[lo, row]``."""
+
+    keys: torch.Tensor  # the run's buffer, [1, Hk, capacity, D] contiguous
+    values: torch.Tensor  # [1, Hk, capacity, Dv]
+    row: int
+    lo: int
+    token: int  # the token's index in the forward's flattened [B * S] tokens
+
+
 def route_kv(
     pack: Pack, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
-) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int | None]:
+) -> tuple[list[Any], int | None]:
     """Append each slot's new K/V (``[B, Hk, S, D]``, all slots' tokens) to that slot's rows of layer ``layer_idx``;
-    return the slots' visible K/V as ``[Hk, kv, D]`` views, and the layer's sliding window. One-token slots (decode
-    steps, the common case) take a shorter path: a decode step of many runs makes this call once per slot and layer."""
-    views: list[tuple[torch.Tensor, torch.Tensor]] = []
+    return per slot its visible K/V as ``[Hk, kv, D]`` views, and the layer's sliding window. One-token slots
+    (decode steps, the common case) take a shorter path: a decode step of many runs makes this call once per slot
+    and layer. With the native kernels their rows are only reserved (a :class:`Reserved`): the kernel writes them."""
+    views: list[Any] = []
     window = None
     tokens: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = None  # per-token [Hk, D] views
+    like: tuple[torch.Tensor, torch.Tensor] | None = None  # [1, Hk, 1, D]: one token's shapes, for reservations
+    reserve = key_states.dtype == value_states.dtype == torch.float32 and native.kernels() is not None
     width = key_states.shape[2]  # S
     for slot in pack.slots:
         rows = slot.cache.layers[layer_idx].rows
         window = rows.window
         if slot.end - slot.start == 1:
+            at = slot.row * width + slot.start
+            if reserve:
+                if like is None:
+                    like = key_states[:1, :, :1], value_states[:1, :, :1]
+                row, lo = rows.reserve_token(*like)
+                views.append(Reserved(rows.keys, rows.values, row, lo, at))
+                continue
             if tokens is None:
                 tokens = (
                     key_states.transpose(1, 2).flatten(0, 1).unbind(0),
                     value_states.transpose(1, 2).flatten(0, 1).unbind(0),
                 )
-            at = slot.row * width + slot.start
             views.append(rows.append_token(tokens[0][at], tokens[1][at]))
             continue
         k = key_states[slot.row : slot.row + 1, :, slot.start : slot.end]  # [1, Hk, q, D]
@@ -224,8 +245,8 @@ def ragged_attention(
 ) -> tuple[torch.Tensor, None]:
     """A transformers attention function: ``query [B, H, S, D]`` -> ``(out [B, S, H, Dv], None)``.
 
-    Inside a pack each slot's queries attend to that slot's K/V views (``key`` and ``value`` are ignored); outside
-    one this is SDPA.
+    Inside a pack each slot's queries attend to that slot's K/V views (``key`` and ``value``, the new tokens' K/V,
+    matter only for rows :func:`route_kv` reserved for the native kernel); outside one this is SDPA.
 
     Raises:
         NotImplementedError: attention sinks (``s_aux``), which no served family uses.
@@ -237,19 +258,23 @@ def ragged_attention(
         raise NotImplementedError("attention sinks are not supported in packed forwards")
     views, pack.kv = pack.kv, None
     b, h, s, d = query.shape
-    hk = views[0][0].shape[0]
+    first = views[0]
+    if isinstance(first, Reserved):
+        hk, dv = first.keys.shape[1], first.values.shape[-1]
+    else:
+        hk, dv = first[0].shape[0], first[1].shape[-1]
     g = h // hk  # query heads per K/V head
-    dv = views[0][1].shape[-1]
     scale = d**-0.5 if scaling is None else scaling
     softcap = kwargs.get("softcap")
     window = pack.window
     out = query.new_empty((b, s, h, dv))
     scaled = query * scale  # [B, H, S, D]
-    done = _native_decode(pack, views, scaled, out, softcap)
+    done = _native_decode(pack, views, scaled, key, value, hk, out, softcap)
     token_queries = token_outputs = None  # per-token views, for one-token slots
-    for slot, (k, v), computed in zip(pack.slots, views, done, strict=True):
+    for slot, view, computed in zip(pack.slots, views, done, strict=True):
         if computed:
             continue
+        k, v = view
         q = slot.end - slot.start
         kv = k.shape[-2]
         if q == 1:  # decoding: every visible row is attended (sliding layers return only the window)
@@ -280,42 +305,78 @@ def ragged_attention(
 
 def _native_decode(
     pack: Pack,
-    views: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    views: Sequence[Any],
     scaled: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    hk: int,
     out: torch.Tensor,
     softcap: float | None,
 ) -> list[bool]:
-    """Compute the attention of every one-token slot with float32, row-contiguous K/V in one native call
-    (:func:`chat.models.native.kernels`), writing into ``out``; return which slots it computed (none without the
-    kernels)."""
+    """Compute in one native call (:func:`chat.models.native.kernels`) the attention of every one-token slot that
+    has float32, row-contiguous K/V: its :class:`Reserved` rows (the kernel first writes the token's K/V from
+    ``key`` / ``value``, ``[B, Hk, S, D]``) or its views. Writes into ``out``; returns which slots it computed."""
     done = [False] * len(pack.slots)
     kernels = native.kernels()
     if kernels is None or scaled.dtype != torch.float32:
-        return done
-    picked = [
-        i
-        for i, (slot, (k, v)) in enumerate(zip(pack.slots, views, strict=True))
-        if slot.end - slot.start == 1
-        and k.dtype == v.dtype == torch.float32
-        and k.stride(-1) == v.stride(-1) == 1
-        and k.shape[-2] > 0
-    ]
-    if not picked:
+        if any(isinstance(view, Reserved) for view in views):
+            raise RuntimeError("K/V rows were reserved for the native kernels, which are off now")
         return done
     b, h, s, d = scaled.shape
+    picked, table = [], []
+    new_keys = new_values = None  # [B * S, Hk, D] views of the new tokens' K/V, when some rows wait for them
+    for i, (slot, view) in enumerate(zip(pack.slots, views, strict=True)):
+        if isinstance(view, Reserved):
+            if new_keys is None:
+                new_keys = _token_major(key)
+                new_values = _token_major(value)
+            assert new_values is not None
+            k, v = view.keys, view.values
+            table.append(
+                (
+                    k.data_ptr() + view.lo * k.stride(2) * 4,
+                    k.stride(1),
+                    k.stride(2),
+                    v.data_ptr() + view.lo * v.stride(2) * 4,
+                    v.stride(1),
+                    v.stride(2),
+                    view.row - view.lo + 1,
+                    new_keys.data_ptr() + view.token * new_keys.stride(0) * 4,
+                    new_values.data_ptr() + view.token * new_values.stride(0) * 4,
+                )
+            )
+        elif slot.end - slot.start == 1:
+            k, v = view
+            if not (k.dtype == v.dtype == torch.float32 and k.stride(-1) == v.stride(-1) == 1 and k.shape[-2] > 0):
+                continue
+            table.append(
+                (k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), k.shape[1], 0, 0)
+            )
+        else:
+            continue
+        picked.append(i)
+    if not picked:
+        return done
+    new_heads = (0, 0) if new_keys is None or new_values is None else (new_keys.stride(1), new_values.stride(1))
     tokens = scaled.transpose(1, 2).reshape(b * s, h, d)  # [B*S, H, D]: a copy unless B*S == 1
     flat_out = out.view(b * s, h, out.shape[-1])
     in_order = len(picked) == b * s and all(pack.slots[i].row * s + pack.slots[i].start == i for i in picked)
     if in_order:  # every token is a decode step, slot i at token i (the common case): no gather, no scatter
-        kernels.decode_attention(tokens.contiguous(), views, flat_out, softcap)
+        kernels.decode_attention(tokens.contiguous(), hk, table, new_heads, flat_out, softcap)
     else:
         at = torch.tensor([pack.slots[i].row * s + pack.slots[i].start for i in picked])
         result = flat_out.new_empty((len(picked), h, flat_out.shape[-1]))
-        kernels.decode_attention(tokens.index_select(0, at), [views[i] for i in picked], result, softcap)
+        kernels.decode_attention(tokens.index_select(0, at), hk, table, new_heads, result, softcap)
         flat_out.index_copy_(0, at, result)
     for i in picked:
         done[i] = True
     return done
+
+
+def _token_major(states: torch.Tensor) -> torch.Tensor:
+    """``[B, Hk, S, D]`` -> ``[B * S, Hk, D]`` with a contiguous last dimension (a view when the layout allows)."""
+    flat = states.transpose(1, 2).reshape(-1, states.shape[1], states.shape[3])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
 def register() -> None:

@@ -17,6 +17,7 @@ in chunks next to other turns' decode steps, and decoding turns take seats in ro
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -253,7 +254,8 @@ def model(request):
         yield load_model(name, weights=weights)
 
 
-def test_turns_in_a_batch_give_what_they_give_alone(model):
+def test_turns_in_a_batch_give_what_they_give_alone(model, caplog):
+    caplog.set_level(logging.WARNING, logger="chat.models.adapter")
     weights = model.weights
     rng = random.Random(7)
     recorder = Recorder(model)
@@ -302,6 +304,8 @@ def test_turns_in_a_batch_give_what_they_give_alone(model):
         assert worst <= TOLERANCE, f"max |diff| {worst}"
         assert hits >= 3  # later rounds restore cached prefixes inside the batches
         assert recorder.widest == 3  # the batches were full
+        failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+        assert all("poisoned input" in m for m in failed)  # only forwards with the poisoned feed were re-run alone
     finally:
         for hook in hooks:
             hook.remove()

@@ -21,6 +21,18 @@ KERNELS = native.kernels()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason="no native kernels on this machine")
 
 
+def table_of(kv):
+    """A decode-attention table for K/V views ``[Hk, L, D]`` (nothing new to write)."""
+    return [
+        (k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), k.shape[1], 0, 0)
+        for k, v in kv
+    ]
+
+
+def attention(queries, kv, out, softcap):
+    KERNELS.decode_attention(queries, kv[0][0].shape[0], table_of(kv), (0, 0), out, softcap)
+
+
 def attention_reference(queries, kv, softcap):
     """Per sequence: softmax(q . K^T (soft-capped)) . V with query head h reading K/V head h // group."""
     outs = []
@@ -93,7 +105,7 @@ def test_decode_attention_kernel_attends_to_each_sequences_own_rows(kv_heads, gr
         kv.append((keys[0, :, 3 : 3 + length], values[0, :, 2 : 2 + length]))
     queries = torch.randn(len(lengths), kv_heads * group, d, generator=g)
     out = torch.full((len(lengths), kv_heads * group, dv), float("nan"))
-    KERNELS.decode_attention(queries, kv, out, softcap)
+    attention(queries, kv, out, softcap)
     assert (out - attention_reference(queries, kv, softcap)).abs().max().item() < 1e-5
 
 
@@ -108,10 +120,10 @@ def test_results_do_not_depend_on_the_number_of_threads_or_of_sequences():
 
     def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         together = torch.empty(3, 6, 16)
-        KERNELS.decode_attention(queries, kv, together, None)
+        attention(queries, kv, together, None)
         alone = torch.empty(3, 6, 16)
         for i in range(3):
-            KERNELS.decode_attention(queries[i : i + 1], kv[i : i + 1], alone[i : i + 1], None)
+            attention(queries[i : i + 1], kv[i : i + 1], alone[i : i + 1], None)
         return KERNELS.int8_linear(x, packed, wsum, step, None), together, alone
 
     before = torch.get_num_threads()
@@ -159,3 +171,35 @@ def test_disabled_turns_the_kernels_off_for_a_block():
     with native.disabled():
         assert native.kernels() is None
     assert native.kernels() is KERNELS
+
+
+@needs_kernels
+def test_decode_attention_writes_each_new_token_into_its_last_row_first():
+    g = torch.Generator().manual_seed(11)
+    buffers = [(torch.randn(1, 2, 64, 8, generator=g), torch.randn(1, 2, 64, 12, generator=g)) for _ in range(3)]
+    lengths = [1, 9, 40]
+    new = torch.randn(4, 2, 1, 8, generator=g).transpose(1, 2).reshape(4, 2, 8)  # [tokens, Hk, D]
+    new_v = torch.randn(4, 2, 12, generator=g)
+    tokens = [3, 0, 2]  # which new token each sequence takes
+    table = [
+        (
+            k.data_ptr() + 5 * k.stride(2) * 4,  # the visible rows start at row 5
+            k.stride(1),
+            k.stride(2),
+            v.data_ptr() + 5 * v.stride(2) * 4,
+            v.stride(1),
+            v.stride(2),
+            n,
+            new.data_ptr() + t * new.stride(0) * 4,
+            new_v.data_ptr() + t * new_v.stride(0) * 4,
+        )
+        for (k, v), n, t in zip(buffers, lengths, tokens, strict=True)
+    ]
+    queries = torch.randn(3, 6, 8, generator=g)
+    out = torch.empty(3, 6, 12)
+    KERNELS.decode_attention(queries, 2, table, (new.stride(1), new_v.stride(1)), out, None)
+    views = []
+    for (k, v), n, t in zip(buffers, lengths, tokens, strict=True):
+        assert torch.equal(k[0, :, 5 + n - 1], new[t]) and torch.equal(v[0, :, 5 + n - 1], new_v[t])
+        views.append((k[0, :, 5 : 5 + n], v[0, :, 5 : 5 + n]))
+    assert (out - attention_reference(queries, views, None)).abs().max().item() < 1e-5

@@ -111,7 +111,13 @@ def test_a_batch_gives_each_feed_what_it_gets_alone_and_asks_only_the_logits_wan
         llama.close_run(run)
     runs = [llama.new_run() for _ in prompts]
     wanted = [5, 1, 0, 1]
-    outs = llama.forward_batch([Feed(r, p, n) for r, p, n in zip(runs, prompts, wanted, strict=True)])
+    calls = []
+    hook = llama._model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
+    try:
+        outs = llama.forward_batch([Feed(r, p, n) for r, p, n in zip(runs, prompts, wanted, strict=True)])
+    finally:
+        hook.remove()
+    assert len(calls) == 1  # one packed forward (not a failed one and four forwards alone)
     for out, ref, n in zip(outs, alone, wanted, strict=True):
         if n == 0:
             assert out is None
@@ -212,5 +218,6 @@ def test_hybrid_models_stack_decode_steps_in_one_forward_and_run_longer_feeds_al
         outs.append(model.forward_batch([Feed(batched[0], [24], 1)])[0])  # the states written back are right
     finally:
         hook.remove()
+    assert len(calls) == 2 + 1  # and no forward failed (which would have run each feed alone)
     for out, ref in zip(outs, want, strict=True):
         assert (out - ref).abs().max().item() < 1e-5
