@@ -103,6 +103,7 @@ class AttentionRows:
         self.seen = 0  # positions absorbed (the layer's length)
         self.floor = 0  # positions below this were restored or exported: others may hold views of their rows
         self.copies = 0  # reallocations (with a copy of held rows) so far, for tests and benchmarks
+        self._layout: tuple[torch.Tensor, tuple[int, ...]] | None = None  # (keys it describes, layout())
 
     @property
     def held(self) -> int:
@@ -160,6 +161,18 @@ class AttentionRows:
         self.mark.filled = row + 1
         self.seen += 1
         return row, row - visible
+
+    def layout(self) -> tuple[int, int, int, int, int, int]:
+        """Where the buffer lies, for native code: ``(keys address, key head stride, key row stride, values
+        address, value head stride, value row stride)`` (bytes for addresses, elements for strides) of batch row 0.
+        Cached until the buffer changes."""
+        assert self.keys is not None and self.values is not None
+        cached = self._layout
+        if cached is None or cached[0] is not self.keys:
+            k, v = self.keys, self.values
+            cached = (k, (k.data_ptr(), k.stride(-3), k.stride(-2), v.data_ptr(), v.stride(-3), v.stride(-2)))
+            self._layout = cached
+        return cached[1]
 
     # ---------------------------------------------------------------- the cache's side
 

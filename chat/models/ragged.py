@@ -130,13 +130,10 @@ class _RaggedKV:
 @dataclass(slots=True)
 class Reserved:
     """A one-token slot's place in its rows, made by :meth:`~chat.models.kv_rows.AttentionRows.reserve_token` for
-    the native decode kernel, which writes the token's K/V into row ``row`` and attends to rows ``[lo, row]``."""
+    the native decode kernel: its row of a decode-attention table (``chat.models.native.Kernels.decode_attention``),
+    which says where the visible rows are and where the token's new K/V are, to be copied into the last row."""
 
-    keys: torch.Tensor  # the run's buffer, [1, Hk, capacity, D] contiguous
-    values: torch.Tensor  # [1, Hk, capacity, Dv]
-    row: int
-    lo: int
-    token: int  # the token's index in the forward's flattened [B * S] tokens
+    entry: tuple[int, ...]
 
 
 def route_kv(
@@ -150,19 +147,38 @@ def route_kv(
     window = None
     tokens: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = None  # per-token [Hk, D] views
     like: tuple[torch.Tensor, torch.Tensor] | None = None  # [1, Hk, 1, D]: one token's shapes, for reservations
-    reserve = key_states.dtype == value_states.dtype == torch.float32 and native.kernels() is not None
+    reserve = (
+        key_states.dtype == value_states.dtype == torch.float32
+        and key_states.stride(-1) == value_states.stride(-1) == 1
+        and native.kernels() is not None
+    )
+    if reserve:  # where token (b, s)'s new K/V lie: base + b * batch stride + s * token stride (bytes)
+        k_at, k_batch, k_token = key_states.data_ptr(), key_states.stride(0) * 4, key_states.stride(2) * 4
+        v_at, v_batch, v_token = value_states.data_ptr(), value_states.stride(0) * 4, value_states.stride(2) * 4
     width = key_states.shape[2]  # S
     for slot in pack.slots:
         rows = slot.cache.layers[layer_idx].rows
         window = rows.window
         if slot.end - slot.start == 1:
-            at = slot.row * width + slot.start
             if reserve:
                 if like is None:
                     like = key_states[:1, :, :1], value_states[:1, :, :1]
                 row, lo = rows.reserve_token(*like)
-                views.append(Reserved(rows.keys, rows.values, row, lo, at))
+                keys, k_heads, k_rows, values, v_heads, v_rows = rows.layout()
+                entry = (
+                    keys + lo * k_rows * 4,
+                    k_heads,
+                    k_rows,
+                    values + lo * v_rows * 4,
+                    v_heads,
+                    v_rows,
+                    row - lo + 1,
+                    k_at + slot.row * k_batch + slot.start * k_token,
+                    v_at + slot.row * v_batch + slot.start * v_token,
+                )
+                views.append(Reserved(entry))
                 continue
+            at = slot.row * width + slot.start
             if tokens is None:
                 tokens = (
                     key_states.transpose(1, 2).flatten(0, 1).unbind(0),
@@ -259,8 +275,8 @@ def ragged_attention(
     views, pack.kv = pack.kv, None
     b, h, s, d = query.shape
     first = views[0]
-    if isinstance(first, Reserved):
-        hk, dv = first.keys.shape[1], first.values.shape[-1]
+    if isinstance(first, Reserved):  # only reserved with the layer's new K/V at hand
+        hk, dv = key.shape[1], value.shape[-1]
     else:
         hk, dv = first[0].shape[0], first[1].shape[-1]
     g = h // hk  # query heads per K/V head
@@ -324,27 +340,9 @@ def _native_decode(
         return done
     b, h, s, d = scaled.shape
     picked, table = [], []
-    new_keys = new_values = None  # [B * S, Hk, D] views of the new tokens' K/V, when some rows wait for them
     for i, (slot, view) in enumerate(zip(pack.slots, views, strict=True)):
         if isinstance(view, Reserved):
-            if new_keys is None:
-                new_keys = _token_major(key)
-                new_values = _token_major(value)
-            assert new_values is not None
-            k, v = view.keys, view.values
-            table.append(
-                (
-                    k.data_ptr() + view.lo * k.stride(2) * 4,
-                    k.stride(1),
-                    k.stride(2),
-                    v.data_ptr() + view.lo * v.stride(2) * 4,
-                    v.stride(1),
-                    v.stride(2),
-                    view.row - view.lo + 1,
-                    new_keys.data_ptr() + view.token * new_keys.stride(0) * 4,
-                    new_values.data_ptr() + view.token * new_values.stride(0) * 4,
-                )
-            )
+            table.append(view.entry)
         elif slot.end - slot.start == 1:
             k, v = view
             if not (k.dtype == v.dtype == torch.float32 and k.stride(-1) == v.stride(-1) == 1 and k.shape[-2] > 0):
@@ -357,7 +355,7 @@ def _native_decode(
         picked.append(i)
     if not picked:
         return done
-    new_heads = (0, 0) if new_keys is None or new_values is None else (new_keys.stride(1), new_values.stride(1))
+    new_heads = (key.stride(1), value.stride(1)) if key is not None and value is not None else (0, 0)
     tokens = scaled.transpose(1, 2).reshape(b * s, h, d)  # [B*S, H, D]: a copy unless B*S == 1
     flat_out = out.view(b * s, h, out.shape[-1])
     in_order = len(picked) == b * s and all(pack.slots[i].row * s + pack.slots[i].start == i for i in picked)
@@ -371,12 +369,6 @@ def _native_decode(
     for i in picked:
         done[i] = True
     return done
-
-
-def _token_major(states: torch.Tensor) -> torch.Tensor:
-    """``[B, Hk, S, D]`` -> ``[B * S, Hk, D]`` with a contiguous last dimension (a view when the layout allows)."""
-    flat = states.transpose(1, 2).reshape(-1, states.shape[1], states.shape[3])
-    return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
 def register() -> None:
