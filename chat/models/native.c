@@ -1,8 +1,9 @@
 /* turncache's two CPU kernels, built and loaded by chat/models/native.py (read its docstring first).
  *
- * tc_int8_linear       y = dequant(quant(x) . W^T) (+ bias) for a few rows: the same arithmetic as
- *                      chat.models.fast_paths.int8_linear, bit for bit, with each weight byte read once per step.
- * tc_decode_attention  one query token per sequence, every sequence over its own K/V rows, in one call.
+ * tc_int8_linear       y = dequant(quant(x) . W^T) (+ bias): the same arithmetic as chat.models.fast_paths.int8_linear,
+ *                      bit for bit, reading each weight byte once for up to 8 rows.
+ * tc_attention         every sequence's query tokens over its own K/V rows (causal, optionally within a window),
+ *                      in one call: decode steps and short prefill chunks.
  *
  * Both need AVX-512 (F, BW) and VNNI; tc_supported() says whether this CPU has them. Work is split over OpenMP
  * threads (the caller's team: torch's own libgomp, which the loader shares by soname), and every output element is
@@ -17,7 +18,7 @@
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-int tc_abi_version(void) { return 3; }
+int tc_abi_version(void) { return 4; }
 
 int tc_supported(void) {
     __builtin_cpu_init();
@@ -166,7 +167,7 @@ TARGET int tc_int8_linear(int64_t m, int64_t k, int64_t n, const float *x, int64
     return 0;
 }
 
-/* ------------------------------------------------------------------ decode attention */
+/* ------------------------------------------------------------------ attention */
 
 #define V_CHUNKS 4 /* output vectors (of 16 floats) accumulated per pass over the V rows */
 
@@ -219,61 +220,86 @@ TARGET static void softmax(float *scores, int64_t len) {
     }
 }
 
-/* For sequence s < n, query head h < heads (= kv_heads * group; head h reads K/V head h / group):
- *   out[s, h] = softmax_r(softcap(q[s, h] . K_s[h / group, r])) . V_s[h / group, r],  r < lengths[s]
- * q: [n, heads, d] (already multiplied by the attention scale), out: [n, heads, dv], both contiguous.
- * K_s: float address keys[s], head stride k_heads[s], row stride k_rows[s] (elements; the last dim contiguous);
- * likewise V_s. If new_keys[s] is not 0, head j of the sequence's new key (d floats at new_keys[s] + j * new_k_heads)
+/* One query token (group heads sharing K/V head h) over rows [lo, hi) of its sequence: the group's outputs. */
+TARGET static void attend(const float *qh, int64_t group, int64_t d, int64_t dv, const float *K, int64_t k_rows,
+                          const float *V, int64_t v_rows, int64_t lo, int64_t hi, float softcap, float *scores,
+                          float *o, int64_t o_heads) {
+    int64_t len = hi - lo;
+    for (int64_t r = 0; r < len; r++) {
+        const float *row = K + (lo + r) * k_rows;
+        for (int64_t j = 0; j < group; j++) scores[j * len + r] = dot(qh + j * d, row, d);
+    }
+    for (int64_t j = 0; j < group; j++) {
+        float *sj = scores + j * len;
+        if (softcap > 0.0f)
+            for (int64_t r = 0; r < len; r++) sj[r] = tanhf(sj[r] / softcap) * softcap;
+        softmax(sj, len);
+        float *oj = o + j * o_heads;
+        for (int64_t p0 = 0; p0 < dv; p0 += 16 * V_CHUNKS) { /* up to V_CHUNKS vectors of the output at once */
+            __m512 acc[V_CHUNKS];
+            __mmask16 mk[V_CHUNKS];
+            for (int c = 0; c < V_CHUNKS; c++) {
+                acc[c] = _mm512_setzero_ps();
+                mk[c] = p0 + 16 * c < dv ? float_mask(dv - p0 - 16 * c) : 0;
+            }
+            for (int64_t r = 0; r < len; r++) {
+                __m512 weight = _mm512_set1_ps(sj[r]);
+                const float *row = V + (lo + r) * v_rows + p0;
+                for (int c = 0; c < V_CHUNKS; c++)
+                    acc[c] = _mm512_fmadd_ps(weight, _mm512_maskz_loadu_ps(mk[c], row + 16 * c), acc[c]);
+            }
+            for (int c = 0; c < V_CHUNKS; c++) _mm512_mask_storeu_ps(oj + p0 + 16 * c, mk[c], acc[c]);
+        }
+    }
+}
+
+/* Attention of the query tokens of n sequences, each over its own K/V rows. Sequence s has queries[s] query tokens,
+ * tokens first[s] .. first[s] + queries[s] - 1 of q ([tokens, heads, d], already multiplied by the attention scale)
+ * and of out ([tokens, heads, dv]), both contiguous; heads = kv_heads * group, query head h reading K/V head h / group.
+ * Its K: float address keys[s] (its first visible row, head 0), head stride k_heads[s], row stride k_rows[s]
+ * (elements; the last dim contiguous), rows[s] rows; likewise V. Its queries are its last queries[s] positions: the
+ * i-th sees the rows up to its own, rows[s] - queries[s] + i, and if window > 0 only the window rows ending there;
+ * a lone query token sees all its rows (a sliding layer hands a decode step only its window).
+ * If new_keys[s] is not 0 (a one-token sequence), head j of its new key (d floats at new_keys[s] + j * new_k_heads)
  * is first copied into its last row, and likewise its new value. softcap <= 0: none.
  * Returns 0, or -1 if scratch memory could not be had. */
-TARGET int tc_decode_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, int64_t dv, const float *q,
-                               const int64_t *keys, const int64_t *k_heads, const int64_t *k_rows,
-                               const int64_t *values, const int64_t *v_heads, const int64_t *v_rows,
-                               const int64_t *lengths, const int64_t *new_keys, const int64_t *new_values,
-                               float softcap, float *out, int64_t new_k_heads, int64_t new_v_heads) {
-    int failed = 0;
-#pragma omp parallel for schedule(static) reduction(| : failed)
-    for (int64_t task = 0; task < n * kv_heads; task++) {
-        int64_t s = task / kv_heads, h = task % kv_heads, len = lengths[s];
-        float *K = (float *)(intptr_t)keys[s] + h * k_heads[s];
-        float *V = (float *)(intptr_t)values[s] + h * v_heads[s];
-        if (new_keys[s]) {
-            const float *nk = (const float *)(intptr_t)new_keys[s] + h * new_k_heads;
-            const float *nv = (const float *)(intptr_t)new_values[s] + h * new_v_heads;
-            for (int64_t p = 0; p < d; p++) K[(len - 1) * k_rows[s] + p] = nk[p];
-            for (int64_t p = 0; p < dv; p++) V[(len - 1) * v_rows[s] + p] = nv[p];
-        }
-        float *scores = malloc((size_t)(group * (len > 0 ? len : 1)) * sizeof(float));
-        if (!scores) {
-            failed = 1;
-            continue;
-        }
-        const float *qh = q + (s * kv_heads + h) * group * d;
-        for (int64_t r = 0; r < len; r++) {
-            const float *row = K + r * k_rows[s];
-            for (int64_t j = 0; j < group; j++) scores[j * len + r] = dot(qh + j * d, row, d);
-        }
-        for (int64_t j = 0; j < group; j++) {
-            float *sj = scores + j * len;
-            if (softcap > 0.0f)
-                for (int64_t r = 0; r < len; r++) sj[r] = tanhf(sj[r] / softcap) * softcap;
-            softmax(sj, len);
-            float *o = out + ((s * kv_heads + h) * group + j) * dv;
-            for (int64_t p0 = 0; p0 < dv; p0 += 16 * V_CHUNKS) { /* up to V_CHUNKS vectors of the output at once */
-                __m512 acc[V_CHUNKS];
-                __mmask16 mk[V_CHUNKS];
-                for (int c = 0; c < V_CHUNKS; c++) {
-                    acc[c] = _mm512_setzero_ps();
-                    mk[c] = p0 + 16 * c < dv ? float_mask(dv - p0 - 16 * c) : 0;
-                }
-                for (int64_t r = 0; r < len; r++) {
-                    __m512 weight = _mm512_set1_ps(sj[r]);
-                    const float *row = V + r * v_rows[s] + p0;
-                    for (int c = 0; c < V_CHUNKS; c++)
-                        acc[c] = _mm512_fmadd_ps(weight, _mm512_maskz_loadu_ps(mk[c], row + 16 * c), acc[c]);
-                }
-                for (int c = 0; c < V_CHUNKS; c++) _mm512_mask_storeu_ps(o + p0 + 16 * c, mk[c], acc[c]);
+TARGET int tc_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, int64_t dv, const float *q,
+                        const int64_t *keys, const int64_t *k_heads, const int64_t *k_rows, const int64_t *values,
+                        const int64_t *v_heads, const int64_t *v_rows, const int64_t *rows, const int64_t *new_keys,
+                        const int64_t *new_values, const int64_t *queries, const int64_t *first, int64_t window,
+                        float softcap, float *out, int64_t new_k_heads, int64_t new_v_heads) {
+    int64_t heads = kv_heads * group, longest = 1;
+    for (int64_t s = 0; s < n; s++) {
+        longest = rows[s] > longest ? rows[s] : longest;
+        if (new_keys[s]) /* before any task reads the rows: a one-token sequence's task is its only reader */
+            for (int64_t h = 0; h < kv_heads; h++) {
+                float *K = (float *)(intptr_t)keys[s] + h * k_heads[s] + (rows[s] - 1) * k_rows[s];
+                float *V = (float *)(intptr_t)values[s] + h * v_heads[s] + (rows[s] - 1) * v_rows[s];
+                memcpy(K, (const float *)(intptr_t)new_keys[s] + h * new_k_heads, (size_t)d * sizeof(float));
+                memcpy(V, (const float *)(intptr_t)new_values[s] + h * new_v_heads, (size_t)dv * sizeof(float));
             }
+    }
+    int64_t tasks = 0; /* one per query token and K/V head */
+    for (int64_t s = 0; s < n; s++) tasks += queries[s] * kv_heads;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        float *scores = malloc((size_t)(group * longest) * sizeof(float));
+        if (!scores) failed = 1;
+        int64_t s = 0, before = 0; /* the sequence of the current task, and the tasks of the sequences before it */
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < tasks; task++) {
+            if (!scores) continue;
+            if (task < before) s = 0, before = 0; /* tasks come in increasing order within a thread */
+            while (task >= before + queries[s] * kv_heads) before += queries[s++] * kv_heads;
+            int64_t local = task - before, i = local / kv_heads, h = local % kv_heads;
+            int64_t own = rows[s] - queries[s] + i;
+            int64_t lo = window > 0 && queries[s] > 1 && own + 1 > window ? own + 1 - window : 0;
+            int64_t token = first[s] + i;
+            attend(q + (token * heads + h * group) * d, group, d, dv,
+                   (const float *)(intptr_t)keys[s] + h * k_heads[s], k_rows[s],
+                   (const float *)(intptr_t)values[s] + h * v_heads[s], v_rows[s], lo, own + 1, softcap, scores,
+                   out + (token * heads + h * group) * dv, dv);
         }
         free(scores);
     }

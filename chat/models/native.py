@@ -40,8 +40,8 @@ _log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
 INT8_CHANNEL_ALIGN = 32  # a packed weight's rows can be sliced at multiples of this many output channels
-ABI_VERSION = 3
-_TABLE_FIELDS = 9  # columns of a decode-attention table (Kernels.decode_attention)
+ABI_VERSION = 4
+_TABLE_FIELDS = 11  # columns of an attention table (Kernels.attention)
 
 _lock = threading.Lock()
 _loaded: list[Kernels | None] = []  # [] until the first call of kernels(); then [the kernels or None]
@@ -67,8 +67,8 @@ class Kernels:
         self._pack = lib.tc_int8_pack
         self._pack.argtypes = [_i64, _i64, _ptr, _i64, _ptr]
         self._pack.restype = None
-        self._attention = lib.tc_decode_attention
-        self._attention.argtypes = [_i64] * 5 + [_ptr] * (1 + _TABLE_FIELDS) + [_f32, _ptr, _i64, _i64]
+        self._attention = lib.tc_attention
+        self._attention.argtypes = [_i64] * 5 + [_ptr] * (1 + _TABLE_FIELDS) + [_i64, _f32, _ptr, _i64, _i64]
         self._attention.restype = ctypes.c_int
 
     def pack_int8(self, q: torch.Tensor) -> torch.Tensor:
@@ -110,28 +110,30 @@ class Kernels:
             raise NativeError("tc_int8_linear could not allocate scratch memory")
         return out
 
-    def decode_attention(
+    def attention(
         self,
         queries: torch.Tensor,
         kv_heads: int,
         table: Sequence[tuple[int, ...]],
+        window: int | None,
         new_heads: tuple[int, int],
         out: torch.Tensor,
         softcap: float | None,
     ) -> None:
-        """Fill ``out`` ``[n, H, Dv]`` (contiguous float32) with the attention of ``queries`` ``[n, H, D]``
-        (contiguous float32, already scaled): query ``i`` over the rows that ``table[i]`` describes, every row
-        attended. A row of the table (addresses in bytes, strides in elements, all of float32 data whose last
-        dimension is contiguous)::
+        """Fill ``out`` ``[T, H, Dv]`` (contiguous float32) with the attention of ``queries`` ``[T, H, D]``
+        (contiguous float32, already scaled), one row of ``table`` per sequence (addresses in bytes, strides in
+        elements, all of float32 data whose last dimension is contiguous)::
 
             (keys, key head stride, key row stride, values, value head stride, value row stride, rows,
-             new key, new value)
+             new key, new value, query tokens, first query token)
 
-        ``keys`` / ``values``: the first row of K/V head 0. ``new key`` / ``new value``: 0, or where head 0 of the
-        query's own new K/V lie (head ``j`` at ``j * new_heads[0]`` / ``[1]`` elements): copied into the last row first.
-        ``H`` is a multiple of ``kv_heads``: query head ``h`` reads K/V head ``h // (H / kv_heads)``."""
-        n, heads, d = queries.shape
-        dv = out.shape[-1]
+        ``keys`` / ``values``: the sequence's first visible row of K/V head 0. Its query tokens are its last
+        positions, tokens ``first .. first + query tokens - 1`` of ``queries`` and ``out``: the ``i``-th sees the
+        rows up to its own (``rows - query tokens + i``), within ``window`` rows ending there if a window is given;
+        a lone query token sees all its rows. ``new key`` / ``new value``: 0, or (for a one-token sequence) where
+        head 0 of its new K/V lie (head ``j`` at ``j * new_heads[0]`` / ``[1]`` elements), copied into its last row
+        first. ``H`` is a multiple of ``kv_heads``: query head ``h`` reads K/V head ``h // (H / kv_heads)``."""
+        n, heads, d = len(table), queries.shape[1], queries.shape[2]
         columns = torch.tensor([field for column in zip(*table, strict=True) for field in column], dtype=torch.int64)
         fields = [columns.data_ptr() + i * n * 8 for i in range(_TABLE_FIELDS)]  # the C side's arrays
         status = self._attention(
@@ -139,15 +141,16 @@ class Kernels:
             kv_heads,
             heads // kv_heads,
             d,
-            dv,
+            out.shape[-1],
             queries.data_ptr(),
             *fields,
+            window or 0,
             float(softcap or 0.0),
             out.data_ptr(),
             *new_heads,
         )
         if status:
-            raise NativeError("tc_decode_attention could not allocate scratch memory")
+            raise NativeError("tc_attention could not allocate scratch memory")
 
 
 def packed_offset(channel: int, in_features: int) -> int:

@@ -52,6 +52,7 @@ from chat.models import native
 
 RAGGED_ATTENTION = "turncache_ragged"  # our entry in transformers' attention interface
 MATMUL_QUERY = 16  # longest query computed as matmuls; longer ones go to SDPA with a mask
+NATIVE_QUERY_ROWS = 1 << 14  # most (query tokens x visible rows) of a chunk the native kernel computes; more: SDPA
 
 
 @dataclass(slots=True)
@@ -130,8 +131,9 @@ class _RaggedKV:
 @dataclass(slots=True)
 class Reserved:
     """A one-token slot's place in its rows, made by :meth:`~chat.models.kv_rows.AttentionRows.reserve_token` for
-    the native decode kernel: its row of a decode-attention table (``chat.models.native.Kernels.decode_attention``),
-    which says where the visible rows are and where the token's new K/V are, to be copied into the last row."""
+    the native attention kernel: the first nine fields of its row of the kernel's table
+    (``chat.models.native.Kernels.attention``): where the visible rows are and where the token's new K/V are, to be
+    copied into the last row."""
 
     entry: tuple[int, ...]
 
@@ -285,7 +287,7 @@ def ragged_attention(
     window = pack.window
     out = query.new_empty((b, s, h, dv))
     scaled = query * scale  # [B, H, S, D]
-    done = _native_decode(pack, views, scaled, key, value, hk, out, softcap)
+    done = _native_attention(pack, views, scaled, key, value, hk, out, softcap)
     token_queries = token_outputs = None  # per-token views, for one-token slots
     for slot, view, computed in zip(pack.slots, views, done, strict=True):
         if computed:
@@ -319,7 +321,7 @@ def ragged_attention(
     return out, None
 
 
-def _native_decode(
+def _native_attention(
     pack: Pack,
     views: Sequence[Any],
     scaled: torch.Tensor,
@@ -329,9 +331,10 @@ def _native_decode(
     out: torch.Tensor,
     softcap: float | None,
 ) -> list[bool]:
-    """Compute in one native call (:func:`chat.models.native.kernels`) the attention of every one-token slot that
-    has float32, row-contiguous K/V: its :class:`Reserved` rows (the kernel first writes the token's K/V from
-    ``key`` / ``value``, ``[B, Hk, S, D]``) or its views. Writes into ``out``; returns which slots it computed."""
+    """Compute in one native call (:func:`chat.models.native.kernels`) the attention of every slot it can take: the
+    :class:`Reserved` one-token slots (the kernel first writes their K/V from ``key`` / ``value``, ``[B, Hk, S,
+    D]``), and slots whose views are float32 with contiguous rows, for a decode step or a chunk of up to
+    :data:`NATIVE_QUERY_ROWS` query-row products. Writes into ``out``; returns which slots it computed."""
     done = [False] * len(pack.slots)
     kernels = native.kernels()
     if kernels is None or scaled.dtype != torch.float32:
@@ -339,32 +342,44 @@ def _native_decode(
             raise RuntimeError("K/V rows were reserved for the native kernels, which are off now")
         return done
     b, h, s, d = scaled.shape
-    picked, table = [], []
+    picked, table, spans = [], [], []  # spans: (first token in the flat [B * S], query tokens)
     for i, (slot, view) in enumerate(zip(pack.slots, views, strict=True)):
+        q = slot.end - slot.start
         if isinstance(view, Reserved):
             table.append(view.entry)
-        elif slot.end - slot.start == 1:
-            k, v = view
-            if not (k.dtype == v.dtype == torch.float32 and k.stride(-1) == v.stride(-1) == 1 and k.shape[-2] > 0):
-                continue
-            table.append(
-                (k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), k.shape[1], 0, 0)
-            )
         else:
-            continue
+            k, v = view
+            rows = k.shape[-2]
+            if not (
+                k.dtype == v.dtype == torch.float32
+                and k.stride(-1) == v.stride(-1) == 1
+                and rows > 0
+                and (q == 1 or q * rows <= NATIVE_QUERY_ROWS)
+            ):
+                continue
+            table.append((k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), rows, 0, 0))
         picked.append(i)
+        spans.append((slot.row * s + slot.start, q))
     if not picked:
         return done
     new_heads = (key.stride(1), value.stride(1)) if key is not None and value is not None else (0, 0)
     tokens = scaled.transpose(1, 2).reshape(b * s, h, d)  # [B*S, H, D]: a copy unless B*S == 1
     flat_out = out.view(b * s, h, out.shape[-1])
-    in_order = len(picked) == b * s and all(pack.slots[i].row * s + pack.slots[i].start == i for i in picked)
-    if in_order:  # every token is a decode step, slot i at token i (the common case): no gather, no scatter
-        kernels.decode_attention(tokens.contiguous(), hk, table, new_heads, flat_out, softcap)
-    else:
-        at = torch.tensor([pack.slots[i].row * s + pack.slots[i].start for i in picked])
-        result = flat_out.new_empty((len(picked), h, flat_out.shape[-1]))
-        kernels.decode_attention(tokens.index_select(0, at), hk, table, new_heads, result, softcap)
+    total, in_order = 0, True  # in order: the slots' tokens are every token, one slot after the other
+    for start, q in spans:
+        in_order = in_order and start == total
+        total += q
+    if in_order and total == b * s:  # (the common case) no gather, no scatter
+        entries = [(*entry, q, start) for entry, (start, q) in zip(table, spans, strict=True)]
+        kernels.attention(tokens.contiguous(), hk, entries, pack.window, new_heads, flat_out, softcap)
+    else:  # the slots' tokens gathered: slot i's from the sum of the earlier slots' counts on
+        entries, offset = [], 0
+        for entry, (_, q) in zip(table, spans, strict=True):
+            entries.append((*entry, q, offset))
+            offset += q
+        at = torch.tensor([t for start, q in spans for t in range(start, start + q)])
+        result = flat_out.new_empty((total, h, flat_out.shape[-1]))
+        kernels.attention(tokens.index_select(0, at), hk, entries, pack.window, new_heads, result, softcap)
         flat_out.index_copy_(0, at, result)
     for i in picked:
         done[i] = True

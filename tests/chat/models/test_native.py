@@ -21,16 +21,19 @@ KERNELS = native.kernels()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason="no native kernels on this machine")
 
 
-def table_of(kv):
-    """A decode-attention table for K/V views ``[Hk, L, D]`` (nothing new to write)."""
+def table_of(kv, queries=None):
+    """An attention table for K/V views ``[Hk, L, D]`` (nothing new to write): sequence i has ``queries[i]`` query
+    tokens (1 by default), laid one sequence after the other."""
+    queries = queries or [1] * len(kv)
+    firsts = [sum(queries[:i]) for i in range(len(kv))]
     return [
-        (k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), k.shape[1], 0, 0)
-        for k, v in kv
+        (k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), k.shape[1], 0, 0, q, first)
+        for (k, v), q, first in zip(kv, queries, firsts, strict=True)
     ]
 
 
 def attention(queries, kv, out, softcap):
-    KERNELS.decode_attention(queries, kv[0][0].shape[0], table_of(kv), (0, 0), out, softcap)
+    KERNELS.attention(queries, kv[0][0].shape[0], table_of(kv), None, (0, 0), out, softcap)
 
 
 def attention_reference(queries, kv, softcap):
@@ -96,7 +99,7 @@ def test_int8_kernel_treats_a_zero_row_as_torch_does():
     softcap=st.sampled_from([None, 5.0, 30.0]),
     seed=st.integers(0, 2**16),
 )
-def test_decode_attention_kernel_attends_to_each_sequences_own_rows(kv_heads, group, d, dv, lengths, softcap, seed):
+def test_attention_kernel_gives_each_decode_step_its_own_rows(kv_heads, group, d, dv, lengths, softcap, seed):
     g = torch.Generator().manual_seed(seed)
     kv = []
     for length in lengths:  # views of larger buffers, as a run's rows are: head stride > length * d
@@ -174,7 +177,7 @@ def test_disabled_turns_the_kernels_off_for_a_block():
 
 
 @needs_kernels
-def test_decode_attention_writes_each_new_token_into_its_last_row_first():
+def test_attention_kernel_writes_each_new_token_into_its_last_row_first():
     g = torch.Generator().manual_seed(11)
     buffers = [(torch.randn(1, 2, 64, 8, generator=g), torch.randn(1, 2, 64, 12, generator=g)) for _ in range(3)]
     lengths = [1, 9, 40]
@@ -192,14 +195,64 @@ def test_decode_attention_writes_each_new_token_into_its_last_row_first():
             n,
             new.data_ptr() + t * new.stride(0) * 4,
             new_v.data_ptr() + t * new_v.stride(0) * 4,
+            1,
+            i,
         )
-        for (k, v), n, t in zip(buffers, lengths, tokens, strict=True)
+        for i, ((k, v), n, t) in enumerate(zip(buffers, lengths, tokens, strict=True))
     ]
     queries = torch.randn(3, 6, 8, generator=g)
     out = torch.empty(3, 6, 12)
-    KERNELS.decode_attention(queries, 2, table, (new.stride(1), new_v.stride(1)), out, None)
+    KERNELS.attention(queries, 2, table, None, (new.stride(1), new_v.stride(1)), out, None)
     views = []
     for (k, v), n, t in zip(buffers, lengths, tokens, strict=True):
         assert torch.equal(k[0, :, 5 + n - 1], new[t]) and torch.equal(v[0, :, 5 + n - 1], new_v[t])
         views.append((k[0, :, 5 : 5 + n], v[0, :, 5 : 5 + n]))
     assert (out - attention_reference(queries, views, None)).abs().max().item() < 1e-5
+
+
+def chunk_reference(query, key, value, window, softcap):
+    """``query [q, H, D]`` (the last q of L positions) over ``key``/``value [Hk, L, D]``: causal, within ``window``
+    (for more than one query token)."""
+    q, rows = query.shape[0], key.shape[1]
+    group = query.shape[1] // key.shape[0]
+    own = torch.arange(rows - q, rows).unsqueeze(1)
+    cols = torch.arange(rows).unsqueeze(0)
+    mask = cols <= own
+    if window is not None and q > 1:  # a lone query token sees every row it is given
+        mask &= cols > own - window
+    k, v = key.repeat_interleave(group, 0).double(), value.repeat_interleave(group, 0).double()
+    scores = torch.einsum("qhd,hkd->hqk", query.double(), k)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hqk,hkd->qhd", torch.softmax(scores, dim=-1), v).float()
+
+
+@needs_kernels
+@settings(max_examples=60, deadline=None)
+@given(
+    kv_heads=st.integers(1, 3),
+    group=st.integers(1, 3),
+    d=st.integers(1, 40),
+    chunks=st.lists(st.tuples(st.integers(1, 12), st.integers(0, 40)), min_size=1, max_size=5),
+    window=st.sampled_from([None, 1, 3, 16]),
+    softcap=st.sampled_from([None, 20.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_kernel_gives_chunks_their_causal_window(kv_heads, group, d, chunks, window, softcap, seed):
+    """Sequences with several query tokens (prefill chunks: q new tokens after `before` earlier rows)."""
+    g = torch.Generator().manual_seed(seed)
+    kv, queries = [], []
+    for q, before in chunks:
+        keys = torch.randn(1, kv_heads, q + before + 7, d, generator=g)
+        values = torch.randn(1, kv_heads, q + before + 3, d, generator=g)
+        kv.append((keys[0, :, 2 : 2 + q + before], values[0, :, 1 : 1 + q + before]))
+        queries.append(q)
+    tokens = torch.randn(sum(queries), kv_heads * group, d, generator=g)
+    out = torch.full((sum(queries), kv_heads * group, d), float("nan"))
+    KERNELS.attention(tokens, kv_heads, table_of(kv, queries), window, (0, 0), out, softcap)
+    first = 0
+    for (k, v), q in zip(kv, queries, strict=True):
+        want = chunk_reference(tokens[first : first + q], k, v, window, softcap)
+        assert (out[first : first + q] - want).abs().max().item() < 1e-5
+        first += q
