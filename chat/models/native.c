@@ -170,6 +170,7 @@ TARGET int tc_int8_linear(int64_t m, int64_t k, int64_t n, const float *x, int64
 /* ------------------------------------------------------------------ attention */
 
 #define V_CHUNKS 4 /* output vectors (of 16 floats) accumulated per pass over the V rows */
+#define KV_AHEAD 8 /* K rows prefetched ahead of the one being scored */
 
 /* exp(x) for x <= 0 (scores minus their maximum): Cody-Waite reduction and a degree-6 polynomial (cephes' expf),
  * within 2 ulp; 0 below -87.3. */
@@ -227,6 +228,13 @@ TARGET static void attend(const float *qh, int64_t group, int64_t d, int64_t dv,
     int64_t len = hi - lo;
     for (int64_t r = 0; r < len; r++) {
         const float *row = K + (lo + r) * k_rows;
+        /* the rows come from memory (a step streams the weights through the caches between two visits): fetch K
+         * a few rows ahead, and V for the weighted sum below */
+        if (r + KV_AHEAD < len)
+            for (int64_t p = 0; p < d; p += 16)
+                _mm_prefetch((const char *)(row + KV_AHEAD * k_rows + p), _MM_HINT_T0);
+        for (int64_t p = 0; p < dv; p += 16)
+            _mm_prefetch((const char *)(V + (lo + r) * v_rows + p), _MM_HINT_T0);
         for (int64_t j = 0; j < group; j++) scores[j * len + r] = dot(qh + j * d, row, d);
     }
     for (int64_t j = 0; j < group; j++) {
