@@ -21,10 +21,11 @@ encoders keep their own layers and attention):
     ``F.linear`` or ``torch.mm(weight, x.T)``; more rows always by ``F.linear``.
   - ``bfloat16``: bf16 weights; activations are rounded to bf16 for the product, the result goes back to float32.
   - ``int8``: int8 weights with one float32 scale per output channel (symmetric), activations quantized per token
-    (symmetric, their own absolute maximum -> 127) just before each product, which ``torch._int_mm`` computes with
-    int32 accumulation. A token's result depends only on that token, never on the rest of the batch, so a batched
-    forward gives what a forward alone gives. Activation outliers are first moved into the weights where the
-    layers allow it (:mod:`chat.models.smoothing`).
+    (symmetric, their own absolute maximum -> 127) just before each product, computed with int32 accumulation by
+    turncache's native kernel (:mod:`chat.models.native`, which keeps only its packed copy of the weight) or, without
+    it, by ``torch._int_mm``: the same numbers either way. A token's result depends only on that token, never on
+    the rest of the batch, so a batched forward gives what a forward alone gives. Activation outliers are first
+    moved into the weights where the layers allow it (:mod:`chat.models.smoothing`).
 
 - **Norms.** RMSNorms that scale by their weight run as one ``F.rms_norm`` call (:class:`FastRMSNorm`).
 - **Fused projections.** Sibling ``q_proj`` / ``k_proj`` / ``v_proj`` (and ``gate_proj`` / ``up_proj``) layers that

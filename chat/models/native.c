@@ -3,7 +3,8 @@
  * tc_int8_linear       y = dequant(quant(x) . W^T) (+ bias): the same arithmetic as chat.models.fast_paths.int8_linear,
  *                      bit for bit, reading each weight byte once for up to 8 rows.
  * tc_attention         every sequence's query tokens over its own K/V rows (causal, optionally within a window),
- *                      in one call: decode steps and short prefill chunks.
+ *                      in one call: decode steps and prefill chunks; each query token computed the same way in any
+ *                      call, so a position's result does not depend on the chunking.
  *
  * Both need AVX-512 (F, BW) and VNNI; tc_supported() says whether this CPU has them. Work is split over OpenMP
  * threads (the caller's team: torch's own libgomp, which the loader shares by soname), and every output element is
@@ -169,8 +170,8 @@ TARGET int tc_int8_linear(int64_t m, int64_t k, int64_t n, const float *x, int64
 
 /* ------------------------------------------------------------------ attention */
 
-#define V_CHUNKS 4 /* output vectors (of 16 floats) accumulated per pass over the V rows */
-#define KV_AHEAD 8 /* K rows prefetched ahead of the one being scored */
+#define V_CHUNKS 4   /* output vectors (of 16 floats) accumulated per pass over the V rows */
+#define QUERY_TILE 4 /* query heads accumulated per pass over the V rows */
 
 /* exp(x) for x <= 0 (scores minus their maximum): Cody-Waite reduction and a degree-6 polynomial (cephes' expf),
  * within 2 ulp; 0 below -87.3. */
@@ -201,6 +202,36 @@ TARGET static inline float dot(const float *a, const float *b, int64_t d) {
     return _mm512_reduce_add_ps(acc);
 }
 
+/* The sums of the 16 vectors, as one vector (lane i: the sum of v[i]), in a fixed order of additions. */
+TARGET static inline __m512 sum16(__m512 v[16]) {
+    __m512 pairs[8], quads[4];
+    for (int i = 0; i < 8; i++) /* per 128-bit lane: [a0 + a2, b0 + b2, a1 + a3, b1 + b3] */
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                                 _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) /* per 128-bit lane: [a, b, c, d] summed over the lane */
+        quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The dot products of a (d floats) with 16 rows (row i at rows + i * stride), as one vector. */
+TARGET static inline __m512 dot16(const float *a, const float *rows, int64_t stride, int64_t d) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < d; p += 16) {
+        __mmask16 mk = float_mask(d - p);
+        __m512 av = _mm512_maskz_loadu_ps(mk, a + p);
+        for (int i = 0; i < 16; i++)
+            acc[i] = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(mk, rows + i * stride + p), acc[i]);
+    }
+    return sum16(acc);
+}
+
 /* Softmax over scores[0..len) in place: exp(s - max) / sum. */
 TARGET static void softmax(float *scores, int64_t len) {
     float top = -INFINITY;
@@ -225,16 +256,23 @@ TARGET static void softmax(float *scores, int64_t len) {
 TARGET static void attend(const float *qh, int64_t group, int64_t d, int64_t dv, const float *K, int64_t k_rows,
                           const float *V, int64_t v_rows, int64_t lo, int64_t hi, float softcap, float *scores,
                           float *o, int64_t o_heads) {
-    int64_t len = hi - lo;
-    for (int64_t r = 0; r < len; r++) {
+    int64_t len = hi - lo, r = 0;
+    for (; r + 16 <= len; r += 16) { /* sixteen rows at a time: their scores come out as one vector */
+        const float *rows16 = K + (lo + r) * k_rows;
+        /* the rows come from memory (a step streams the weights through the caches between two visits): fetch the
+         * next K rows, and the V rows for the weighted sum below */
+        for (int64_t i = 0; i < 16; i++) {
+            if (r + 16 + i < len)
+                for (int64_t p = 0; p < d; p += 16)
+                    _mm_prefetch((const char *)(rows16 + (16 + i) * k_rows + p), _MM_HINT_T0);
+            for (int64_t p = 0; p < dv; p += 16)
+                _mm_prefetch((const char *)(V + (lo + r + i) * v_rows + p), _MM_HINT_T0);
+        }
+        for (int64_t j = 0; j < group; j++)
+            _mm512_storeu_ps(scores + j * len + r, dot16(qh + j * d, rows16, k_rows, d));
+    }
+    for (; r < len; r++) {
         const float *row = K + (lo + r) * k_rows;
-        /* the rows come from memory (a step streams the weights through the caches between two visits): fetch K
-         * a few rows ahead, and V for the weighted sum below */
-        if (r + KV_AHEAD < len)
-            for (int64_t p = 0; p < d; p += 16)
-                _mm_prefetch((const char *)(row + KV_AHEAD * k_rows + p), _MM_HINT_T0);
-        for (int64_t p = 0; p < dv; p += 16)
-            _mm_prefetch((const char *)(V + (lo + r) * v_rows + p), _MM_HINT_T0);
         for (int64_t j = 0; j < group; j++) scores[j * len + r] = dot(qh + j * d, row, d);
     }
     for (int64_t j = 0; j < group; j++) {
@@ -242,21 +280,29 @@ TARGET static void attend(const float *qh, int64_t group, int64_t d, int64_t dv,
         if (softcap > 0.0f)
             for (int64_t r = 0; r < len; r++) sj[r] = tanhf(sj[r] / softcap) * softcap;
         softmax(sj, len);
-        float *oj = o + j * o_heads;
+    }
+    for (int64_t j0 = 0; j0 < group; j0 += QUERY_TILE) { /* up to QUERY_TILE heads share each V row they read */
+        const float *sj[QUERY_TILE];
+        for (int jj = 0; jj < QUERY_TILE; jj++) sj[jj] = scores + (j0 + jj < group ? j0 + jj : group - 1) * len;
         for (int64_t p0 = 0; p0 < dv; p0 += 16 * V_CHUNKS) { /* up to V_CHUNKS vectors of the output at once */
-            __m512 acc[V_CHUNKS];
+            __m512 acc[QUERY_TILE][V_CHUNKS];
             __mmask16 mk[V_CHUNKS];
             for (int c = 0; c < V_CHUNKS; c++) {
-                acc[c] = _mm512_setzero_ps();
                 mk[c] = p0 + 16 * c < dv ? float_mask(dv - p0 - 16 * c) : 0;
+                for (int jj = 0; jj < QUERY_TILE; jj++) acc[jj][c] = _mm512_setzero_ps();
             }
             for (int64_t r = 0; r < len; r++) {
-                __m512 weight = _mm512_set1_ps(sj[r]);
                 const float *row = V + (lo + r) * v_rows + p0;
-                for (int c = 0; c < V_CHUNKS; c++)
-                    acc[c] = _mm512_fmadd_ps(weight, _mm512_maskz_loadu_ps(mk[c], row + 16 * c), acc[c]);
+                __m512 values[V_CHUNKS];
+                for (int c = 0; c < V_CHUNKS; c++) values[c] = _mm512_maskz_loadu_ps(mk[c], row + 16 * c);
+                for (int jj = 0; jj < QUERY_TILE; jj++) {
+                    __m512 weight = _mm512_set1_ps(sj[jj][r]);
+                    for (int c = 0; c < V_CHUNKS; c++) acc[jj][c] = _mm512_fmadd_ps(weight, values[c], acc[jj][c]);
+                }
             }
-            for (int c = 0; c < V_CHUNKS; c++) _mm512_mask_storeu_ps(oj + p0 + 16 * c, mk[c], acc[c]);
+            for (int jj = 0; jj < QUERY_TILE && j0 + jj < group; jj++)
+                for (int c = 0; c < V_CHUNKS; c++)
+                    _mm512_mask_storeu_ps(o + (j0 + jj) * o_heads + p0 + 16 * c, mk[c], acc[jj][c]);
         }
     }
 }

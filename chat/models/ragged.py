@@ -8,11 +8,19 @@ decoder code honour it:
 
 - :class:`RaggedCache` stands in for the ``past_key_values`` of the forward. When an attention layer hands it the new
   K/V of all tokens, it appends each run's slice to that run's own :class:`~chat.models.kv_rows.AttentionRows` and
-  keeps the views those return (the run's whole visible K/V) on the pack for the attention function.
+  keeps the views those return (the run's whole visible K/V) on the pack for the attention function. With the
+  native kernels (:mod:`chat.models.native`), a one-token run's row is only reserved (:class:`Reserved`): the
+  attention kernel writes its K/V there, so a decode step makes no tensor operation per run and layer.
 - :func:`ragged_attention` is registered in transformers' ``AttentionInterface`` as :data:`RAGGED_ATTENTION` (and not
   in its mask interface, so no mask is built for the packed row). It computes each run's attention over that run's
-  views: one-token queries (decoding) as a grouped matmul with no mask, longer queries (prefill chunks, draft
-  verification) with a causal (and sliding-window) mask of their own.
+  rows: one-token queries (decoding) see every row they are given, longer queries (prefill chunks, draft
+  verification) have a causal (and sliding-window) mask of their own. The native kernel takes every run of a
+  forward in one call per layer, and computes each query token the same way whatever else is in the call, so a
+  position's attention does not depend on how the prompt was cut into chunks: with int8 weights (whose linear
+  layers are exact per token too) a turn restored from the cache gives bit for bit the logits of the same turn
+  computed from scratch. Without the kernels (or for other dtypes) each run goes through torch: one-token queries
+  as a grouped matmul, short chunks as matmuls with a mask, long ones with SDPA, whose results differ in the last
+  bits from one chunking to another.
 
 ::
 
@@ -52,7 +60,6 @@ from chat.models import native
 
 RAGGED_ATTENTION = "turncache_ragged"  # our entry in transformers' attention interface
 MATMUL_QUERY = 16  # longest query computed as matmuls; longer ones go to SDPA with a mask
-NATIVE_QUERY_ROWS = 1 << 14  # most (query tokens x visible rows) of a chunk the native kernel computes; more: SDPA
 
 
 @dataclass(slots=True)
@@ -333,8 +340,8 @@ def _native_attention(
 ) -> list[bool]:
     """Compute in one native call (:func:`chat.models.native.kernels`) the attention of every slot it can take: the
     :class:`Reserved` one-token slots (the kernel first writes their K/V from ``key`` / ``value``, ``[B, Hk, S,
-    D]``), and slots whose views are float32 with contiguous rows, for a decode step or a chunk of up to
-    :data:`NATIVE_QUERY_ROWS` query-row products. Writes into ``out``; returns which slots it computed."""
+    D]``), and slots whose views are float32 with contiguous rows. Writes into ``out``; returns which slots it
+    computed."""
     done = [False] * len(pack.slots)
     kernels = native.kernels()
     if kernels is None or scaled.dtype != torch.float32:
@@ -350,12 +357,7 @@ def _native_attention(
         else:
             k, v = view
             rows = k.shape[-2]
-            if not (
-                k.dtype == v.dtype == torch.float32
-                and k.stride(-1) == v.stride(-1) == 1
-                and rows > 0
-                and (q == 1 or q * rows <= NATIVE_QUERY_ROWS)
-            ):
+            if not (k.dtype == v.dtype == torch.float32 and k.stride(-1) == v.stride(-1) == 1 and rows > 0):
                 continue
             table.append((k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), rows, 0, 0))
         picked.append(i)

@@ -256,3 +256,27 @@ def test_attention_kernel_gives_chunks_their_causal_window(kv_heads, group, d, c
         want = chunk_reference(tokens[first : first + q], k, v, window, softcap)
         assert (out[first : first + q] - want).abs().max().item() < 1e-5
         first += q
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-gemma3"])
+def test_int8_logits_do_not_depend_on_how_the_prompt_is_cut(name):
+    """With the native kernels every position's attention is computed the same way in any chunk, and int8 linear
+    layers are exact per token: the logits of a prompt fed whole, in odd chunks, or token by token (as a cached
+    prefix and its new tokens would be) are equal bit for bit."""
+    from chat.models import load_model
+
+    model = load_model(name, weights="int8")
+    ids = [(37 * i + 11) % (model.vocab_size - 1) + 1 for i in range(90)]
+
+    def logits(chunks):
+        run, out, at = model.new_run(), [], 0
+        for size in chunks:
+            out.append(model.forward(run, ids[at : at + size]))
+            at += size
+        model.close_run(run)
+        return torch.cat(out)
+
+    whole = logits([90])
+    assert torch.equal(logits([17, 1, 40, 2, 30]), whole)
+    assert torch.equal(logits([1] * 90), whole)
