@@ -35,10 +35,19 @@ class SamplingParams:
         return g
 
 
+def greedy(logits: torch.Tensor) -> int:
+    """The index of the largest of ``logits`` ``[vocab]`` (the first of equals; a NaN counts as the largest), as
+    ``torch.argmax`` gives it: through NumPy for float32 CPU tensors, whose argmax is vectorized (4 us instead of 32
+    for a 49,152-token vocabulary, once per decoding turn and step)."""
+    if logits.dtype == torch.float32 and logits.device.type == "cpu":
+        return int(logits.numpy().argmax())
+    return int(torch.argmax(logits))
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Pick the next token from ``logits`` ``[vocab]``."""
     if params.temperature == 0.0:
-        return int(torch.argmax(logits))
+        return greedy(logits)
     scores = logits.float()
     # Shift so the best score is 0 before dividing: a tiny temperature then sends the others to -inf
     # (a one-hot on the argmax) instead of overflowing every score to inf and softmax to NaN.

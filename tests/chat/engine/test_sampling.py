@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chat.engine.sampling import SamplingParams, sample
+from chat.engine.sampling import SamplingParams, greedy, sample
 
 
 def _logits() -> torch.Tensor:
@@ -50,3 +50,20 @@ def test_the_same_seed_gives_the_same_draws():
     draws = [[sample(_logits(), params, g) for _ in range(30)] for g in (params.generator(), params.generator())]
     assert draws[0] == draws[1]
     assert len(set(draws[0])) > 1  # at temperature 2 it really samples
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[0.5, 3.0, 3.0, -1.0], [float("-inf")] * 3, [1.0, float("nan"), 5.0, float("nan")], [-2.0]],
+    ids=["ties", "all-inf", "nan", "one"],
+)
+def test_greedy_is_torch_argmax_first_of_equals_and_nan(values):
+    row = torch.tensor(values)
+    assert greedy(row) == int(torch.argmax(row))
+    assert greedy(row.double()) == int(torch.argmax(row.double()))  # not float32: through torch
+
+
+def test_greedy_reads_a_strided_row_where_it_lies():
+    logits = torch.randn(5, 300)
+    logits[2, 177] = 99.0
+    assert greedy(logits[:, 7]) == int(torch.argmax(logits[:, 7])) and greedy(logits[2]) == 177
