@@ -138,9 +138,9 @@ class _RaggedKV:
 @dataclass(slots=True)
 class Reserved:
     """A one-token slot's place in its rows, made by :meth:`~chat.models.kv_rows.AttentionRows.reserve_token` for
-    the native attention kernel: the first nine fields of its row of the kernel's table
-    (``chat.models.native.Kernels.attention``): where the visible rows are and where the token's new K/V are, to be
-    copied into the last row."""
+    the native attention kernel: its row of the kernel's table (``chat.models.native.Kernels.attention``): where the
+    visible rows are, where the token's new K/V are (to be copied into the last row), and the token's index in the
+    forward's flattened ``[B * S]`` tokens."""
 
     entry: tuple[int, ...]
 
@@ -184,6 +184,8 @@ def route_kv(
                     row - lo + 1,
                     k_at + slot.row * k_batch + slot.start * k_token,
                     v_at + slot.row * v_batch + slot.start * v_token,
+                    1,
+                    slot.row * width + slot.start,
                 )
                 views.append(Reserved(entry))
                 continue
@@ -349,39 +351,39 @@ def _native_attention(
             raise RuntimeError("K/V rows were reserved for the native kernels, which are off now")
         return done
     b, h, s, d = scaled.shape
-    picked, table, spans = [], [], []  # spans: (first token in the flat [B * S], query tokens)
+    picked, table = [], []  # a table row's last two fields: query tokens, first token in the flat [B * S]
     for i, (slot, view) in enumerate(zip(pack.slots, views, strict=True)):
-        q = slot.end - slot.start
         if isinstance(view, Reserved):
             table.append(view.entry)
         else:
             k, v = view
-            rows = k.shape[-2]
-            if not (k.dtype == v.dtype == torch.float32 and k.stride(-1) == v.stride(-1) == 1 and rows > 0):
+            if not (k.dtype == v.dtype == torch.float32 and k.stride(-1) == v.stride(-1) == 1 and k.shape[1] > 0):
                 continue
-            table.append((k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), rows, 0, 0))
+            k_heads, k_rows, v_heads, v_rows = k.stride(0), k.stride(1), v.stride(0), v.stride(1)
+            first, q = slot.row * s + slot.start, slot.end - slot.start
+            table.append((k.data_ptr(), k_heads, k_rows, v.data_ptr(), v_heads, v_rows, k.shape[1], 0, 0, q, first))
         picked.append(i)
-        spans.append((slot.row * s + slot.start, q))
     if not picked:
         return done
     new_heads = (key.stride(1), value.stride(1)) if key is not None and value is not None else (0, 0)
     tokens = scaled.transpose(1, 2).reshape(b * s, h, d)  # [B*S, H, D]: a copy unless B*S == 1
     flat_out = out.view(b * s, h, out.shape[-1])
-    total, in_order = 0, True  # in order: the slots' tokens are every token, one slot after the other
-    for start, q in spans:
-        in_order = in_order and start == total
-        total += q
-    if in_order and total == b * s:  # (the common case) no gather, no scatter
-        entries = [(*entry, q, start) for entry, (start, q) in zip(table, spans, strict=True)]
-        kernels.attention(tokens.contiguous(), hk, entries, pack.window, new_heads, flat_out, softcap)
-    else:  # the slots' tokens gathered: slot i's from the sum of the earlier slots' counts on
-        entries, offset = [], 0
-        for entry, (_, q) in zip(table, spans, strict=True):
-            entries.append((*entry, q, offset))
-            offset += q
-        at = torch.tensor([t for start, q in spans for t in range(start, start + q)])
-        result = flat_out.new_empty((total, h, flat_out.shape[-1]))
-        kernels.attention(tokens.index_select(0, at), hk, entries, pack.window, new_heads, result, softcap)
+    total = 0  # in order: the slots' tokens are every token, one slot after the other (the common case)
+    for entry in table:
+        in_order = entry[10] == total
+        total += entry[9]
+        if not in_order:
+            break
+    if in_order and total == b * s:  # no gather, no scatter
+        kernels.attention(tokens.contiguous(), hk, table, pack.window, new_heads, flat_out, softcap)
+    else:  # the slots' tokens gathered: each slot's from the sum of the earlier slots' counts on
+        at = torch.tensor([t for entry in table for t in range(entry[10], entry[10] + entry[9])])
+        gathered, offset = [], 0
+        for entry in table:
+            gathered.append((*entry[:10], offset))
+            offset += entry[9]
+        result = flat_out.new_empty((offset, h, flat_out.shape[-1]))
+        kernels.attention(tokens.index_select(0, at), hk, gathered, pack.window, new_heads, result, softcap)
         flat_out.index_copy_(0, at, result)
     for i in picked:
         done[i] = True
