@@ -35,6 +35,7 @@ from chat.models.detokenizer import IncrementalDetokenizer
 from chat.models.errors import InvalidSettingError, RunStateError
 from chat.models.fast_paths import install
 from chat.models.hf_cache import CacheLayout, RunCache
+from chat.models.renderer import render_chat
 from chat.models.smoothing import CALIBRATION_TEXT
 
 _log = logging.getLogger(__name__)
@@ -101,20 +102,13 @@ class ModelAdapter:
     # ================================================================ text
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of ``messages`` (``{"role", "content"}`` with string content) through the chat template.
+        """Token ids of ``messages`` (``{"role", "content"}`` with string content) through the chat template (what
+        :func:`chat.models.renderer.render_chat` gives, as a weightless renderer of this model does).
 
         Raises:
             InvalidSettingError: a message is not a role/content pair of strings (``field`` names which).
         """
-        clean = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-                raise InvalidSettingError(f"messages[{i}].role", "each message needs a string role")
-            if not isinstance(m.get("content"), str):
-                raise InvalidSettingError(f"messages[{i}].content", "content must be a string for this model")
-            clean.append({"role": m["role"], "content": m["content"]})
-        text = self._tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=add_generation_prompt)
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return render_chat(self._tokenizer, messages, add_generation_prompt)
 
     def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> TextPrompt:
         """The prompt of ``messages`` (string contents) with the generation prompt: a text model has no media.

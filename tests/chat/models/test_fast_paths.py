@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chat.models import native, ragged
+from chat.models import ragged
 from chat.models.fast_paths import (
     BFloat16Matrix,
     FastLinear,
@@ -186,23 +186,11 @@ def test_an_unknown_weight_format_is_refused(tiny_llama):
 # ==================================================================== int8 and bfloat16 products
 
 
-@pytest.fixture(params=["native", "torch"])
-def int8_path(request):
-    """Int8 matrices built (and run) with the native kernels, or with torch._int_mm."""
-    if request.param == "torch":
-        with native.disabled():
-            yield request.param
-    else:
-        if native.kernels() is None:
-            pytest.skip("no native kernels on this machine")
-        yield request.param
-
-
-def test_int8_linear_is_the_product_of_its_quantized_operands(int8_path):
+def test_int8_linear_is_the_product_of_its_quantized_operands(kernel_path):
     g = torch.Generator().manual_seed(3)
     weight, bias, x = torch.randn(40, 24, generator=g), torch.randn(40, generator=g), torch.randn(5, 24, generator=g)
     m = Int8Matrix(weight, bias)
-    assert (m.packed is not None) == (int8_path == "native") and (m.q is None) == (int8_path == "native")
+    assert (m.packed is not None) == (kernel_path == "native") and (m.q is None) == (kernel_path == "native")
     q, scale = quantize_weight(weight)
     assert q.dtype == torch.int8 and int(q.abs().max()) == 127
     amax = x.abs().amax(dim=1, keepdim=True)
@@ -214,7 +202,7 @@ def test_int8_linear_is_the_product_of_its_quantized_operands(int8_path):
     assert close(m(x), exact, 0.03 * exact.abs().max().item())  # and close to the float32 product
 
 
-def test_int8_gives_a_token_the_same_result_in_any_batch(int8_path):
+def test_int8_gives_a_token_the_same_result_in_any_batch(kernel_path):
     g = torch.Generator().manual_seed(4)
     m = Int8Matrix(torch.randn(64, 48, generator=g), None)
     rows = torch.randn(33, 48, generator=g)
@@ -222,14 +210,14 @@ def test_int8_gives_a_token_the_same_result_in_any_batch(int8_path):
     assert torch.equal(m(rows), alone) and torch.equal(m(rows.view(3, 11, 48)).view(33, 64), alone)
 
 
-def test_int8_handles_a_row_of_zeros_and_leading_dimensions(int8_path):
+def test_int8_handles_a_row_of_zeros_and_leading_dimensions(kernel_path):
     m = Int8Matrix(torch.randn(8, 4), None)
     out = m(torch.zeros(2, 3, 4))
     assert out.shape == (2, 3, 8) and torch.equal(out, torch.zeros(2, 3, 8))
 
 
 @pytest.mark.parametrize("bounds", [[(0, 64), (64, 96), (96, 128)], [(0, 40), (40, 41), (41, 100)]])
-def test_int8_parts_compute_their_own_columns(int8_path, bounds):
+def test_int8_parts_compute_their_own_columns(kernel_path, bounds):
     """A fused group's parts, called on their own: aligned parts read their slice of the packed weight, the others
     compute the group and keep their columns; either way they equal the group's columns."""
     g = torch.Generator().manual_seed(6)

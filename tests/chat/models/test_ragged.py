@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from chat.engine.runtime import Feed
-from chat.models import load_model, native, ragged
+from chat.models import load_model, ragged
 from chat.models.errors import InvalidSettingError, RunStateError
 from chat.models.kv_rows import AttentionRows
 
@@ -30,18 +30,6 @@ def reference(query, key, value, window, scale):
     return F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale).transpose(1, 2)[0]
 
 
-@pytest.fixture(params=["native", "torch"])
-def attention_path(request):
-    """One-token queries computed by the native kernel (chat.models.native) or by torch's operations."""
-    if request.param == "torch":
-        with native.disabled():
-            yield request.param
-    else:
-        if native.kernels() is None:
-            pytest.skip("no native kernels on this machine")
-        yield request.param
-
-
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (9, 3)])
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize(
@@ -49,7 +37,7 @@ def attention_path(request):
     [[(1, 7), (3, 3), (20, 30), (1, 1), (2, 11)], [(1, 7), (1, 300), (1, 1), (1, 40)]],
     ids=["mixed", "decode-only"],
 )
-def test_each_slot_attends_to_its_own_rows_with_its_own_mask(heads, kv_heads, window, shapes, attention_path):
+def test_each_slot_attends_to_its_own_rows_with_its_own_mask(heads, kv_heads, window, shapes, kernel_path):
     g = torch.Generator().manual_seed(0)
     total = sum(q for q, _ in shapes)
     query = torch.randn(1, heads, total, 8, generator=g) * 2
