@@ -37,13 +37,20 @@ def reference(query, key, value, window, scale):
     [[(1, 7), (3, 3), (20, 30), (1, 1), (2, 11)], [(1, 7), (1, 300), (1, 1), (1, 40)]],
     ids=["mixed", "decode-only"],
 )
-def test_each_slot_attends_to_its_own_rows_with_its_own_mask(heads, kv_heads, window, shapes, kernel_path):
+@pytest.mark.parametrize("strided", [False, True], ids=["rows", "some-strided"])
+def test_each_slot_attends_to_its_own_rows_with_its_own_mask(heads, kv_heads, window, shapes, strided, kernel_path):
+    """With ``strided``, every other slot's K/V have a last dimension that is not contiguous: the native kernel
+    leaves those slots to torch and takes the others gathered out of the packed row."""
     g = torch.Generator().manual_seed(0)
     total = sum(q for q, _ in shapes)
     query = torch.randn(1, heads, total, 8, generator=g) * 2
-    views = [
-        (torch.randn(1, kv_heads, kv, 8, generator=g), torch.randn(1, kv_heads, kv, 8, generator=g)) for _, kv in shapes
-    ]
+    views = []
+    for i, (_, kv) in enumerate(shapes):
+        if strided and i % 2 == 0:
+            k, v = (torch.randn(1, kv_heads, 8, kv + 1, generator=g)[..., :kv].transpose(-1, -2) for _ in range(2))
+        else:
+            k, v = (torch.randn(1, kv_heads, kv, 8, generator=g) for _ in range(2))
+        views.append((k, v))
     slots, start = [], 0
     for q, _ in shapes:
         slots.append(ragged.Slot(0, start, start + q, cache=None))
