@@ -380,6 +380,7 @@ def install(
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weight format {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
     patches = Patches(model, weights)
+    native.kernels()  # built (once per machine) or loaded now, at load time, rather than by the first request
     make = _MATRICES[weights]
     if weights == "int8" and calibration:
         patches.smoothed = smoothing.smooth(model, calibration)
