@@ -136,19 +136,13 @@ def bench_lookup(cfg: CacheBenchConfig, seqs: list[list[int]]) -> dict[str, floa
         linear.add(seq)
     rng = random.Random(cfg.seed + 1)
     queries = _queries(seqs, rng, cfg.queries, cfg)
-    index_times, agree = [], 0
-    for q in queries:
-        t = time.perf_counter()
-        cache.lookup(NS, q)
-        index_times.append(time.perf_counter() - t)
-    linear_times = []
-    for q in queries[: cfg.linear_queries]:
-        keys = array("q", q)
-        t = time.perf_counter()
-        expected = linear.best(keys)
-        linear_times.append(time.perf_counter() - t)
+    index_times = _lookup_times(cache, queries)
+    scanned = queries[: cfg.linear_queries]
+    linear_times, expected = _scan_times(linear, scanned)
+    agree = 0
+    for q, best in zip(scanned, expected, strict=True):
         match = cache.lookup(NS, q)
-        agree += (match.length if match else 0) == expected
+        agree += (match.length if match else 0) == best
     lookup_p99, linear_p99 = _p99(index_times), _p99(linear_times)
     return {
         "entries": cache.stats().entries,
@@ -177,22 +171,34 @@ def bench_scaling(cfg: CacheBenchConfig, seqs: list[list[int]]) -> dict[str, lis
             linear.add(seq)
         filled = n
         queries = _queries(seqs[:n], rng, cfg.scaling_queries, cfg)
-        times = []
-        for q in queries:
-            t = time.perf_counter()
-            cache.lookup(NS, q)
-            times.append(time.perf_counter() - t)
-        linear_times = []
-        for q in queries[: cfg.scaling_linear_queries]:
-            keys = array("q", q)
-            t = time.perf_counter()
-            linear.best(keys)
-            linear_times.append(time.perf_counter() - t)
+        times = _lookup_times(cache, queries)
+        linear_times, _ = _scan_times(linear, queries[: cfg.scaling_linear_queries])
         out["entries"].append(cache.stats().entries)
         out["lookup_p50_ms"].append(statistics.median(times) * 1e3)
         out["lookup_p99_ms"].append(_p99(times))
         out["linear_p99_ms"].append(_p99(linear_times))
     return {f"scaling_{key}": values for key, values in out.items()}
+
+
+def _lookup_times(cache: PrefixCache, queries: list[list[int]]) -> list[float]:
+    """Seconds of each radix-index lookup of ``queries``."""
+    times = []
+    for q in queries:
+        t = time.perf_counter()
+        cache.lookup(NS, q)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def _scan_times(linear: LinearScan, queries: list[list[int]]) -> tuple[list[float], list[int]]:
+    """Seconds of each linear-scan lookup of ``queries``, and the longest prefix each found."""
+    times, found = [], []
+    for q in queries:
+        keys = array("q", q)
+        t = time.perf_counter()
+        found.append(linear.best(keys))
+        times.append(time.perf_counter() - t)
+    return times, found
 
 
 def _kv(tokens: int, layers: int = 30, heads: int = 3, dim: int = 64) -> list[NormalKV]:
