@@ -11,6 +11,9 @@
    ends where a recurrent snapshot is wanted). The oldest waiting prefill always gets at least
    :data:`MIN_PREFILL_CHUNK` tokens, even when decode tokens took the whole budget, so a long prompt keeps moving
    and never stalls the decoding turns for more than one chunk per step.
+   A new turn whose prompt shares at least :data:`SHARE_MIN` uncached tokens (and a quarter of what it has to
+   compute) with an older turn still prefilling waits for that turn: once the older one has stored its prompt, the
+   new one looks the cache up again and computes only what is its own (see *Prefixes shared in flight*).
 4. Speculative drafts (greedy replies on models that can rewind) ride along only in small steps: at most
    :data:`SPECULATE_UP_TO` decoding turns and no prefill. A draft token is nearly free when a forward is bound by
    reading the weights (one or two rows), and pure waste when the forward already has many rows.
@@ -19,6 +22,15 @@
 ``token_budget`` bounds the tokens (it is the step time of the biggest prefill chunk, hence how long decoding turns
 wait for their next token while a long prompt is prefilled). Defaults were chosen by measurement (see
 docs/benchmarks.md); both are settings (``--max-batch``, ``--token-budget``).
+
+**Prefixes shared in flight.** Sessions of one application start with the same system prompt; when many arrive
+together, none finds it in the cache yet. Computing it once per turn multiplies the prefill work; instead a fresh
+turn (nothing computed but what the cache gave) follows the older prefilling turn it shares the most with, and sits
+out while that one prefills. Prefills are served oldest first, so what a follower gives up is only the budget its
+leader leaves over in those steps; what it saves is every shared token. A turn follows at most once: when its leader
+has stored its prompt (or ended in any way) it looks again (:meth:`chat.engine.turn.Turn.look_again`) and goes on
+from the longest prefix it finds. Only runtimes without recurrent layers (any prefix of a stored prompt can be
+restored) and only within a namespace (same weights, dtype and tenant), as the cache itself shares.
 
 **Fairness.** Decoding turns rotate through the seats; prefills are served first come, first served, and new turns
 join at the next step. Nothing waits on a turn that arrived later.
@@ -49,6 +61,7 @@ TOKEN_BUDGET_RANGE = (16, 8192)
 DRAFT_TOKENS_RANGE = (0, 16)
 MIN_PREFILL_CHUNK = 16  # a waiting prefill gets at least this many tokens per step
 SPECULATE_UP_TO = 2  # most decoding turns in a step that still carries draft tokens
+SHARE_MIN = 16  # a fresh turn waits for an older prefilling turn only to share at least this many new tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +101,7 @@ class Scheduler:
         self.settings = settings or BatchSettings()
         self._decoding: deque[Turn] = deque()  # rotation order of decoding turns
         self._prefilling: list[Turn] = []  # prefilling turns, oldest first
+        self._leaders: dict[Turn, Turn | None] = {}  # prefilling turn -> the older turn it waits for (None: none)
         self.last: StepReport | None = None  # what the latest step did
 
     @property
@@ -129,6 +143,7 @@ class Scheduler:
                 self._remove(turn)
             elif turn.decoding and not was_decoding:  # the prompt is absorbed: join the decoding rotation
                 self._prefilling.remove(turn)
+                self._leaders.pop(turn, None)
                 self._decoding.append(turn)
         return results
 
@@ -137,6 +152,7 @@ class Scheduler:
         out = [(turn, turn.stop("cancelled")) for turn in self.turns()]
         self._decoding.clear()
         self._prefilling.clear()
+        self._leaders.clear()
         return out
 
     # ---------------------------------------------------------------- internals
@@ -153,9 +169,11 @@ class Scheduler:
             feed = turn.next_feed(max(1, budget - len(decoders) + 1), drafts=drafts)
             budget -= len(feed.tokens)
             plan.append((turn, feed))
-        for turn in self._prefilling:
+        for turn in list(self._prefilling):
             if len(plan) >= s.max_batch:
                 break
+            if self._waits(turn):
+                continue
             give = max(budget, MIN_PREFILL_CHUNK) if turn is self._prefilling[0] else budget
             if give <= 0:
                 break
@@ -163,6 +181,36 @@ class Scheduler:
             budget -= len(feed.tokens)
             plan.append((turn, feed))
         return plan
+
+    def _waits(self, turn: Turn) -> bool:
+        """True while ``turn`` sits out for an older prefilling turn that computes a prefix the two share (decided
+        the first time the turn is planned). When that leader is no longer prefilling, the turn looks the cache up
+        again and stops waiting."""
+        if turn not in self._leaders:
+            self._leaders[turn] = self._leader_of(turn)
+        leader = self._leaders[turn]
+        if leader is None:
+            return False
+        if leader in self._prefilling:
+            return True
+        self._leaders[turn] = None
+        if turn.fresh:
+            turn.look_again()
+        return False
+
+    def _leader_of(self, turn: Turn) -> Turn | None:
+        """The older prefilling turn whose stored prompt would spare ``turn`` the most work, if worth waiting for."""
+        if turn.cache is None or self.runtime.has_recurrent_state or not turn.fresh:
+            return None
+        best, shared = None, 0
+        for other in self._prefilling:
+            if other is turn:
+                break
+            n = turn.shared_prefix(other)
+            if n > shared:
+                best, shared = other, n
+        gain, own = shared - turn.cached_tokens, len(turn.prompt) - turn.cached_tokens
+        return best if gain >= SHARE_MIN and 4 * gain >= own else None
 
     def _take_decoders(self, seats: int) -> Sequence[Turn]:
         """Up to ``seats`` decoding turns, continuing the rotation where the last step stopped."""
@@ -172,6 +220,7 @@ class Scheduler:
         return taken
 
     def _remove(self, turn: Turn) -> None:
+        self._leaders.pop(turn, None)
         if turn in self._prefilling:
             self._prefilling.remove(turn)
         elif turn in self._decoding:

@@ -13,7 +13,9 @@ scheduler runs that feed inside a batch with other turns' feeds, and the turn ta
         for event in turn.absorb(logits):          # Delta ... then exactly one Done
             ...
 
-(:meth:`Turn.step` does one such round alone; :func:`run_to_end` drives a turn to its end.)
+(:meth:`Turn.step` does one such round alone; :func:`run_to_end` drives a turn to its end.) A turn that has computed
+nothing yet may look the cache up again (:meth:`Turn.look_again`): the scheduler has it wait while an older turn in
+flight computes the prefix they share, then restore it.
 
 Entries are stored at the end of the rendered prompt (always a prefix of the next turn, whatever the chat template
 does to the finished reply) and at the end of the reply. On models with recurrent layers the prefill also stops at
@@ -28,6 +30,7 @@ or several.
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,13 +41,15 @@ from cache import Lease, LeaseError, MediaSpan, Namespace, PrefixCache
 from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.errors import ContextOverflowError, InvalidMediaError
 from chat.engine.events import Delta, Done, Event, Timings, TurnRequest, Usage
-from chat.engine.runtime import Feed, ModelRuntime, Run
+from chat.engine.runtime import Feed, ModelRuntime, RenderedPrompt, Run
 from chat.engine.sampling import StopMatcher, sample
 from modalities.errors import MediaError
 
 PREFILL_CHUNK = 256  # prefill tokens per step when a turn runs alone (the scheduler sets its own budget)
 DRAFT_TOKENS = 4  # most draft tokens verified per decode step (greedy replies on runtimes that can rewind)
 RESTORE_ATTEMPTS = 3  # lookups tried when the matched entry was dropped before it could be acquired
+
+_log = logging.getLogger(__name__)
 
 
 class Phase(enum.Enum):
@@ -157,6 +162,7 @@ class Turn:
         self._stops_at: list[int] = []  # prefill stops here (ascending; the last is len(prompt))
         self._snapshots: set[int] = set()  # lengths where recurrent state was recorded
         self._pending: Feed | None = None  # handed out by next_feed, not yet absorbed
+        self._rendered: RenderedPrompt | None = None  # what begin rendered (a multimodal run needs it again)
         self._rng = request.params.generator()  # the sampler's random state (None when greedy)
         self._cancelled = False  # set from any thread; acted on at the next step
 
@@ -195,6 +201,7 @@ class Turn:
             except MediaError as exc:
                 raise InvalidMediaError(str(exc.item or "messages"), str(exc)) from exc
             self.prompt, self.media = list(rendered.tokens), tuple(rendered.spans)
+        self._rendered = rendered
         if len(self.prompt) >= rt.context_window:
             raise ContextOverflowError(len(self.prompt), rt.context_window)
         self.reply.max_tokens = min(self.reply.max_tokens, rt.context_window - len(self.prompt))
@@ -221,6 +228,68 @@ class Turn:
             self.cached_tokens = match.length
             self._fed = self.prompt[: match.length]
             return
+
+    # ================================================================ a prefix shared with a turn in flight
+
+    @property
+    def fresh(self) -> bool:
+        """Begun, and nothing computed yet beyond what the cache gave (a turn that may still look again)."""
+        return self.phase is Phase.PREFILL and self._pending is None and len(self._fed) == self.cached_tokens
+
+    def shared_prefix(self, other: Turn) -> int:
+        """How many tokens this turn's prompt has in common with ``other``'s from the start, counting only as far as
+        an entry that ``other`` stores could serve this turn: the same namespace (weights, dtype, tenant), and the
+        same media items (by content hash) up to there. 0 when nothing can be shared."""
+        if self.namespace != other.namespace:
+            return 0
+        a, b = self.prompt, other.prompt
+        lo, hi = 0, min(len(a), len(b))  # the length sought lies in [lo, hi]
+        if a[:hi] == b[:hi]:
+            lo = hi
+        while lo < hi:  # binary search with slice comparisons (C speed on long prompts)
+            mid = (lo + hi + 1) // 2
+            if a[:mid] == b[:mid]:
+                lo = mid
+            else:
+                hi = mid - 1
+        theirs = set(other.media)
+        for span in self.media:  # a media item that differs (or is cut) ends what can be shared before it
+            if span.start < lo and (span not in theirs or span.end > lo):
+                lo = span.start
+        mine = set(self.media)
+        for span in other.media:
+            if span.start < lo and span not in mine:
+                lo = span.start
+        return lo
+
+    def look_again(self) -> bool:
+        """Restore a longer cached prefix if one was stored since :meth:`begin` (by a turn in flight that shares
+        this one's prompt); only while :attr:`fresh`. Returns True if the turn now starts further on. Anything that
+        goes wrong leaves the turn as it was (it then computes its prompt itself)."""
+        assert self.fresh
+        if self.cache is None:
+            return False
+        match = self.cache.lookup(self.namespace, self.prompt, self.media)
+        if match is None or match.length <= self.cached_tokens:
+            return False
+        try:
+            lease = self.cache.acquire(match, self.namespace)
+        except LeaseError:
+            return False
+        try:
+            run = self.runtime.new_run(lease, self._rendered)
+        except Exception:
+            _log.warning(
+                "a turn could not restore the prefix a turn in flight stored; it computes it itself", exc_info=True
+            )
+            self.cache.release(lease)
+            return False
+        self._release()  # the run and lease from begin
+        self._run, self._lease = run, lease
+        self.cached_tokens = match.length
+        self._fed = self.prompt[: match.length]
+        self._stops_at = self._prefill_stops()
+        return True
 
     def _prefill_stops(self) -> list[int]:
         """Where prefill stops: the end of the system prompt (recurrent models only) and the end of the prompt."""

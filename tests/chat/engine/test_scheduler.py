@@ -9,8 +9,9 @@ from cache import PrefixCache
 from chat.engine.errors import InvalidBatchSettingError
 from chat.engine.events import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
-from chat.engine.scheduler import MIN_PREFILL_CHUNK, BatchSettings, Scheduler
+from chat.engine.scheduler import MIN_PREFILL_CHUNK, SHARE_MIN, BatchSettings, Scheduler
 from chat.engine.turn import Turn, run_to_end
+from tests.chat.engine.fakes import USER as USER_TOKEN
 from tests.chat.engine.fakes import FakeRuntime
 
 
@@ -191,3 +192,115 @@ def test_settings_out_of_range_are_refused_naming_the_setting(settings, field):
     with pytest.raises(InvalidBatchSettingError) as info:
         BatchSettings(**settings)
     assert info.value.field == field and field in str(info.value)
+
+
+# ------------------------------------------------------------------ prefixes shared in flight
+
+SYSTEM_PROMPT = "You are a careful assistant who answers in full sentences. " * 2
+
+
+def chat(user: str, salt: str = "", **params) -> TurnRequest:
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return TurnRequest(messages, SamplingParams(**params), salt=salt)
+
+
+def run_together(requests: list[TurnRequest], *, share: bool, monkeypatch, kind: str = "normal", **settings):
+    """Begin every request at once (all miss the empty cache), step them to the end; (runtime, turns, dones)."""
+    import chat.engine.scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "SHARE_MIN", scheduler_module.SHARE_MIN if share else 10**9)
+    rt, cache = CountingRuntime(kind), PrefixCache()
+    turns = [begun(rt, cache, r) for r in requests]
+    assert all(t.cached_tokens == 0 for t in turns)
+    done = run_all(Scheduler(rt, BatchSettings(**settings)), turns)
+    assert cache.stats().in_use == 0 and rt.open_runs == 0
+    cache.check_invariants()
+    return rt, turns, done
+
+
+def test_turns_that_arrive_together_compute_their_common_system_prompt_once(monkeypatch):
+    users = ["What is a prime number?", "Name three rivers.", "Why is the sea salty?", "Count to five."]
+    requests = [chat(u) for u in users]
+    rt, turns, done = run_together(requests, share=True, monkeypatch=monkeypatch)
+    shared = [turns[i].shared_prefix(turns[0]) for i in range(4)]
+    assert shared[1] > len(SYSTEM_PROMPT)  # the system message and the user role token
+    assert rt.steps[0] == [len(turns[0].prompt)]  # the first step computes the leader's prompt alone...
+    assert [d.usage.cached_tokens for d in done.values()] == [0, *shared[1:]]  # ...the others restore it
+    for i, u in enumerate(users):
+        want = run_to_end(Turn(FakeRuntime(), None, chat(u)))[1]
+        assert (done[i].token_ids, done[i].finish_reason) == (want.token_ids, "stop")
+    rt_off, _, done_off = run_together(requests, share=False, monkeypatch=monkeypatch)
+    assert [d.usage.cached_tokens for d in done_off.values()] == [0, 0, 0, 0]
+    assert rt_off.forwarded - rt.forwarded == sum(shared[1:])  # exactly the shared tokens were not recomputed
+
+
+@pytest.mark.parametrize(
+    "requests,kind,why",
+    [
+        ([chat("What is a prime?"), chat("What is a prime?", salt="tenant-b")], "normal", "another tenant"),
+        ([chat("What is a prime?"), chat("What is a prime?")], "recurrent", "recurrent state"),
+        (
+            [request("ab" + "x" * 40), request("ab" + "y" * 40)],
+            "normal",
+            f"fewer than {SHARE_MIN} shared tokens",
+        ),
+        (
+            [chat("Hi."), chat("Tell me, " + "in great detail, " * 30 + "about rivers.")],
+            "normal",
+            "under a quarter of the follower's prompt",
+        ),
+    ],
+)
+def test_a_turn_does_not_wait_where_nothing_worth_it_can_be_shared(requests, kind, why, monkeypatch):
+    rt, _, done = run_together(requests, share=True, monkeypatch=monkeypatch, kind=kind)
+    assert len(rt.steps[0]) == 2, why  # both prompts in the first forward
+    assert done[1].usage.cached_tokens == 0
+
+
+def test_a_follower_goes_on_when_its_leader_is_cancelled_or_fails(monkeypatch):
+    import chat.engine.scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "SHARE_MIN", 16)
+    for ending in ("cancel", "fail"):
+        rt, cache = CountingRuntime(), PrefixCache()
+        rt.poison = ord("!") if ending == "fail" else None
+        leader_text = "Describe the sea" + " at length" * 20 + ("!" if ending == "fail" else "")
+        leader = begun(rt, cache, chat(leader_text))
+        follower = begun(rt, cache, chat("Describe the sea briefly."))
+        scheduler = Scheduler(rt, BatchSettings(token_budget=16))  # the leader's prompt takes several steps
+        scheduler.add(leader)
+        scheduler.add(follower)
+        scheduler.step()
+        assert rt.runs_per_step[0] == [id(leader._run)]  # the follower waits
+        if ending == "cancel":
+            leader.cancel()
+        ends = run_all(scheduler, [follower, leader], add=False)
+        done = ends[0]
+        want = run_to_end(Turn(FakeRuntime(), None, chat("Describe the sea briefly.")))[1]
+        assert (done.token_ids, done.finish_reason) == (want.token_ids, "stop"), ending
+        assert ends[1].finish_reason == ("cancelled" if ending == "cancel" else "error")
+        # a cancelled leader stored what it had computed (the follower restored it); a failed one stored nothing
+        assert (done.usage.cached_tokens >= 16) == (ending == "cancel")
+        assert cache.stats().in_use == 0 and rt.open_runs == 0
+        cache.check_invariants()
+
+
+def test_shared_prefix_stops_at_the_first_media_item_that_differs():
+    from cache import MediaSpan
+
+    rt = FakeRuntime()
+    tokens = [USER_TOKEN, *b"look at this: ", *([ord("#")] * 8), *b" and say what it is", 258, 257]
+    cat, dog = MediaSpan(15, 23, "image", "sha256:cat"), MediaSpan(15, 23, "image", "sha256:dog")
+
+    def turn_with(media, salt=""):
+        turn = begun(rt, None, TurnRequest([], SamplingParams(), salt=salt, prompt_tokens=tokens))
+        turn.media = media
+        return turn
+
+    a, b = turn_with((cat,)), turn_with((dog,))
+    assert a.shared_prefix(turn_with((cat,))) == len(tokens)  # the same image: everything
+    assert a.shared_prefix(b) == b.shared_prefix(a) == 15  # another image: up to where it starts
+    assert a.shared_prefix(turn_with(())) == turn_with(()).shared_prefix(a) == 15  # an image against none
+    assert a.shared_prefix(turn_with((cat,), salt="other tenant")) == 0
+    other = begun(rt, None, TurnRequest([], SamplingParams(), prompt_tokens=[*tokens[:7], 1, *tokens[8:]]))
+    assert turn_with(()).shared_prefix(other) == 7  # tokens: the longest common start
