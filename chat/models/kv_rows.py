@@ -162,6 +162,25 @@ class AttentionRows:
         self.seen += 1
         return row, row - visible
 
+    def reserve_described(self, like_key: torch.Tensor, like_value: torch.Tensor) -> tuple[int, ...]:
+        """:meth:`reserve_token`, returning where attention's rows lie for native code: ``(address of the first
+        visible key row, key head stride, key row stride, address of the first visible value row, value head stride,
+        value row stride, visible rows)`` (bytes for addresses, elements for strides; float32 buffers), the new
+        token's row being the last. A decode step makes this call for every run and layer: the common case (the run
+        at the tip of its own buffer, with room, described before) makes no other call."""
+        mark, keys = self.mark, self.keys
+        row = self.row0 + self.seen - self.first
+        if mark is None or keys is None or mark.filled != row or row >= keys.shape[-2]:
+            row, lo = self.reserve_token(like_key, like_value)
+        else:
+            lo = row - (self.seen if self.window is None else min(self.seen, self.window - 1))
+            mark.filled = row + 1
+            self.seen += 1
+        cached = self._layout
+        described = cached[1] if cached is not None and cached[0] is self.keys else self.layout()
+        k_at, k_heads, k_rows, v_at, v_heads, v_rows = described
+        return k_at + lo * k_rows * 4, k_heads, k_rows, v_at + lo * v_rows * 4, v_heads, v_rows, row - lo + 1
+
     def layout(self) -> tuple[int, int, int, int, int, int]:
         """Where the buffer lies, for native code: ``(keys address, key head stride, key row stride, values
         address, value head stride, value row stride)`` (bytes for addresses, elements for strides) of batch row 0.

@@ -19,7 +19,7 @@
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-int tc_abi_version(void) { return 4; }
+int tc_abi_version(void) { return 5; }
 
 int tc_supported(void) {
     __builtin_cpu_init();
@@ -307,34 +307,35 @@ TARGET static void attend(const float *qh, int64_t group, int64_t d, int64_t dv,
     }
 }
 
-/* Attention of the query tokens of n sequences, each over its own K/V rows. Sequence s has queries[s] query tokens,
- * tokens first[s] .. first[s] + queries[s] - 1 of q ([tokens, heads, d], already multiplied by the attention scale)
- * and of out ([tokens, heads, dv]), both contiguous; heads = kv_heads * group, query head h reading K/V head h / group.
- * Its K: float address keys[s] (its first visible row, head 0), head stride k_heads[s], row stride k_rows[s]
- * (elements; the last dim contiguous), rows[s] rows; likewise V. Its queries are its last queries[s] positions: the
- * i-th sees the rows up to its own, rows[s] - queries[s] + i, and if window > 0 only the window rows ending there;
- * a lone query token sees all its rows (a sliding layer hands a decode step only its window).
- * If new_keys[s] is not 0 (a one-token sequence), head j of its new key (d floats at new_keys[s] + j * new_k_heads)
- * is first copied into its last row, and likewise its new value. softcap <= 0: none.
- * Returns 0, or -1 if scratch memory could not be had. */
+/* Attention of the query tokens of n sequences, each over its own K/V rows, described by the n rows of table
+ * (TABLE_FIELDS int64 each, in the order of the enum below). Sequence s has QUERIES query tokens, tokens FIRST ..
+ * FIRST + QUERIES - 1 of q ([tokens, heads, d], already multiplied by the attention scale) and of out ([tokens,
+ * heads, dv]), both contiguous; heads = kv_heads * group, query head h reading K/V head h / group. Its K: float
+ * address KEYS (its first visible row, head 0), head stride K_HEADS, row stride K_ROWS (elements; the last dim
+ * contiguous), ROWS rows; likewise V. Its queries are its last QUERIES positions: the i-th sees the rows up to its
+ * own, ROWS - QUERIES + i, and if window > 0 only the window rows ending there; a lone query token sees all its rows
+ * (a sliding layer hands a decode step only its window). If NEW_KEY is not 0 (a one-token sequence), head j of its
+ * new key (d floats at NEW_KEY + j * new_k_heads) is first copied into its last row, and likewise its new value.
+ * softcap <= 0: none. Returns 0, or -1 if scratch memory could not be had. */
+enum { T_KEYS, T_K_HEADS, T_K_ROWS, T_VALUES, T_V_HEADS, T_V_ROWS, T_ROWS, T_NEW_KEY, T_NEW_VALUE, T_QUERIES, T_FIRST,
+       TABLE_FIELDS };
+
 TARGET int tc_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, int64_t dv, const float *q,
-                        const int64_t *keys, const int64_t *k_heads, const int64_t *k_rows, const int64_t *values,
-                        const int64_t *v_heads, const int64_t *v_rows, const int64_t *rows, const int64_t *new_keys,
-                        const int64_t *new_values, const int64_t *queries, const int64_t *first, int64_t window,
-                        float softcap, float *out, int64_t new_k_heads, int64_t new_v_heads) {
-    int64_t heads = kv_heads * group, longest = 1;
+                        const int64_t *table, int64_t window, float softcap, float *out, int64_t new_k_heads,
+                        int64_t new_v_heads) {
+    int64_t heads = kv_heads * group, longest = 1, tasks = 0; /* tasks: one per query token and K/V head */
     for (int64_t s = 0; s < n; s++) {
-        longest = rows[s] > longest ? rows[s] : longest;
-        if (new_keys[s]) /* before any task reads the rows: a one-token sequence's task is its only reader */
+        const int64_t *e = table + s * TABLE_FIELDS;
+        longest = e[T_ROWS] > longest ? e[T_ROWS] : longest;
+        tasks += e[T_QUERIES] * kv_heads;
+        if (e[T_NEW_KEY]) /* before any task reads the rows: a one-token sequence's task is its only reader */
             for (int64_t h = 0; h < kv_heads; h++) {
-                float *K = (float *)(intptr_t)keys[s] + h * k_heads[s] + (rows[s] - 1) * k_rows[s];
-                float *V = (float *)(intptr_t)values[s] + h * v_heads[s] + (rows[s] - 1) * v_rows[s];
-                memcpy(K, (const float *)(intptr_t)new_keys[s] + h * new_k_heads, (size_t)d * sizeof(float));
-                memcpy(V, (const float *)(intptr_t)new_values[s] + h * new_v_heads, (size_t)dv * sizeof(float));
+                float *K = (float *)(intptr_t)e[T_KEYS] + h * e[T_K_HEADS] + (e[T_ROWS] - 1) * e[T_K_ROWS];
+                float *V = (float *)(intptr_t)e[T_VALUES] + h * e[T_V_HEADS] + (e[T_ROWS] - 1) * e[T_V_ROWS];
+                memcpy(K, (const float *)(intptr_t)e[T_NEW_KEY] + h * new_k_heads, (size_t)d * sizeof(float));
+                memcpy(V, (const float *)(intptr_t)e[T_NEW_VALUE] + h * new_v_heads, (size_t)dv * sizeof(float));
             }
     }
-    int64_t tasks = 0; /* one per query token and K/V head */
-    for (int64_t s = 0; s < n; s++) tasks += queries[s] * kv_heads;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
@@ -345,15 +346,19 @@ TARGET int tc_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, i
         for (int64_t task = 0; task < tasks; task++) {
             if (!scores) continue;
             if (task < before) s = 0, before = 0; /* tasks come in increasing order within a thread */
-            while (task >= before + queries[s] * kv_heads) before += queries[s++] * kv_heads;
+            while (task >= before + table[s * TABLE_FIELDS + T_QUERIES] * kv_heads) {
+                before += table[s * TABLE_FIELDS + T_QUERIES] * kv_heads;
+                s++;
+            }
+            const int64_t *e = table + s * TABLE_FIELDS;
             int64_t local = task - before, i = local / kv_heads, h = local % kv_heads;
-            int64_t own = rows[s] - queries[s] + i;
-            int64_t lo = window > 0 && queries[s] > 1 && own + 1 > window ? own + 1 - window : 0;
-            int64_t token = first[s] + i;
+            int64_t own = e[T_ROWS] - e[T_QUERIES] + i;
+            int64_t lo = window > 0 && e[T_QUERIES] > 1 && own + 1 > window ? own + 1 - window : 0;
+            int64_t token = e[T_FIRST] + i;
             attend(q + (token * heads + h * group) * d, group, d, dv,
-                   (const float *)(intptr_t)keys[s] + h * k_heads[s], k_rows[s],
-                   (const float *)(intptr_t)values[s] + h * v_heads[s], v_rows[s], lo, own + 1, softcap, scores,
-                   out + (token * heads + h * group) * dv, dv);
+                   (const float *)(intptr_t)e[T_KEYS] + h * e[T_K_HEADS], e[T_K_ROWS],
+                   (const float *)(intptr_t)e[T_VALUES] + h * e[T_V_HEADS], e[T_V_ROWS], lo, own + 1, softcap,
+                   scores, out + (token * heads + h * group) * dv, dv);
         }
         free(scores);
     }

@@ -26,9 +26,11 @@ once). Which path a model's int8 layers take is fixed when they are built; atten
 
 from __future__ import annotations
 
+import array
 import contextlib
 import ctypes
 import hashlib
+import itertools
 import logging
 import os
 import platform
@@ -46,7 +48,7 @@ _log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
 INT8_CHANNEL_ALIGN = 32  # a packed weight's rows can be sliced at multiples of this many output channels
-ABI_VERSION = 4
+ABI_VERSION = 5
 _TABLE_FIELDS = 11  # columns of an attention table (Kernels.attention)
 
 _lock = threading.Lock()
@@ -74,7 +76,7 @@ class Kernels:
         self._pack.argtypes = [_i64, _i64, _ptr, _i64, _ptr]
         self._pack.restype = None
         self._attention = lib.tc_attention
-        self._attention.argtypes = [_i64] * 5 + [_ptr] * (1 + _TABLE_FIELDS) + [_i64, _f32, _ptr, _i64, _i64]
+        self._attention.argtypes = [_i64] * 5 + [_ptr, _ptr] + [_i64, _f32, _ptr, _i64, _i64]
         self._attention.restype = ctypes.c_int
 
     def pack_int8(self, q: torch.Tensor) -> torch.Tensor:
@@ -140,8 +142,9 @@ class Kernels:
         head 0 of its new K/V lie (head ``j`` at ``j * new_heads[0]`` / ``[1]`` elements), copied into its last row
         first. ``H`` is a multiple of ``kv_heads``: query head ``h`` reads K/V head ``h // (H / kv_heads)``."""
         n, heads, d = len(table), queries.shape[1], queries.shape[2]
-        columns = torch.tensor([field for column in zip(*table, strict=True) for field in column], dtype=torch.int64)
-        fields = [columns.data_ptr() + i * n * 8 for i in range(_TABLE_FIELDS)]  # the C side's arrays
+        rows = array.array("q", itertools.chain.from_iterable(table))  # row-major, as the C side reads it
+        if len(rows) != n * _TABLE_FIELDS:
+            raise ValueError(f"an attention table row has {_TABLE_FIELDS} fields")
         status = self._attention(
             n,
             kv_heads,
@@ -149,7 +152,7 @@ class Kernels:
             d,
             out.shape[-1],
             queries.data_ptr(),
-            *fields,
+            rows.buffer_info()[0],
             window or 0,
             float(softcap or 0.0),
             out.data_ptr(),

@@ -137,7 +137,7 @@ class _RaggedKV:
 
 @dataclass(slots=True)
 class Reserved:
-    """A one-token slot's place in its rows, made by :meth:`~chat.models.kv_rows.AttentionRows.reserve_token` for
+    """A one-token slot's place in its rows, made by :meth:`~chat.models.kv_rows.AttentionRows.reserve_described` for
     the native attention kernel: its row of the kernel's table (``chat.models.native.Kernels.attention``): where the
     visible rows are, where the token's new K/V are (to be copied into the last row), and the token's index in the
     forward's flattened ``[B * S]`` tokens."""
@@ -172,16 +172,8 @@ def route_kv(
             if reserve:
                 if like is None:
                     like = key_states[:1, :, :1], value_states[:1, :, :1]
-                row, lo = rows.reserve_token(*like)
-                keys, k_heads, k_rows, values, v_heads, v_rows = rows.layout()
                 entry = (
-                    keys + lo * k_rows * 4,
-                    k_heads,
-                    k_rows,
-                    values + lo * v_rows * 4,
-                    v_heads,
-                    v_rows,
-                    row - lo + 1,
+                    *rows.reserve_described(*like),
                     k_at + slot.row * k_batch + slot.start * k_token,
                     v_at + slot.row * v_batch + slot.start * v_token,
                     1,
