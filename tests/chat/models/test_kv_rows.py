@@ -109,3 +109,27 @@ def test_restore_refuses_the_wrong_kind():
         AttentionRows(None, 0, 100).restore(RotatingKV(*kv(0, 3), window=4, seen=3))
     with pytest.raises(TypeError):
         AttentionRows(4, 3, 100).restore(NormalKV(*kv(0, 3)))
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_described_reservation_is_reserve_token_and_layout_in_one_call(window):
+    """Two runs side by side, one reserving through reserve_described, the other through reserve_token + layout:
+    the same rows, the same description, at the tip, when the buffer fills up, and after a restore elsewhere."""
+    fast, slow = AttentionRows(window, 6, max_rows=10_000), AttentionRows(window, 6, max_rows=10_000)
+    like = kv(0, 1)
+    for rows in (fast, slow):
+        rows.append(*kv(0, 3))
+    shared = fast.export()
+    for step in range(600):  # past the first buffer's capacity (a reallocation on the way)
+        if step == 300:  # a run restored from a shared entry: its first reservation copies
+            for rows in (fast, slow):
+                rows.restore(shared)
+        described = fast.reserve_described(*like)
+        row, lo = slow.reserve_token(*like)  # the same row numbers, each in its own buffer
+        k_at, k_heads, k_rows, v_at, v_heads, v_rows = fast.layout()
+        want = (k_at + lo * k_rows * 4, k_heads, k_rows, v_at + lo * v_rows * 4, v_heads, v_rows, row - lo + 1)
+        assert described == want and slow.layout()[1:3] == (k_heads, k_rows)
+        assert (fast.seen, fast.mark.filled, fast.held) == (slow.seen, slow.mark.filled, slow.held)
+        for rows in (fast, slow):  # the caller writes the reserved row
+            rows.keys[0, :, rows.row0 + rows.held - 1] = float(rows.seen - 1)
+    assert fast.copies == slow.copies >= 2
