@@ -3,13 +3,14 @@
 The workload: ordinary chat questions (an open request for a story, an explanation, a plan) whose greedy replies run
 for ``reply_tokens`` tokens (64) without repeating their context, so speculative decoding has little to copy. At each
 level of 1, 2, 4, 8, 16 and 32 concurrent sessions, every session asks one question at the same moment on one
-engine (the server's, without the network), and the level's aggregate rate is all completion tokens over its wall
-time. Then, on the same prompts and in the same run: one session alone with speculation off and on, and stock
+engine (the server's, without the network, with an empty cache), and the level's aggregate rate is all completion
+tokens over its wall time. Each level runs ``rounds`` times (3) on a fresh engine and reports the median: one round
+of one session is a single 0.7 s reply, which other work on a 2-core machine can slow by a third. Then, on the same prompts and in the same run: one session alone with speculation off and on, and stock
 transformers ``generate`` in float32 (the model as loaded from disk, no prefix cache). Torch runs in parallel only
 in the engines' workers and in a short-lived thread for ``generate`` (:mod:`chat.tools.bench.threads`).
 
 Keys: ``model``, ``weights`` (the engine's weight format), ``levels``, ``aggregate_tokens_per_s`` and ``ttft_p50_ms``
-(lists, one per level), ``single_stream_tokens_per_s`` (speculation off) and ``single_stream_spec_tokens_per_s``
+(lists, one per level: medians over the rounds), ``rounds``, ``single_stream_tokens_per_s`` (speculation off) and ``single_stream_spec_tokens_per_s``
 (speculation on): decode rates (tokens after the first over the time after the first, median over prompts);
 ``hf_generate_tokens_per_s``: the same rate for ``generate`` (its time for N tokens minus its time for 1, median);
 ``max_batch`` and ``token_budget`` (the scheduler's settings); ``threads`` (torch threads of each engine);
@@ -129,6 +130,7 @@ def run(
     weights: str | None = None,
     max_batch: int | None = None,
     token_budget: int | None = None,
+    rounds: int = 3,
 ) -> dict:
     """The benchmark. Torch runs in parallel only inside the engines' workers and in short-lived threads
     (chat.tools.bench.threads): this thread stays single-threaded."""
@@ -144,14 +146,18 @@ def run(
     single_stream(runtime, sample[:1], 4, 0)  # warm-up: every weight touched once
     rates, ttfts, errors = [], [], 0
     for n in levels:
-        engine = Engine(runtime, cache=PrefixCache(), batch=settings, threads=engine_threads())
-        try:
-            wall, level_ttfts, tokens, failed = run_level(engine, prompts(n), reply_tokens)
-        finally:
-            engine.close()
-        rates.append(tokens / wall)
-        ttfts.append(statistics.median(level_ttfts) if level_ttfts else float("nan"))
-        errors += failed
+        round_rates, round_ttfts = [], []
+        for _ in range(rounds):
+            engine = Engine(runtime, cache=PrefixCache(), batch=settings, threads=engine_threads())
+            try:
+                wall, level_ttfts, tokens, failed = run_level(engine, prompts(n), reply_tokens)
+            finally:
+                engine.close()
+            round_rates.append(tokens / wall)
+            round_ttfts.append(statistics.median(level_ttfts) if level_ttfts else float("nan"))
+            errors += failed
+        rates.append(statistics.median(round_rates))
+        ttfts.append(statistics.median(round_ttfts))
     plain = single_stream(runtime, sample, reply_tokens, 0)
     spec = single_stream(runtime, sample, reply_tokens, settings.draft_tokens)
     weights_used = runtime.weights
@@ -163,6 +169,7 @@ def run(
         "levels": list(levels),
         "aggregate_tokens_per_s": rates,
         "ttft_p50_ms": ttfts,
+        "rounds": rounds,
         "single_stream_tokens_per_s": statistics.median(plain),
         "single_stream_spec_tokens_per_s": statistics.median(spec),
         "hf_generate_tokens_per_s": statistics.median(hf),

@@ -7,8 +7,9 @@ def test_the_prompts_are_all_different_questions():
 
 
 def test_batch_bench_measures_every_level_and_the_baselines_in_one_run():
-    result = run("tiny-llama", levels=(1, 3), reply_tokens=5, max_batch=2, token_budget=32)
+    result = run("tiny-llama", levels=(1, 3), reply_tokens=5, max_batch=2, token_budget=32, rounds=2)
     assert result["levels"] == [1, 3] and len(result["aggregate_tokens_per_s"]) == 2 and result["errors"] == 0
+    assert result["rounds"] == 2
     assert all(r > 0 for r in result["aggregate_tokens_per_s"]) and all(t > 0 for t in result["ttft_p50_ms"])
     assert result["single_stream_tokens_per_s"] > 0 and result["single_stream_spec_tokens_per_s"] > 0
     assert result["hf_generate_tokens_per_s"] > 0
