@@ -23,14 +23,15 @@
 wait for their next token while a long prompt is prefilled). Defaults were chosen by measurement (see
 docs/benchmarks.md); both are settings (``--max-batch``, ``--token-budget``).
 
-**Prefixes shared in flight.** Sessions of one application start with the same system prompt; when many arrive
-together, none finds it in the cache yet. Computing it once per turn multiplies the prefill work; instead a fresh
-turn (nothing computed but what the cache gave) follows the older prefilling turn it shares the most with, and sits
-out while that one prefills. Prefills are served oldest first, so what a follower gives up is only the budget its
-leader leaves over in those steps; what it saves is every shared token. A turn follows at most once: when its leader
-has stored its prompt (or ended in any way) it looks again (:meth:`chat.engine.turn.Turn.look_again`) and goes on
-from the longest prefix it finds. Only runtimes without recurrent layers (any prefix of a stored prompt can be
-restored) and only within a namespace (same weights, dtype and tenant), as the cache itself shares.
+**Prefixes shared in flight.** Sessions of one application start with the same system prompt; when many arrive together,
+none finds it in the cache yet. Computing it once per turn multiplies the prefill work; instead a fresh turn (nothing
+computed but what the cache gave) follows the older prefilling turn it shares the most with (one that does not wait
+itself: followers of one leader all go on after one step), and sits out while that one prefills. Prefills are served
+oldest first, so what a follower gives up is only the budget its leader leaves over in those steps; what it saves is
+every shared token. A turn follows at most once: when its leader has stored its prompt (or ended in any way) it looks
+again (:meth:`chat.engine.turn.Turn.look_again`) and goes on from the longest prefix it finds. Only runtimes without
+recurrent layers (any prefix of a stored prompt can be restored) and only within a namespace (same weights, dtype and
+tenant), as the cache itself shares.
 
 **Fairness.** Decoding turns rotate through the seats; prefills are served first come, first served, and new turns
 join at the next step. Nothing waits on a turn that arrived later.
@@ -206,6 +207,8 @@ class Scheduler:
         for other in self._prefilling:
             if other is turn:
                 break
+            if self._leaders.get(other) is not None:  # a follower itself: a longer wait for a few tokens more
+                continue
             n = turn.shared_prefix(other)
             if n > shared:
                 best, shared = other, n

@@ -1,20 +1,21 @@
 """`turncache bench batch`: aggregate decode throughput against the number of concurrent sessions, one run.
 
-The workload: ordinary chat questions (an open request for a story, an explanation, a plan) whose greedy replies run
-for ``reply_tokens`` tokens (64) without repeating their context, so speculative decoding has little to copy. At each
-level of 1, 2, 4, 8, 16 and 32 concurrent sessions, every session asks one question at the same moment on one
-engine (the server's, without the network, with an empty cache), and the level's aggregate rate is all completion
-tokens over its wall time. Each level runs ``rounds`` times (3) on a fresh engine and reports the median: one round
-of one session is a single 0.7 s reply, which other work on a 2-core machine can slow by a third. Then, on the same prompts and in the same run: one session alone with speculation off and on, and stock
-transformers ``generate`` in float32 (the model as loaded from disk, no prefix cache). Torch runs in parallel only
-in the engines' workers and in a short-lived thread for ``generate`` (:mod:`chat.tools.bench.threads`).
+The workload: ordinary chat questions (an open request for a story, an explanation, a plan) whose greedy replies run for
+``reply_tokens`` tokens (64) without repeating their context, so speculative decoding has little to copy. At each level
+of 1, 2, 4, 8, 16 and 32 concurrent sessions, every session asks one question at the same moment on one engine (the
+server's, without the network, with an empty cache), and the level's aggregate rate is all completion tokens over its
+wall time. Each level runs ``rounds`` times (3) on a fresh engine and reports the median: one round of one session is a
+single 0.7 s reply, which other work on a 2-core machine can slow by a third. Then, on the same prompts and in the same
+run: one session alone with speculation off and on, and stock transformers ``generate`` in float32 (the model as loaded
+from disk, no prefix cache). Torch runs in parallel only in the engines' workers and in a short-lived thread for
+``generate`` (:mod:`chat.tools.bench.threads`).
 
 Keys: ``model``, ``weights`` (the engine's weight format), ``levels``, ``aggregate_tokens_per_s`` and ``ttft_p50_ms``
-(lists, one per level: medians over the rounds), ``rounds``, ``single_stream_tokens_per_s`` (speculation off) and ``single_stream_spec_tokens_per_s``
-(speculation on): decode rates (tokens after the first over the time after the first, median over prompts);
-``hf_generate_tokens_per_s``: the same rate for ``generate`` (its time for N tokens minus its time for 1, median);
-``max_batch`` and ``token_budget`` (the scheduler's settings); ``threads`` (torch threads of each engine);
-``errors``.
+(lists, one per level: medians over the rounds), ``rounds``, ``single_stream_tokens_per_s`` (speculation off) and
+``single_stream_spec_tokens_per_s`` (speculation on): decode rates (tokens after the first over the time after the
+first, median over prompts); ``hf_generate_tokens_per_s``: the same rate for ``generate`` (its time for N tokens minus
+its time for 1, median); ``max_batch`` and ``token_budget`` (the scheduler's settings); ``threads`` (torch threads of
+each engine); ``errors``.
 """
 
 from __future__ import annotations

@@ -304,3 +304,13 @@ def test_shared_prefix_stops_at_the_first_media_item_that_differs():
     assert a.shared_prefix(turn_with((cat,), salt="other tenant")) == 0
     other = begun(rt, None, TurnRequest([], SamplingParams(), prompt_tokens=[*tokens[:7], 1, *tokens[8:]]))
     assert turn_with(()).shared_prefix(other) == 7  # tokens: the longest common start
+
+
+def test_followers_follow_a_turn_that_computes_not_one_that_waits(monkeypatch):
+    # b and c share more with each other than with a; c still follows a, so both go on after one step
+    longer = "Tell me about the history of the river and its towns, "
+    requests = [chat("Hello there, how are you?"), chat(longer + "briefly."), chat(longer + "at length.")]
+    rt, turns, done = run_together(requests, share=True, monkeypatch=monkeypatch)
+    assert turns[2].shared_prefix(turns[1]) > turns[2].shared_prefix(turns[0]) + SHARE_MIN
+    assert len(rt.steps[0]) == 1 and len(rt.steps[1]) == 3  # a alone; then a's first token, b's and c's prompts
+    assert [done[i].usage.cached_tokens for i in range(3)] == [0, *(turns[i].shared_prefix(turns[0]) for i in (1, 2))]
