@@ -23,6 +23,7 @@ def _settings(args: argparse.Namespace):
         "model": args.model,
         "dtype": args.dtype,
         "weights": args.weights,
+        "kv_dtype": args.kv_dtype,
         "max_batch": args.max_batch,
         "threads": args.threads,
         "token_budget": args.token_budget,
@@ -48,7 +49,7 @@ def _load(args: argparse.Namespace):
     from chat.models.errors import ModelError
 
     try:
-        return load_model(args.model, args.dtype, args.weights)
+        return load_model(args.model, args.dtype, args.weights, args.kv_dtype)
     except ModelError as exc:
         raise SystemExit(f"turncache: {exc}") from exc
 
@@ -123,6 +124,12 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         "--weights",
         choices=["float32", "bfloat16", "int8"],
         help="format of the linear layers' weights (default: int8 for the built-in smollm2, else the dtype)",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=["float32", "float16", "bfloat16"],
+        help="what attention K/V are stored in (default: float16 with int8 weights where the native kernels run, "
+        "else the dtype)",
     )
     p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")
 

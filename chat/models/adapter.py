@@ -72,20 +72,23 @@ class ModelAdapter:
         context_window: int,
         eos_token_ids: set[int],
         weights: str = "float32",
+        kv_dtype: str | None = None,
         rotating_margin: int = DEFAULT_ROTATING_MARGIN,
     ) -> None:
         self._model = model  # a transformers causal LM in eval mode
         self._tokenizer = tokenizer  # its tokenizer, with a chat template
         self.name = name  # what /v1/models lists
         self.fingerprint = fingerprint  # weights + config + tokenizer: the cache namespace's model id
-        self.dtype = dtype  # "float32" | "bfloat16"
+        self.dtype = kv_dtype or dtype  # what attention K/V are stored in (the cache namespace's dtype)
+        self.compute_dtype = dtype  # what the model computes in: "float32" | "bfloat16"
         self.context_window = context_window  # most tokens a sequence may hold
         self.eos_token_ids = frozenset(eos_token_ids)  # tokens that end a reply
         self.modalities: frozenset[str] = frozenset()  # media kinds taken (multimodal adapters set theirs)
         self.weights = weights  # format of the linear layers' weights (chat.models.fast_paths.WEIGHT_FORMATS)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])  # logits per token
         self.device = next(model.parameters()).device
-        self._layout = CacheLayout(model.config, max_rows=context_window, margin=rotating_margin)
+        stored = getattr(torch, kv_dtype) if kv_dtype not in (None, dtype) else None  # None: as computed
+        self._layout = CacheLayout(model.config, max_rows=context_window, margin=rotating_margin, kv_dtype=stored)
         self.has_recurrent_state = self._layout.has_recurrent  # snapshot boundaries matter
         params = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params

@@ -51,6 +51,8 @@ class _BufferedKV:
         pack = ragged.current()
         if pack is not None:  # a one-run forward (chat.models.ragged): attention reads the views from the pack
             pack.kv, pack.window = [(keys[0], values[0])], self.rows.window
+        elif keys.dtype != key_states.dtype:  # rows stored in another dtype, read by transformers' own attention
+            return keys.to(key_states.dtype), values.to(value_states.dtype)
         return keys, values
 
     def get_seq_length(self) -> int:
@@ -129,11 +131,12 @@ class RecurrentLayout:
 class CacheLayout:
     """How a model's decoder layers map onto slots, and how to build a fresh :class:`RunCache` for it."""
 
-    def __init__(self, config: Any, *, max_rows: int, margin: int) -> None:
+    def __init__(self, config: Any, *, max_rows: int, margin: int, kv_dtype: torch.dtype | None = None) -> None:
         text = config.get_text_config(decoder=True)
         self.layer_types, self._layer_kwargs = get_layer_types_and_kwargs(text)
         self.max_rows = max_rows  # the context window: full buffers do not grow past it
         self.margin = margin  # rows kept beyond W - 1 in sliding layers, so short rewinds stay possible
+        self.kv_dtype = kv_dtype  # what attention rows are stored in (None: the dtype the model computes them in)
         slots: list[Slot] = []
         for i, (kind, kwargs) in enumerate(zip(self.layer_types, self._layer_kwargs, strict=True)):
             for part in LAYER_KINDS[kind]:
@@ -215,7 +218,7 @@ class CacheLayout:
 
     def _rows(self, window: int | None) -> AttentionRows:
         keep = 0 if window is None else window - 1 + self.margin
-        return AttentionRows(window, keep, self.max_rows)
+        return AttentionRows(window, keep, self.max_rows, self.kv_dtype)
 
     # ---------------------------------------------------------------- recurrent state
 

@@ -49,11 +49,15 @@ def _round_up(n: int, to: int = ROW_ALIGN) -> int:
     return -(-n // to) * to
 
 
-def _alloc(like_k: torch.Tensor, like_v: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor, _Mark]:
-    """A new buffer shaped like ``like_k`` / ``like_v`` with ``capacity`` rows, nothing written yet."""
+def _alloc(
+    like_k: torch.Tensor, like_v: torch.Tensor, capacity: int, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor, _Mark]:
+    """A new buffer shaped like ``like_k`` / ``like_v`` with ``capacity`` rows, nothing written yet; of ``dtype``, or
+    of theirs when None."""
     with torch.inference_mode(False):  # so that views record their base (see module docstring)
-        keys = torch.empty((*like_k.shape[:-2], capacity, like_k.shape[-1]), dtype=like_k.dtype, device=like_k.device)
-        values = torch.empty((*like_v.shape[:-2], capacity, like_v.shape[-1]), dtype=like_v.dtype, device=like_v.device)
+        k_dtype, v_dtype = dtype or like_k.dtype, dtype or like_v.dtype
+        keys = torch.empty((*like_k.shape[:-2], capacity, like_k.shape[-1]), dtype=k_dtype, device=like_k.device)
+        values = torch.empty((*like_v.shape[:-2], capacity, like_v.shape[-1]), dtype=v_dtype, device=like_v.device)
     mark = _Mark(0)
     setattr(keys, _MARK_ATTR, mark)
     setattr(values, _MARK_ATTR, mark)
@@ -89,12 +93,13 @@ def locate(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torc
 class AttentionRows:
     """One run's K/V for one attention layer: positions ``[first, seen)`` at rows ``[row0, row0 + held)``."""
 
-    def __init__(self, window: int | None, keep: int, max_rows: int) -> None:
+    def __init__(self, window: int | None, keep: int, max_rows: int, dtype: torch.dtype | None = None) -> None:
         if window is not None and keep < window - 1:
             raise ValueError(f"keep ({keep}) must be at least window - 1 ({window - 1})")
         self.window = window  # None: full attention; W: a query sees itself and the W - 1 positions before it
         self.keep = keep  # sliding only: rows exported, and kept when reallocating (W - 1 + margin)
         self.max_rows = max_rows  # full only: capacity is not grown past this (the context window) unless needed
+        self.dtype = dtype  # what the rows are stored in (appends convert, as copy_ does); None: the K/V's own
         self.keys: torch.Tensor | None = None  # base tensor [B, H, capacity, Dk], or a foreign view (mark None)
         self.values: torch.Tensor | None = None  # base tensor [B, H, capacity, Dv], same rows as keys
         self.mark: _Mark | None = None  # the buffer's mark; None while holding foreign views
@@ -103,7 +108,7 @@ class AttentionRows:
         self.seen = 0  # positions absorbed (the layer's length)
         self.floor = 0  # positions below this were restored or exported: others may hold views of their rows
         self.copies = 0  # reallocations (with a copy of held rows) so far, for tests and benchmarks
-        self._layout: tuple[torch.Tensor, tuple[int, ...]] | None = None  # (keys it describes, layout())
+        self._layout: tuple[torch.Tensor, tuple[int, ...], int] | None = None  # (keys, layout(), element size)
 
     @property
     def held(self) -> int:
@@ -165,8 +170,8 @@ class AttentionRows:
     def reserve_described(self, like_key: torch.Tensor, like_value: torch.Tensor) -> tuple[int, ...]:
         """:meth:`reserve_token`, returning where attention's rows lie for native code: ``(address of the first
         visible key row, key head stride, key row stride, address of the first visible value row, value head stride,
-        value row stride, visible rows)`` (bytes for addresses, elements for strides; float32 buffers), the new
-        token's row being the last. A decode step makes this call for every run and layer: the common case (the run
+        value row stride, visible rows)`` (bytes for addresses, elements for strides), the new token's row being the
+        last. A decode step makes this call for every run and layer: the common case (the run
         at the tip of its own buffer, with room, described before) makes no other call."""
         mark, keys = self.mark, self.keys
         row = self.row0 + self.seen - self.first
@@ -177,9 +182,12 @@ class AttentionRows:
             mark.filled = row + 1
             self.seen += 1
         cached = self._layout
-        described = cached[1] if cached is not None and cached[0] is self.keys else self.layout()
-        k_at, k_heads, k_rows, v_at, v_heads, v_rows = described
-        return k_at + lo * k_rows * 4, k_heads, k_rows, v_at + lo * v_rows * 4, v_heads, v_rows, row - lo + 1
+        if cached is None or cached[0] is not self.keys:
+            self.layout()
+            cached = self._layout
+            assert cached is not None
+        (k_at, k_heads, k_rows, v_at, v_heads, v_rows), size = cached[1], cached[2]
+        return k_at + lo * k_rows * size, k_heads, k_rows, v_at + lo * v_rows * size, v_heads, v_rows, row - lo + 1
 
     def layout(self) -> tuple[int, int, int, int, int, int]:
         """Where the buffer lies, for native code: ``(keys address, key head stride, key row stride, values
@@ -189,7 +197,8 @@ class AttentionRows:
         cached = self._layout
         if cached is None or cached[0] is not self.keys:
             k, v = self.keys, self.values
-            cached = (k, (k.data_ptr(), k.stride(-3), k.stride(-2), v.data_ptr(), v.stride(-3), v.stride(-2)))
+            described = (k.data_ptr(), k.stride(-3), k.stride(-2), v.data_ptr(), v.stride(-3), v.stride(-2))
+            cached = (k, described, k.element_size())
             self._layout = cached
         return cached[1]
 
@@ -267,7 +276,7 @@ class AttentionRows:
         else:
             take = min(held, self.keep)
             capacity = _round_up(take + q + max(self.keep, 64))
-        new_k, new_v, mark = _alloc(keys, values, capacity)
+        new_k, new_v, mark = _alloc(keys, values, capacity, self.dtype)
         if take:
             assert self.keys is not None and self.values is not None
             src = self.row0 + held - take

@@ -4,7 +4,9 @@
  *                      bit for bit, reading each weight byte once for up to 8 rows.
  * tc_attention         every sequence's query tokens over its own K/V rows (causal, optionally within a window),
  *                      in one call: decode steps and prefill chunks; each query token computed the same way in any
- *                      call, so a position's result does not depend on the chunking.
+ *                      call, so a position's result does not depend on the chunking. K/V rows in float32 or float16
+ *                      (per sequence; float16 is read into float32, and new rows are rounded to nearest even as
+ *                      torch rounds them).
  *
  * Both need AVX-512 (F, BW) and VNNI; tc_supported() says whether this CPU has them. Work is split over OpenMP
  * threads (the caller's team: torch's own libgomp, which the loader shares by soname), and every output element is
@@ -19,7 +21,7 @@
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-int tc_abi_version(void) { return 5; }
+int tc_abi_version(void) { return 6; }
 
 int tc_supported(void) {
     __builtin_cpu_init();
@@ -193,11 +195,36 @@ TARGET static inline __m512 exp_nonpositive(__m512 x) {
     return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
 }
 
-TARGET static inline float dot(const float *a, const float *b, int64_t d) {
+/* Up to 16 K/V elements from element index i of a row (float32, or float16 when half), as float32. Half is a constant
+ * at every call site once attend is inlined into its two instances. */
+#define INLINE static inline __attribute__((always_inline))
+
+TARGET INLINE __m512 kv_load(const void *row, int64_t i, __mmask16 mk, int half) {
+    if (half) { /* a masked 32-lane load of which the low 16 lanes are used: no lane outside the mask is read */
+        __m512i h = _mm512_maskz_loadu_epi16((__mmask32)mk, (const uint16_t *)row + i);
+        return _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    }
+    return _mm512_maskz_loadu_ps(mk, (const float *)row + i);
+}
+
+/* Copy n floats into a K/V row: as they are, or rounded to float16 (nearest even, as torch's conversion rounds). */
+TARGET static void kv_store(void *row, const float *x, int64_t n, int half) {
+    if (!half) {
+        memcpy(row, x, (size_t)n * sizeof(float));
+        return;
+    }
+    for (int64_t p = 0; p < n; p += 16) {
+        __mmask16 mk = float_mask(n - p);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(mk, x + p), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm512_mask_storeu_epi16((uint16_t *)row + p, (__mmask32)mk, _mm512_castsi256_si512(h));
+    }
+}
+
+TARGET INLINE float dot(const float *a, const void *b, int64_t d, int half) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t p = 0; p < d; p += 16) {
         __mmask16 mk = float_mask(d - p);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + p), _mm512_maskz_loadu_ps(mk, b + p), acc);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + p), kv_load(b, p, mk, half), acc);
     }
     return _mm512_reduce_add_ps(acc);
 }
@@ -219,15 +246,14 @@ TARGET static inline __m512 sum16(__m512 v[16]) {
                          _mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* The dot products of a (d floats) with 16 rows (row i at rows + i * stride), as one vector. */
-TARGET static inline __m512 dot16(const float *a, const float *rows, int64_t stride, int64_t d) {
+/* The dot products of a (d floats) with 16 rows (row i at element i * stride of rows), as one vector. */
+TARGET INLINE __m512 dot16(const float *a, const void *rows, int64_t stride, int64_t d, int half) {
     __m512 acc[16];
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t p = 0; p < d; p += 16) {
         __mmask16 mk = float_mask(d - p);
         __m512 av = _mm512_maskz_loadu_ps(mk, a + p);
-        for (int i = 0; i < 16; i++)
-            acc[i] = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(mk, rows + i * stride + p), acc[i]);
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(av, kv_load(rows, i * stride + p, mk, half), acc[i]);
     }
     return sum16(acc);
 }
@@ -252,28 +278,31 @@ TARGET static void softmax(float *scores, int64_t len) {
     }
 }
 
-/* One query token (group heads sharing K/V head h) over rows [lo, hi) of its sequence: the group's outputs. */
-TARGET static void attend(const float *qh, int64_t group, int64_t d, int64_t dv, const float *K, int64_t k_rows,
-                          const float *V, int64_t v_rows, int64_t lo, int64_t hi, float softcap, float *scores,
-                          float *o, int64_t o_heads) {
+/* One query token (group heads sharing K/V head h) over rows [lo, hi) of its sequence: the group's outputs. K and V
+ * are float32 rows, or float16 when half (strides in elements). */
+TARGET INLINE void attend(const float *qh, int64_t group, int64_t d, int64_t dv, const void *K, int64_t k_rows,
+                          const void *V, int64_t v_rows, int64_t lo, int64_t hi, float softcap, float *scores, float *o,
+                          int64_t o_heads, int half) {
+    const int64_t size = half ? 2 : 4; /* bytes per element */
+    const char *k_bytes = K, *v_bytes = V;
     int64_t len = hi - lo, r = 0;
     for (; r + 16 <= len; r += 16) { /* sixteen rows at a time: their scores come out as one vector */
-        const float *rows16 = K + (lo + r) * k_rows;
+        const char *rows16 = k_bytes + (lo + r) * k_rows * size;
         /* the rows come from memory (a step streams the weights through the caches between two visits): fetch the
          * next K rows, and the V rows for the weighted sum below */
         for (int64_t i = 0; i < 16; i++) {
             if (r + 16 + i < len)
-                for (int64_t p = 0; p < d; p += 16)
-                    _mm_prefetch((const char *)(rows16 + (16 + i) * k_rows + p), _MM_HINT_T0);
-            for (int64_t p = 0; p < dv; p += 16)
-                _mm_prefetch((const char *)(V + (lo + r + i) * v_rows + p), _MM_HINT_T0);
+                for (int64_t p = 0; p < d * size; p += 64)
+                    _mm_prefetch(rows16 + (16 + i) * k_rows * size + p, _MM_HINT_T0);
+            for (int64_t p = 0; p < dv * size; p += 64)
+                _mm_prefetch(v_bytes + (lo + r + i) * v_rows * size + p, _MM_HINT_T0);
         }
         for (int64_t j = 0; j < group; j++)
-            _mm512_storeu_ps(scores + j * len + r, dot16(qh + j * d, rows16, k_rows, d));
+            _mm512_storeu_ps(scores + j * len + r, dot16(qh + j * d, rows16, k_rows, d, half));
     }
     for (; r < len; r++) {
-        const float *row = K + (lo + r) * k_rows;
-        for (int64_t j = 0; j < group; j++) scores[j * len + r] = dot(qh + j * d, row, d);
+        const char *row = k_bytes + (lo + r) * k_rows * size;
+        for (int64_t j = 0; j < group; j++) scores[j * len + r] = dot(qh + j * d, row, d, half);
     }
     for (int64_t j = 0; j < group; j++) {
         float *sj = scores + j * len;
@@ -292,9 +321,9 @@ TARGET static void attend(const float *qh, int64_t group, int64_t d, int64_t dv,
                 for (int jj = 0; jj < QUERY_TILE; jj++) acc[jj][c] = _mm512_setzero_ps();
             }
             for (int64_t r = 0; r < len; r++) {
-                const float *row = V + (lo + r) * v_rows + p0;
+                const char *row = v_bytes + ((lo + r) * v_rows + p0) * size;
                 __m512 values[V_CHUNKS];
-                for (int c = 0; c < V_CHUNKS; c++) values[c] = _mm512_maskz_loadu_ps(mk[c], row + 16 * c);
+                for (int c = 0; c < V_CHUNKS; c++) values[c] = kv_load(row, 16 * c, mk[c], half);
                 for (int jj = 0; jj < QUERY_TILE; jj++) {
                     __m512 weight = _mm512_set1_ps(sj[jj][r]);
                     for (int c = 0; c < V_CHUNKS; c++) acc[jj][c] = _mm512_fmadd_ps(weight, values[c], acc[jj][c]);
@@ -309,16 +338,18 @@ TARGET static void attend(const float *qh, int64_t group, int64_t d, int64_t dv,
 
 /* Attention of the query tokens of n sequences, each over its own K/V rows, described by the n rows of table
  * (TABLE_FIELDS int64 each, in the order of the enum below). Sequence s has QUERIES query tokens, tokens FIRST ..
- * FIRST + QUERIES - 1 of q ([tokens, heads, d], already multiplied by the attention scale) and of out ([tokens,
- * heads, dv]), both contiguous; heads = kv_heads * group, query head h reading K/V head h / group. Its K: float
- * address KEYS (its first visible row, head 0), head stride K_HEADS, row stride K_ROWS (elements; the last dim
- * contiguous), ROWS rows; likewise V. Its queries are its last QUERIES positions: the i-th sees the rows up to its
- * own, ROWS - QUERIES + i, and if window > 0 only the window rows ending there; a lone query token sees all its rows
- * (a sliding layer hands a decode step only its window). If NEW_KEY is not 0 (a one-token sequence), head j of its
- * new key (d floats at NEW_KEY + j * new_k_heads) is first copied into its last row, and likewise its new value.
- * softcap <= 0: none. Returns 0, or -1 if scratch memory could not be had. */
+ * FIRST + QUERIES - 1 of q ([tokens, heads, d], already multiplied by the attention scale) and of out ([tokens, heads,
+ * dv]), both contiguous; heads = kv_heads * group, query head h reading K/V head h / group. Its K: address KEYS
+ * (bytes: its first visible row, head 0), head stride K_HEADS, row stride K_ROWS (elements; the last dim contiguous),
+ * ROWS rows; likewise V; HALF: 1 if its K/V are float16 (read into float32), 0 if float32. Its queries are its last
+ * QUERIES positions: the i-th sees the rows up to its own, ROWS - QUERIES + i, and if window > 0 only the window rows
+ * ending there; a lone query token sees all its rows (a sliding layer hands a decode step only its window). If NEW_KEY
+ * is not 0 (a one-token sequence), head j of its new key (d floats at NEW_KEY + j * new_k_heads) is first copied into
+ * its last row (rounded to float16, nearest even, if HALF), and likewise its new value. softcap <= 0: none. Returns 0,
+ * or -1 if scratch memory could not be had.
+ */
 enum { T_KEYS, T_K_HEADS, T_K_ROWS, T_VALUES, T_V_HEADS, T_V_ROWS, T_ROWS, T_NEW_KEY, T_NEW_VALUE, T_QUERIES, T_FIRST,
-       TABLE_FIELDS };
+       T_HALF, TABLE_FIELDS };
 
 TARGET int tc_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, int64_t dv, const float *q,
                         const int64_t *table, int64_t window, float softcap, float *out, int64_t new_k_heads,
@@ -330,10 +361,11 @@ TARGET int tc_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, i
         tasks += e[T_QUERIES] * kv_heads;
         if (e[T_NEW_KEY]) /* before any task reads the rows: a one-token sequence's task is its only reader */
             for (int64_t h = 0; h < kv_heads; h++) {
-                float *K = (float *)(intptr_t)e[T_KEYS] + h * e[T_K_HEADS] + (e[T_ROWS] - 1) * e[T_K_ROWS];
-                float *V = (float *)(intptr_t)e[T_VALUES] + h * e[T_V_HEADS] + (e[T_ROWS] - 1) * e[T_V_ROWS];
-                memcpy(K, (const float *)(intptr_t)e[T_NEW_KEY] + h * new_k_heads, (size_t)d * sizeof(float));
-                memcpy(V, (const float *)(intptr_t)e[T_NEW_VALUE] + h * new_v_heads, (size_t)dv * sizeof(float));
+                int64_t size = e[T_HALF] ? 2 : 4;
+                char *K = (char *)(intptr_t)e[T_KEYS] + (h * e[T_K_HEADS] + (e[T_ROWS] - 1) * e[T_K_ROWS]) * size;
+                char *V = (char *)(intptr_t)e[T_VALUES] + (h * e[T_V_HEADS] + (e[T_ROWS] - 1) * e[T_V_ROWS]) * size;
+                kv_store(K, (const float *)(intptr_t)e[T_NEW_KEY] + h * new_k_heads, d, (int)e[T_HALF]);
+                kv_store(V, (const float *)(intptr_t)e[T_NEW_VALUE] + h * new_v_heads, dv, (int)e[T_HALF]);
             }
     }
     int failed = 0;
@@ -354,11 +386,15 @@ TARGET int tc_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, i
             int64_t local = task - before, i = local / kv_heads, h = local % kv_heads;
             int64_t own = e[T_ROWS] - e[T_QUERIES] + i;
             int64_t lo = window > 0 && e[T_QUERIES] > 1 && own + 1 > window ? own + 1 - window : 0;
-            int64_t token = e[T_FIRST] + i;
-            attend(q + (token * heads + h * group) * d, group, d, dv,
-                   (const float *)(intptr_t)e[T_KEYS] + h * e[T_K_HEADS], e[T_K_ROWS],
-                   (const float *)(intptr_t)e[T_VALUES] + h * e[T_V_HEADS], e[T_V_ROWS], lo, own + 1, softcap,
-                   scores, out + (token * heads + h * group) * dv, dv);
+            int64_t token = e[T_FIRST] + i, size = e[T_HALF] ? 2 : 4;
+            const float *qh = q + (token * heads + h * group) * d;
+            float *o = out + (token * heads + h * group) * dv;
+            const char *K = (const char *)(intptr_t)e[T_KEYS] + h * e[T_K_HEADS] * size;
+            const char *V = (const char *)(intptr_t)e[T_VALUES] + h * e[T_V_HEADS] * size;
+            if (e[T_HALF]) /* two instances of attend, each with its element type fixed */
+                attend(qh, group, d, dv, K, e[T_K_ROWS], V, e[T_V_ROWS], lo, own + 1, softcap, scores, o, dv, 1);
+            else
+                attend(qh, group, d, dv, K, e[T_K_ROWS], V, e[T_V_ROWS], lo, own + 1, softcap, scores, o, dv, 0);
         }
         free(scores);
     }

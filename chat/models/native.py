@@ -48,8 +48,9 @@ _log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
 INT8_CHANNEL_ALIGN = 32  # a packed weight's rows can be sliced at multiples of this many output channels
-ABI_VERSION = 5
-_TABLE_FIELDS = 11  # columns of an attention table (Kernels.attention)
+ABI_VERSION = 6
+_TABLE_FIELDS = 12  # columns of an attention table (Kernels.attention)
+KV_DTYPES = {torch.float32: 0, torch.float16: 1}  # K/V rows the attention kernel reads -> the table's "half" field
 
 _lock = threading.Lock()
 _loaded: list[Kernels | None] = []  # [] until the first call of kernels(); then [the kernels or None]
@@ -130,17 +131,18 @@ class Kernels:
     ) -> None:
         """Fill ``out`` ``[T, H, Dv]`` (contiguous float32) with the attention of ``queries`` ``[T, H, D]``
         (contiguous float32, already scaled), one row of ``table`` per sequence (addresses in bytes, strides in
-        elements, all of float32 data whose last dimension is contiguous)::
+        elements; data whose last dimension is contiguous)::
 
             (keys, key head stride, key row stride, values, value head stride, value row stride, rows,
-             new key, new value, query tokens, first query token)
+             new key, new value, query tokens, first query token, half)
 
-        ``keys`` / ``values``: the sequence's first visible row of K/V head 0. Its query tokens are its last
-        positions, tokens ``first .. first + query tokens - 1`` of ``queries`` and ``out``: the ``i``-th sees the
-        rows up to its own (``rows - query tokens + i``), within ``window`` rows ending there if a window is given;
-        a lone query token sees all its rows. ``new key`` / ``new value``: 0, or (for a one-token sequence) where
-        head 0 of its new K/V lie (head ``j`` at ``j * new_heads[0]`` / ``[1]`` elements), copied into its last row
-        first. ``H`` is a multiple of ``kv_heads``: query head ``h`` reads K/V head ``h // (H / kv_heads)``."""
+        ``keys`` / ``values``: the sequence's first visible row of K/V head 0: float32 rows, or float16 rows when
+        ``half`` is 1 (read into float32). Its query tokens are its last positions, tokens ``first .. first + query
+        tokens - 1`` of ``queries`` and ``out``: the ``i``-th sees the rows up to its own (``rows - query tokens + i``),
+        within ``window`` rows ending there if a window is given; a lone query token sees all its rows. ``new key`` /
+        ``new value``: 0, or (for a one-token sequence) where head 0 of its new K/V lie (float32; head ``j`` at ``j *
+        new_heads[0]`` / ``[1]`` elements), copied into its last row first (rounded to float16 as torch rounds, if
+        ``half``). ``H`` is a multiple of ``kv_heads``: query head ``h`` reads K/V head ``h // (H / kv_heads)``."""
         n, heads, d = len(table), queries.shape[1], queries.shape[2]
         rows = array.array("q", itertools.chain.from_iterable(table))  # row-major, as the C side reads it
         if len(rows) != n * _TABLE_FIELDS:

@@ -59,6 +59,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from chat.models import native
 
 RAGGED_ATTENTION = "turncache_ragged"  # our entry in transformers' attention interface
+_NATIVE_ROWS = {None: 0, torch.float32: 0, torch.float16: 1}  # AttentionRows.dtype -> the kernel's "half" field
 MATMUL_QUERY = 16  # longest query computed as matmuls; longer ones go to SDPA with a mask
 
 
@@ -169,7 +170,7 @@ def route_kv(
         rows = slot.cache.layers[layer_idx].rows
         window = rows.window
         if slot.end - slot.start == 1:
-            if reserve:
+            if reserve and rows.dtype in _NATIVE_ROWS:
                 if like is None:
                     like = key_states[:1, :, :1], value_states[:1, :, :1]
                 entry = (
@@ -178,6 +179,7 @@ def route_kv(
                     v_at + slot.row * v_batch + slot.start * v_token,
                     1,
                     slot.row * width + slot.start,
+                    _NATIVE_ROWS[rows.dtype],
                 )
                 views.append(Reserved(entry))
                 continue
@@ -272,6 +274,8 @@ def ragged_attention(
     """
     pack = _active[-1] if _active else None
     if pack is None or pack.kv is None:
+        if key.dtype != query.dtype:  # rows stored in another dtype (float16 K/V)
+            key, value = key.to(query.dtype), value.to(query.dtype)
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("attention sinks are not supported in packed forwards")
@@ -294,6 +298,8 @@ def ragged_attention(
         if computed:
             continue
         k, v = view
+        if k.dtype != query.dtype:  # rows stored in another dtype (float16 K/V): computed in the query's
+            k, v = k.to(query.dtype), v.to(query.dtype)
         q = slot.end - slot.start
         kv = k.shape[-2]
         if q == 1:  # decoding: every visible row is attended (sliding layers return only the window)
@@ -333,8 +339,8 @@ def _native_attention(
     softcap: float | None,
 ) -> list[bool]:
     """Compute in one native call (:func:`chat.models.native.kernels`) the attention of every slot it can take: the
-    :class:`Reserved` one-token slots (the kernel first writes their K/V from ``key`` / ``value``, ``[B, Hk, S,
-    D]``), and slots whose views are float32 with contiguous rows. Writes into ``out``; returns which slots it
+    :class:`Reserved` one-token slots (the kernel first writes their K/V from ``key`` / ``value``, ``[B, Hk, S, D]``),
+    and slots whose views are float32 or float16 with contiguous rows. Writes into ``out``; returns which slots it
     computed."""
     done = [False] * len(pack.slots)
     kernels = native.kernels()
@@ -349,11 +355,14 @@ def _native_attention(
             table.append(view.entry)
         else:
             k, v = view
-            if not (k.dtype == v.dtype == torch.float32 and k.stride(-1) == v.stride(-1) == 1 and k.shape[1] > 0):
+            half = native.KV_DTYPES.get(k.dtype)
+            if half is None or v.dtype != k.dtype or k.stride(-1) != 1 or v.stride(-1) != 1 or k.shape[1] == 0:
                 continue
             k_heads, k_rows, v_heads, v_rows = k.stride(0), k.stride(1), v.stride(0), v.stride(1)
             first, q = slot.row * s + slot.start, slot.end - slot.start
-            table.append((k.data_ptr(), k_heads, k_rows, v.data_ptr(), v_heads, v_rows, k.shape[1], 0, 0, q, first))
+            table.append(
+                (k.data_ptr(), k_heads, k_rows, v.data_ptr(), v_heads, v_rows, k.shape[1], 0, 0, q, first, half)
+            )
         picked.append(i)
     if not picked:
         return done
@@ -372,7 +381,7 @@ def _native_attention(
         at = torch.tensor([t for entry in table for t in range(entry[10], entry[10] + entry[9])])
         gathered, offset = [], 0
         for entry in table:
-            gathered.append((*entry[:10], offset))
+            gathered.append((*entry[:10], offset, entry[11]))
             offset += entry[9]
         result = flat_out.new_empty((offset, h, flat_out.shape[-1]))
         kernels.attention(tokens.index_select(0, at), hk, gathered, pack.window, new_heads, result, softcap)

@@ -25,6 +25,7 @@ from chat.models.renderer import TemplateRenderer
 DTYPES = ("float32", "bfloat16")
 DEFAULT_CONTEXT = 4096  # when a config names no maximum
 DEFAULT_WEIGHTS = {smollm2.NAME: "int8"}  # weight format when none is asked for (measured: docs/benchmarks.md)
+KV_DTYPES = ("float32", "float16", "bfloat16")  # what attention K/V can be stored in
 
 
 def model_choices() -> list[str]:
@@ -34,13 +35,15 @@ def model_choices() -> list[str]:
     return [smollm2.NAME, *tiny_names(), *(f"tiny-{name}" for name in TINY_MM)]
 
 
-def load_model(spec: str, dtype: str = "float32", weights: str | None = None) -> Any:
+def load_model(spec: str, dtype: str = "float32", weights: str | None = None, kv_dtype: str | None = None) -> Any:
     """Load ``spec`` in ``dtype`` with its linear layers in the weight format ``weights`` (``float32`` |
-    ``bfloat16`` | ``int8``; by default the dtype's own) and return a ready :class:`chat.models.adapter.ModelAdapter`.
+    ``bfloat16`` | ``int8``; by default the dtype's own) and its attention K/V stored in ``kv_dtype`` (see
+    :func:`parse_kv_dtype`), and return a ready :class:`chat.models.adapter.ModelAdapter`.
 
     Raises:
         InvalidSettingError: ``dtype`` is not "float32" or "bfloat16" (``field == "dtype"``), or ``weights`` is not
-            a weight format this dtype can take (``field == "weights"``: a bfloat16 model keeps bfloat16 weights).
+            a weight format this dtype can take (``field == "weights"``: a bfloat16 model keeps bfloat16 weights),
+            or ``kv_dtype`` is not a K/V dtype this dtype can take (``field == "kv_dtype"``).
         UnknownModelError: ``spec`` is no built-in name, no tiny model and no directory.
         UnsupportedArchitectureError: the model family is refused (checked from the config, before weights load).
         ModelLoadError: files are missing or unreadable, or the tokenizer has no chat template.
@@ -48,11 +51,12 @@ def load_model(spec: str, dtype: str = "float32", weights: str | None = None) ->
     torch_dtype = parse_dtype(dtype)
     spec = _clean_spec(spec)
     weights = parse_weights(weights, dtype, spec)
+    kv_dtype = parse_kv_dtype(kv_dtype, dtype, weights)
     _offline()
     if spec.startswith("tiny-"):
-        return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype)
+        return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype, kv_dtype=kv_dtype)
     path, name = _directory_of(spec)
-    return load_directory(path, dtype, weights, name=name, torch_dtype=torch_dtype)
+    return load_directory(path, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv_dtype)
 
 
 def load_renderer(spec: str) -> TemplateRenderer:
@@ -94,7 +98,31 @@ def parse_weights(weights: str | None, dtype: str, spec: str = "") -> str:
     return weights
 
 
-def load_directory(path: Path, dtype: str, weights: str, *, name: str, torch_dtype: Any) -> Any:
+def parse_kv_dtype(kv_dtype: str | None, dtype: str, weights: str) -> str:
+    """What a model loaded in ``dtype`` with ``weights`` stores its attention K/V in: ``kv_dtype``, or when None the
+    default: ``float16`` for int8 weights where the native attention kernel reads it (:mod:`chat.models.native`),
+    else the dtype's own. float16 K/V take half the memory and half the attention traffic of float32 (next-token
+    agreement 1.0 with float32 K/V on smollm2's texts, docs/benchmarks.md). With int8 weights, whose products are
+    exact per token, a position's K/V round the same way however its prompt was cut, so cached turns stay bit for
+    bit those computed from scratch; with float32 weights, the last-bit differences of other chunkings can move a
+    float16 rounding (about 1e-3 in the logits), so float16 is chosen there only when asked for. A float32 model
+    computes in float32 either way; a bfloat16 model keeps bfloat16 K/V."""
+    if kv_dtype is None:
+        if dtype != "float32" or weights != "int8":
+            return dtype
+        from chat.models import native
+
+        return "float16" if native.kernels() is not None else "float32"
+    if kv_dtype not in KV_DTYPES:
+        raise InvalidSettingError("kv_dtype", f"{kv_dtype!r} is not supported; use one of {', '.join(KV_DTYPES)}")
+    if dtype != "float32" and kv_dtype != dtype:
+        raise InvalidSettingError("kv_dtype", f"a {dtype} model keeps {dtype} K/V; {kv_dtype} needs float32")
+    if dtype == "float32" and kv_dtype == "bfloat16":
+        raise InvalidSettingError("kv_dtype", "a float32 model stores float32 or float16 K/V")
+    return kv_dtype
+
+
+def load_directory(path: Path, dtype: str, weights: str, *, name: str, torch_dtype: Any, kv_dtype: str) -> Any:
     """A model directory -> adapter. The config is checked before any weights are read."""
     from transformers import AutoModelForCausalLM
 
@@ -103,7 +131,9 @@ def load_directory(path: Path, dtype: str, weights: str, *, name: str, torch_dty
 
     config = _read_config(path)
     if is_multimodal(config):
-        return load_multimodal_directory(path, config, dtype, weights, name=name, torch_dtype=torch_dtype)
+        return load_multimodal_directory(
+            path, config, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv_dtype
+        )
     check_config(config)
     tokenizer = _text_tokenizer(path)
     try:
@@ -111,7 +141,8 @@ def load_directory(path: Path, dtype: str, weights: str, *, name: str, torch_dty
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
     model.eval()
-    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=weight_files_digest(path))
+    digest = weight_files_digest(path)
+    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype)
 
 
 def directory_renderer(path: Path, *, name: str) -> TemplateRenderer:
@@ -126,35 +157,50 @@ def directory_renderer(path: Path, *, name: str) -> TemplateRenderer:
     return TemplateRenderer(_text_tokenizer(path), name=name)
 
 
-def load_multimodal_directory(path: Path, config: Any, dtype: str, weights: str, *, name: str, torch_dtype: Any) -> Any:
+def load_multimodal_directory(
+    path: Path, config: Any, dtype: str, weights: str, *, name: str, torch_dtype: Any, kv_dtype: str
+) -> Any:
     from chat.models.families_mm import load_multimodal
     from chat.models.fingerprint import weight_files_digest
 
     model, tokenizer, family = load_multimodal(path, config, torch_dtype)
     digest = weight_files_digest(path)
-    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, family=family)
+    return _adapter(
+        model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, family=family, kv_dtype=kv_dtype
+    )
 
 
-def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any) -> Any:
+def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str) -> Any:
     from chat.models.fingerprint import tensors_digest
     from chat.tools.testing.tiny_mm import build_tiny_multimodal
 
     model, tokenizer, family = build_tiny_multimodal(name, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
-    return _adapter(model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest, family=family)
+    return _adapter(
+        model,
+        tokenizer,
+        name=f"tiny-{name}",
+        dtype=dtype,
+        weights=weights,
+        digest=digest,
+        family=family,
+        kv_dtype=kv_dtype,
+    )
 
 
-def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any) -> Any:
+def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str | None = None) -> Any:
     from chat.models.fingerprint import tensors_digest
     from chat.tools.testing.tiny import build_tiny_model
     from chat.tools.testing.tiny_mm import TINY_MM
 
     if name in TINY_MM:
-        return load_tiny_multimodal(name, dtype, weights, torch_dtype)
+        return load_tiny_multimodal(name, dtype, weights, torch_dtype, kv_dtype or dtype)
     tokenizer, config = _tiny_text(name)
     model = build_tiny_model(config, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
-    return _adapter(model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest)
+    return _adapter(
+        model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype or dtype
+    )
 
 
 def tiny_renderer(name: str) -> TemplateRenderer:
@@ -233,7 +279,7 @@ def _tiny_text(name: str) -> tuple[Any, Any]:
 
 
 def _adapter(
-    model: Any, tokenizer: Any, *, name: str, dtype: str, weights: str, digest: str, family: Any = None
+    model: Any, tokenizer: Any, *, name: str, dtype: str, weights: str, digest: str, kv_dtype: str, family: Any = None
 ) -> Any:
     """The runtime of a loaded model: a ModelAdapter, or a MultimodalAdapter when ``family`` says how it takes
     media. ``digest`` is the digest of its weights, ``weights`` the format its linear layers run in (both part of the
@@ -246,6 +292,7 @@ def _adapter(
         "fingerprint": model_fingerprint(name, model.config, tokenizer, digest, weights),
         "dtype": dtype,
         "weights": weights,
+        "kv_dtype": kv_dtype,
         "context_window": _context_window(model.config, tokenizer),
         "eos_token_ids": _eos_ids(model, tokenizer),
     }

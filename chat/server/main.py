@@ -33,7 +33,7 @@ def build_engine(settings: ServerSettings) -> Engine:
             disk_budget_bytes=settings.disk_budget if settings.cache_dir else 0,
         )
     return Engine.load(
-        lambda: load_model(settings.model, settings.dtype, settings.weights),
+        lambda: load_model(settings.model, settings.dtype, settings.weights, settings.kv_dtype),
         cache=cache,
         batch=BatchSettings(settings.max_batch, settings.token_budget),
         threads=settings.threads,
@@ -61,10 +61,15 @@ def serve(settings: ServerSettings) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = key_ring(settings)  # a malformed keys file is refused before the model loads
-    from chat.models.registry import parse_weights
+    from chat.models.registry import parse_kv_dtype, parse_weights
 
     weights = parse_weights(settings.weights, settings.dtype, settings.model)  # the model's default when not given
-    print(f"turncache: loading {settings.model} ({settings.dtype}, {weights} weights) ...", file=sys.stderr, flush=True)
+    kv_dtype = parse_kv_dtype(settings.kv_dtype, settings.dtype, weights)
+    print(
+        f"turncache: loading {settings.model} ({settings.dtype}, {weights} weights, {kv_dtype} K/V) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     engine = build_engine(settings)
     app = create_app(engine, settings, model_name=engine.runtime.name, keys=keys)
     print(f"turncache: serving {engine.runtime.name} on http://{settings.host}:{settings.port}/", flush=True)

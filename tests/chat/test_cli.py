@@ -61,6 +61,7 @@ def test_bench_cache_table_without_json(capsys):
         (["--max-batch", "1000"], "--max-batch"),
         (["--token-budget", "8"], "--token-budget"),
         (["--weights", "int4"], "--weights"),
+        (["--kv-dtype", "int8"], "--kv-dtype"),
     ],
 )
 def test_serve_refuses_engine_settings_out_of_range_naming_the_setting(flags, named, monkeypatch, capsys):
@@ -84,3 +85,14 @@ def test_serve_flags_of_the_disk_tier(monkeypatch, tmp_path):
     assert off.cache_dir == "" and off.disk_budget == 0
     with pytest.raises(SystemExit, match="--disk-budget"):
         _settings(build_parser().parse_args(["serve", "--disk-budget", "-1"]))
+
+
+def test_the_kv_dtype_flag_and_its_environment_variable_reach_the_settings(monkeypatch):
+    from chat.cli import _settings, build_parser
+
+    monkeypatch.delenv("TURNCACHE_KV_DTYPE", raising=False)
+    assert _settings(build_parser().parse_args(["serve"])).kv_dtype is None  # the model's default
+    assert _settings(build_parser().parse_args(["serve", "--kv-dtype", "float32"])).kv_dtype == "float32"
+    monkeypatch.setenv("TURNCACHE_KV_DTYPE", "float16")
+    assert _settings(build_parser().parse_args(["serve"])).kv_dtype == "float16"
+    assert _settings(build_parser().parse_args(["serve", "--kv-dtype", "float32"])).kv_dtype == "float32"

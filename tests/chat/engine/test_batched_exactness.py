@@ -1,9 +1,9 @@
 """A turn computed inside a batch is the turn computed alone: for every tiny family (full attention, sliding window,
-each hybrid recurrent) and both tiny multimodal models, in float32 and in int8, concurrent turns of random
-conversations (hits and misses, edits, regenerations, different lengths, a cancel mid-batch, one turn whose feed
-fails inside the forward, turns that wait for the system prompt another computes) give the logits (max |diff| <=
-1e-4) and the greedy tokens of the same turn run alone: replayed on its own, from the cache as the round found it
-(or as it was when the turn looked again), with the same chunks.
+each hybrid recurrent) and both tiny multimodal models, in float32 and in int8 (K/V rows in float32 or float16),
+concurrent turns of random conversations (hits and misses, edits, regenerations, different lengths, a cancel mid-batch,
+one turn whose feed fails inside the forward, turns that wait for the system prompt another computes) give the logits
+(max |diff| <= 1e-4) and the greedy tokens of the same turn run alone: replayed on its own, from the cache as the round
+found it (or as it was when the turn looked again), with the same chunks.
 
 In float32 they also give what a run without any cache gives (whole prompt, other chunking). Greedy tokens may part
 only at a near tie (the two best logits within the tolerance: float rounding of another kernel shape may pick either;
@@ -52,6 +52,8 @@ CASES = [
     ("tiny-omni", "int8"),
     ("tiny-llama", "float32", "torch"),  # torch's operations instead of the native kernels (chat.models.native)
     ("tiny-llama", "int8", "torch"),
+    ("tiny-gemma3", "int8", "torch", "float16"),  # float16 K/V rows on torch's path (the kernel's are the default)
+    ("tiny-llama", "float32", "native", "float16"),
 ]
 WORDS = "the cat sat on a mat while two dogs ran far away from home and never came back again".split()  # noqa: SIM905
 # int8 with the native kernels on a text model without recurrent layers: every position is computed the same way in
@@ -293,12 +295,13 @@ def poison_the_last_layer(model, token: int) -> list:
 def model(request):
     from chat.models import load_model, native
 
-    name, weights, *kernels = request.param
-    if kernels == ["torch"]:
+    name, weights, *rest = request.param
+    kernels, kv_dtype = rest[0] if rest else "native", rest[1] if len(rest) > 1 else None
+    if kernels == "torch":
         with native.disabled():
-            yield load_model(name, weights=weights)
+            yield load_model(name, weights=weights, kv_dtype=kv_dtype)
     else:
-        yield load_model(name, weights=weights)
+        yield load_model(name, weights=weights, kv_dtype=kv_dtype)
 
 
 def test_turns_in_a_batch_give_what_they_give_alone(model, caplog):

@@ -73,6 +73,21 @@ def test_bad_dtype_names_the_field(dtype):
     assert info.value.field == "dtype" and "bfloat16" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "dtype,kv_dtype,why",
+    [
+        ("float32", "int8", "not supported"),
+        ("float32", "bfloat16", "float32 or float16"),
+        ("bfloat16", "float16", "keeps bfloat16"),
+        ("float32", "", "not supported"),
+    ],
+)
+def test_a_bad_kv_dtype_names_the_field(dtype, kv_dtype, why):
+    with pytest.raises(InvalidSettingError) as info:
+        load_model("tiny-llama", dtype, kv_dtype=kv_dtype)
+    assert info.value.field == "kv_dtype" and why in str(info.value)
+
+
 def test_runs_refuse_misuse():
     model = tiny("tiny-llama")
     run = model.new_run()

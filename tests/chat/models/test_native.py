@@ -28,8 +28,22 @@ def table_of(kv, queries=None):
     queries = queries or [1] * len(kv)
     firsts = [sum(queries[:i]) for i in range(len(kv))]
     return [
-        (k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), k.shape[1], 0, 0, q, first)
+        (
+            k.data_ptr(),
+            k.stride(0),
+            k.stride(1),
+            v.data_ptr(),
+            v.stride(0),
+            v.stride(1),
+            k.shape[1],
+            0,
+            0,
+            q,
+            first,
+            half,
+        )
         for (k, v), q, first in zip(kv, queries, firsts, strict=True)
+        for half in [native.KV_DTYPES[k.dtype]]
     ]
 
 
@@ -98,14 +112,16 @@ def test_int8_kernel_treats_a_zero_row_as_torch_does():
     dv=st.integers(1, 70),
     lengths=st.lists(st.integers(1, 90), min_size=1, max_size=6),
     softcap=st.sampled_from([None, 5.0, 30.0]),
+    kv_dtype=st.sampled_from([torch.float32, torch.float16]),
     seed=st.integers(0, 2**16),
 )
-def test_attention_kernel_gives_each_decode_step_its_own_rows(kv_heads, group, d, dv, lengths, softcap, seed):
+def test_attention_kernel_gives_each_decode_step_its_own_rows(kv_heads, group, d, dv, lengths, softcap, kv_dtype, seed):
+    """Against float64 attention over the rows as stored (float16 rows read exactly into float32)."""
     g = torch.Generator().manual_seed(seed)
     kv = []
     for length in lengths:  # views of larger buffers, as a run's rows are: head stride > length * d
-        keys = torch.randn(1, kv_heads, length + 17, d, generator=g)
-        values = torch.randn(1, kv_heads, length + 5, dv, generator=g)
+        keys = torch.randn(1, kv_heads, length + 17, d, generator=g).to(kv_dtype)
+        values = torch.randn(1, kv_heads, length + 5, dv, generator=g).to(kv_dtype)
         kv.append((keys[0, :, 3 : 3 + length], values[0, :, 2 : 2 + length]))
     queries = torch.randn(len(lengths), kv_heads * group, d, generator=g)
     out = torch.full((len(lengths), kv_heads * group, dv), float("nan"))
@@ -179,26 +195,33 @@ def test_disabled_turns_the_kernels_off_for_a_block():
 
 
 @needs_kernels
-def test_attention_kernel_writes_each_new_token_into_its_last_row_first():
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+def test_attention_kernel_writes_each_new_token_into_its_last_row_first(kv_dtype):
+    """float16 rows get the new K/V rounded as torch rounds them (``.to(torch.float16)``), bit for bit."""
     g = torch.Generator().manual_seed(11)
-    buffers = [(torch.randn(1, 2, 64, 8, generator=g), torch.randn(1, 2, 64, 12, generator=g)) for _ in range(3)]
+    buffers = [
+        (torch.randn(1, 2, 64, 8, generator=g).to(kv_dtype), torch.randn(1, 2, 64, 12, generator=g).to(kv_dtype))
+        for _ in range(3)
+    ]
+    size = buffers[0][0].element_size()
     lengths = [1, 9, 40]
     new = torch.randn(4, 2, 1, 8, generator=g).transpose(1, 2).reshape(4, 2, 8)  # [tokens, Hk, D]
     new_v = torch.randn(4, 2, 12, generator=g)
     tokens = [3, 0, 2]  # which new token each sequence takes
     table = [
         (
-            k.data_ptr() + 5 * k.stride(2) * 4,  # the visible rows start at row 5
+            k.data_ptr() + 5 * k.stride(2) * size,  # the visible rows start at row 5
             k.stride(1),
             k.stride(2),
-            v.data_ptr() + 5 * v.stride(2) * 4,
+            v.data_ptr() + 5 * v.stride(2) * size,
             v.stride(1),
             v.stride(2),
             n,
-            new.data_ptr() + t * new.stride(0) * 4,
+            new.data_ptr() + t * new.stride(0) * 4,  # the new K/V are float32
             new_v.data_ptr() + t * new_v.stride(0) * 4,
             1,
             i,
+            native.KV_DTYPES[kv_dtype],
         )
         for i, ((k, v), n, t) in enumerate(zip(buffers, lengths, tokens, strict=True))
     ]
@@ -207,7 +230,8 @@ def test_attention_kernel_writes_each_new_token_into_its_last_row_first():
     KERNELS.attention(queries, 2, table, None, (new.stride(1), new_v.stride(1)), out, None)
     views = []
     for (k, v), n, t in zip(buffers, lengths, tokens, strict=True):
-        assert torch.equal(k[0, :, 5 + n - 1], new[t]) and torch.equal(v[0, :, 5 + n - 1], new_v[t])
+        assert torch.equal(k[0, :, 5 + n - 1], new[t].to(kv_dtype))
+        assert torch.equal(v[0, :, 5 + n - 1], new_v[t].to(kv_dtype))
         views.append((k[0, :, 5 : 5 + n], v[0, :, 5 : 5 + n]))
     assert (out - attention_reference(queries, views, None)).abs().max().item() < 1e-5
 
@@ -239,15 +263,16 @@ def chunk_reference(query, key, value, window, softcap):
     chunks=st.lists(st.tuples(st.integers(1, 12), st.integers(0, 40)), min_size=1, max_size=5),
     window=st.sampled_from([None, 1, 3, 16]),
     softcap=st.sampled_from([None, 20.0]),
+    kv_dtype=st.sampled_from([torch.float32, torch.float16]),
     seed=st.integers(0, 2**16),
 )
-def test_attention_kernel_gives_chunks_their_causal_window(kv_heads, group, d, chunks, window, softcap, seed):
+def test_attention_kernel_gives_chunks_their_causal_window(kv_heads, group, d, chunks, window, softcap, kv_dtype, seed):
     """Sequences with several query tokens (prefill chunks: q new tokens after `before` earlier rows)."""
     g = torch.Generator().manual_seed(seed)
     kv, queries = [], []
     for q, before in chunks:
-        keys = torch.randn(1, kv_heads, q + before + 7, d, generator=g)
-        values = torch.randn(1, kv_heads, q + before + 3, d, generator=g)
+        keys = torch.randn(1, kv_heads, q + before + 7, d, generator=g).to(kv_dtype)
+        values = torch.randn(1, kv_heads, q + before + 3, d, generator=g).to(kv_dtype)
         kv.append((keys[0, :, 2 : 2 + q + before], values[0, :, 1 : 1 + q + before]))
         queries.append(q)
     tokens = torch.randn(sum(queries), kv_heads * group, d, generator=g)
