@@ -6,7 +6,10 @@ measured against float32 on the same texts, in one run:
 - ``next_token_agreement``: the share of positions where the format's most likely next token is float32's;
 - ``perplexity``: exp(mean negative log-likelihood) of the texts' own next tokens;
 - ``decode_tokens_per_s``: one greedy reply decoded alone (no speculation), like the engine does;
-- ``prefill_tokens_per_s``: one forward over a whole text.
+- ``prefill_tokens_per_s``: one forward over a whole text;
+- ``kv_dtypes``: what each format stores its attention K/V in (its default: float16 for int8 where the native kernels
+  run), and ``float16_kv_next_token_agreement`` / ``float16_kv_perplexity``: float32 weights with float16 K/V against
+  float32, what the float16 rows cost on their own.
 
 The texts (:data:`TEXTS`) are fixed: plain English paragraphs on everyday subjects, a short dialogue, a recipe and a
 code snippet, written for this benchmark.
@@ -55,11 +58,14 @@ REPLY_PROMPT = "Write a short story about a lighthouse keeper who finds a messag
 REPLY_TOKENS = 64
 
 
-def measure(weights: str, reference: list[torch.Tensor] | None) -> tuple[dict[str, float], list[torch.Tensor]]:
-    """Figures of one format; ``reference`` is float32's per-text logits (None when measuring float32 itself)."""
+def measure(
+    weights: str, reference: list[torch.Tensor] | None, kv_dtype: str | None = None
+) -> tuple[dict[str, float], list[torch.Tensor]]:
+    """Figures of one format (K/V rows in ``kv_dtype``, or the format's default); ``reference`` is float32's per-text
+    logits (None when measuring float32 itself)."""
     from chat.models import load_model
 
-    runtime = load_model("smollm2", weights=weights)
+    runtime = load_model("smollm2", weights=weights, kv_dtype=kv_dtype)
     all_logits: list[torch.Tensor] = []
     nll, count, agree, prefill_s, prefill_tokens = 0.0, 0, 0, 0.0, 0
     for i, text in enumerate(TEXTS):
@@ -86,6 +92,7 @@ def measure(weights: str, reference: list[torch.Tensor] | None) -> tuple[dict[st
         "perplexity": math.exp(nll / count),
         "decode_tokens_per_s": done.timings.decode_tokens_per_s,
         "prefill_tokens_per_s": prefill_tokens / prefill_s,
+        "kv_dtype": runtime.dtype,
     }
     return figures, all_logits
 
@@ -101,6 +108,10 @@ def run() -> dict:
     out: dict = {"model": "smollm2", "formats": list(FORMATS)}
     for key in ("next_token_agreement", "perplexity", "decode_tokens_per_s", "prefill_tokens_per_s"):
         out[key] = [round(results[w][key], 4) for w in FORMATS]
+    out["kv_dtypes"] = [results[w]["kv_dtype"] for w in FORMATS]
+    half, _ = measure("float32", reference, kv_dtype="float16")  # what float16 rows alone cost
+    out["float16_kv_next_token_agreement"] = round(half["next_token_agreement"], 4)
+    out["float16_kv_perplexity"] = round(half["perplexity"], 4)
     out["text_tokens"] = sum(len(t.split()) for t in TEXTS)
     return out
 
