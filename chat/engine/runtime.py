@@ -83,7 +83,7 @@ class ModelRuntime(ChatRenderer, Protocol):
     """A loaded model (``name``, ``modalities`` and ``render`` come from :class:`ChatRenderer`)."""
 
     fingerprint: str  # identity of weights (and their format) + config + tokenizer: the cache namespace's model id
-    dtype: str  # dtype of the attention K/V: "float32" | "bfloat16"
+    dtype: str  # what the attention K/V are stored in: "float32" | "float16" | "bfloat16" (part of the namespace)
     weights: str  # format of the linear layers' weights: "float32" | "bfloat16" | "int8"
     context_window: int  # most tokens a sequence may hold
     eos_token_ids: frozenset[int] | set[int]  # tokens that end a reply

@@ -2,7 +2,7 @@
 
 Public surface::
 
-    load_model(spec, dtype="float32", weights=None) -> ModelAdapter   # "smollm2", "tiny-<name>", or a directory
+    load_model(spec, dtype="float32", weights=None, kv_dtype=None) -> ModelAdapter   # "smollm2", "tiny-<name>", a dir
     load_renderer(spec) -> TemplateRenderer   # the same model's name, modalities and render, without weights
     ModelAdapter   name, fingerprint, dtype, weights, context_window, eos_token_ids, vocab_size, modalities,
                    has_recurrent_state, render, render_prompt, decode, detokenizer, new_run, forward_batch,
