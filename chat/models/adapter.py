@@ -80,7 +80,6 @@ class ModelAdapter:
         self.name = name  # what /v1/models lists
         self.fingerprint = fingerprint  # weights + config + tokenizer: the cache namespace's model id
         self.dtype = kv_dtype or dtype  # what attention K/V are stored in (the cache namespace's dtype)
-        self.compute_dtype = dtype  # what the model computes in: "float32" | "bfloat16"
         self.context_window = context_window  # most tokens a sequence may hold
         self.eos_token_ids = frozenset(eos_token_ids)  # tokens that end a reply
         self.modalities: frozenset[str] = frozenset()  # media kinds taken (multimodal adapters set theirs)

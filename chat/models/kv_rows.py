@@ -171,8 +171,8 @@ class AttentionRows:
         """:meth:`reserve_token`, returning where attention's rows lie for native code: ``(address of the first
         visible key row, key head stride, key row stride, address of the first visible value row, value head stride,
         value row stride, visible rows)`` (bytes for addresses, elements for strides), the new token's row being the
-        last. A decode step makes this call for every run and layer: the common case (the run
-        at the tip of its own buffer, with room, described before) makes no other call."""
+        last. A decode step makes this call for every run and layer: the common case (the run at the tip of its own
+        buffer, with room, described before) makes no other call."""
         mark, keys = self.mark, self.keys
         row = self.row0 + self.seen - self.first
         if mark is None or keys is None or mark.filled != row or row >= keys.shape[-2]:

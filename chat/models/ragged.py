@@ -59,7 +59,6 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from chat.models import native
 
 RAGGED_ATTENTION = "turncache_ragged"  # our entry in transformers' attention interface
-_NATIVE_ROWS = {None: 0, torch.float32: 0, torch.float16: 1}  # AttentionRows.dtype -> the kernel's "half" field
 MATMUL_QUERY = 16  # longest query computed as matmuls; longer ones go to SDPA with a mask
 
 
@@ -170,7 +169,8 @@ def route_kv(
         rows = slot.cache.layers[layer_idx].rows
         window = rows.window
         if slot.end - slot.start == 1:
-            if reserve and rows.dtype in _NATIVE_ROWS:
+            half = native.KV_DTYPES.get(rows.dtype or key_states.dtype) if reserve else None
+            if half is not None:
                 if like is None:
                     like = key_states[:1, :, :1], value_states[:1, :, :1]
                 entry = (
@@ -179,7 +179,7 @@ def route_kv(
                     v_at + slot.row * v_batch + slot.start * v_token,
                     1,
                     slot.row * width + slot.start,
-                    _NATIVE_ROWS[rows.dtype],
+                    half,
                 )
                 views.append(Reserved(entry))
                 continue
