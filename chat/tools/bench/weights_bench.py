@@ -59,13 +59,13 @@ REPLY_TOKENS = 64
 
 
 def measure(
-    weights: str, reference: list[torch.Tensor] | None, kv_dtype: str | None = None
+    weights: str, reference: list[torch.Tensor] | None, kv_dtype: str | None = None, model: str = "smollm2"
 ) -> tuple[dict[str, float], list[torch.Tensor]]:
     """Figures of one format (K/V rows in ``kv_dtype``, or the format's default); ``reference`` is float32's per-text
     logits (None when measuring float32 itself)."""
     from chat.models import load_model
 
-    runtime = load_model("smollm2", weights=weights, kv_dtype=kv_dtype)
+    runtime = load_model(model, weights=weights, kv_dtype=kv_dtype)
     all_logits: list[torch.Tensor] = []
     nll, count, agree, prefill_s, prefill_tokens = 0.0, 0, 0, 0.0, 0
     for i, text in enumerate(TEXTS):
@@ -97,19 +97,19 @@ def measure(
     return figures, all_logits
 
 
-def run() -> dict:
+def run(model: str = "smollm2") -> dict:
     results: dict[str, dict[str, float]] = {}
     reference = None
     for weights in FORMATS:
-        figures, logits = measure(weights, reference)
+        figures, logits = measure(weights, reference, model=model)
         if weights == "float32":
             reference = logits
         results[weights] = figures
-    out: dict = {"model": "smollm2", "formats": list(FORMATS)}
+    out: dict = {"model": model, "formats": list(FORMATS)}
     for key in ("next_token_agreement", "perplexity", "decode_tokens_per_s", "prefill_tokens_per_s"):
         out[key] = [round(results[w][key], 4) for w in FORMATS]
     out["kv_dtypes"] = [results[w]["kv_dtype"] for w in FORMATS]
-    half, _ = measure("float32", reference, kv_dtype="float16")  # what float16 rows alone cost
+    half, _ = measure("float32", reference, kv_dtype="float16", model=model)  # what float16 rows alone cost
     out["float16_kv_next_token_agreement"] = round(half["next_token_agreement"], 4)
     out["float16_kv_perplexity"] = round(half["perplexity"], 4)
     out["text_tokens"] = sum(len(t.split()) for t in TEXTS)
