@@ -170,7 +170,7 @@ class Scheduler:
             feed = turn.next_feed(max(1, budget - len(decoders) + 1), drafts=drafts)
             budget -= len(feed.tokens)
             plan.append((turn, feed))
-        for turn in list(self._prefilling):
+        for turn in self._prefilling:
             if len(plan) >= s.max_batch:
                 break
             if self._waits(turn):

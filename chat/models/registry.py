@@ -188,18 +188,18 @@ def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any, 
     )
 
 
-def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str | None = None) -> Any:
+def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str) -> Any:
     from chat.models.fingerprint import tensors_digest
     from chat.tools.testing.tiny import build_tiny_model
     from chat.tools.testing.tiny_mm import TINY_MM
 
     if name in TINY_MM:
-        return load_tiny_multimodal(name, dtype, weights, torch_dtype, kv_dtype or dtype)
+        return load_tiny_multimodal(name, dtype, weights, torch_dtype, kv_dtype)
     tokenizer, config = _tiny_text(name)
     model = build_tiny_model(config, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
     return _adapter(
-        model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype or dtype
+        model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype
     )
 
 
