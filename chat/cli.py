@@ -36,6 +36,8 @@ def _settings(args: argparse.Namespace):
         "sessions_db": args.sessions_db,
         "cache_dir": args.cache_dir,
         "disk_budget": args.disk_budget,
+        "max_reply_tokens": args.max_reply_tokens,
+        "max_n": args.max_n,
     }
     try:
         return ServerSettings(**{k: v for k, v in flags.items() if v is not None})
@@ -236,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", type=int, help="most turns in one batched forward (32)")
     serve.add_argument("--threads", type=int, help="torch threads of the engine (the number of CPU cores)")
     serve.add_argument("--token-budget", type=int, help="most tokens in one batched forward (256)")
+    serve.add_argument(
+        "--max-reply-tokens", type=int, help="reply length of a request without max_tokens (the context's room)"
+    )
+    serve.add_argument("--max-n", type=int, help="most replies one HTTP request may ask for with n (16)")
     serve.add_argument("--device-cache-mib", type=int, help="prefix cache budget on the model's device (1024)")
     serve.add_argument("--host-cache-mib", type=int, help="prefix cache budget on the host tier (2048)")
     serve.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' on /v1/* and /metrics")

@@ -24,12 +24,14 @@ or keep the constructing thread's own torch work single-threaded.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from cache import CacheStats, PrefixCache
+from chat.engine.constraints import GrammarCompiler, GrammarError
 from chat.engine.errors import EngineClosedError
 from chat.engine.events import Done, Event, TurnRequest
 from chat.engine.metrics import Metrics
@@ -37,6 +39,7 @@ from chat.engine.runtime import ModelRuntime
 from chat.engine.scheduler import BatchSettings, Scheduler
 from chat.engine.turn import Turn
 
+_log = logging.getLogger(__name__)
 Sink = Callable[[Event | BaseException], None]  # receives every event, then possibly an exception; any thread
 
 
@@ -75,6 +78,8 @@ class Engine:
         self._loader = loader  # builds the runtime in the worker, once
         self._ready = threading.Event()  # the runtime is there (or failed to load: _load_error)
         self._load_error: BaseException | None = None
+        self._grammars: GrammarCompiler | None = None  # compiles grammars for this model's tokenizer (made once)
+        self._grammars_lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name="turncache-engine", daemon=True)
         self._worker.start()
 
@@ -109,7 +114,10 @@ class Engine:
         """
         if self._closed:
             raise EngineClosedError("the engine is shut down")
-        handle = JobHandle(Turn(self.runtime, self.cache, request, draft_tokens=self.batch.draft_tokens), sink)
+        spec = request.params.grammar
+        grammar = self.grammars().compile(spec) if spec is not None else None
+        turn = Turn(self.runtime, self.cache, request, draft_tokens=self.batch.draft_tokens, grammar=grammar)
+        handle = JobHandle(turn, sink)
         self._inbox.put(handle)
         return handle
 
@@ -143,6 +151,21 @@ class Engine:
             if not finished:
                 handle.cancel()  # the consumer went away: stop within one step
 
+    def grammars(self) -> GrammarCompiler:
+        """The compiler of this model's grammars (built at the first call, ~0.4 s for a 49k vocabulary; the worker
+        builds it once the model is loaded). Thread-safe.
+
+        Raises:
+            GrammarError: the model offers no tokenizer for constrained decoding.
+        """
+        with self._grammars_lock:
+            if self._grammars is None:
+                make = getattr(self.runtime, "constraint_tokenizer", None)
+                if make is None:
+                    raise GrammarError(f"the model {getattr(self.runtime, 'name', '?')!r} has no constrained decoding")
+                self._grammars = GrammarCompiler(make())
+            return self._grammars
+
     def cache_stats(self) -> CacheStats | None:
         if self.cache is None:
             return None
@@ -174,6 +197,10 @@ class Engine:
                 self._closed = True
                 self._ready.set()
                 return
+        try:
+            self.grammars()  # the tokenizer table for grammars, before the first request needs it
+        except Exception:  # constrained turns are then refused, nothing else changes
+            _log.warning("constrained decoding is unavailable for this model", exc_info=True)
         self._ready.set()
         self._loop()
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chat.engine.sampling import SamplingParams
+from chat.engine.sampling import SamplingParams, TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,7 @@ class Timings:
 class Delta:
     text: str  # new text (may be "" while bytes of a character are pending)
     token_ids: tuple[int, ...]  # tokens this delta covers
+    logprobs: tuple[TokenLogprob, ...] = ()  # of those tokens, when the request asked for log-probabilities
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,8 @@ class Done:
     usage: Usage
     timings: Timings
     error: Exception | None = None  # set when finish_reason == "error"
+    logprobs: tuple[TokenLogprob, ...] = ()  # per reply token (EOS excluded), when asked for
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # per prompt token (None for the first), when asked for
 
 
 Event = Delta | Done

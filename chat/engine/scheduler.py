@@ -33,6 +33,10 @@ again (:meth:`chat.engine.turn.Turn.look_again`) and goes on from the longest pr
 recurrent layers (any prefix of a stored prompt can be restored) and only within a namespace (same weights, dtype and
 tenant), as the cache itself shares.
 
+**Grammar masks off the critical path.** A constrained turn's next mask depends only on the tokens it has, so the masks
+of every constrained turn of a step are computed (in llguidance's threads, without the GIL) while the forward runs
+(:class:`chat.engine.constraints.MaskBatch`); sampling then only applies them.
+
 **Fairness.** Decoding turns rotate through the seats; prefills are served first come, first served, and new turns
 join at the next step. Nothing waits on a turn that arrived later.
 
@@ -50,6 +54,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from chat.engine.constraints import MaskBatch
 from chat.engine.errors import InvalidBatchSettingError
 from chat.engine.events import Event
 from chat.engine.runtime import Feed, ModelRuntime
@@ -104,6 +109,7 @@ class Scheduler:
         self._prefilling: list[Turn] = []  # prefilling turns, oldest first
         self._leaders: dict[Turn, Turn | None] = {}  # prefilling turn -> the older turn it waits for (None: none)
         self.last: StepReport | None = None  # what the latest step did
+        self._masks: MaskBatch | None = None  # fills grammar masks during the forward (made at the first grammar)
 
     @property
     def busy(self) -> bool:
@@ -130,12 +136,18 @@ class Scheduler:
         self.last = StepReport(len(plan), sum(len(f.tokens) for _, f in plan), sum(not t.decoding for t, _ in plan))
         if not plan:
             return results
+        constraints = [c for turn, _ in plan if (c := turn.pending_constraint()) is not None]
+        if constraints and self._masks is None:
+            self._masks = MaskBatch()
+        pending = self._masks.start(constraints) if self._masks is not None else None
         try:
             outcomes = self.runtime.forward_batch([feed for _, feed in plan])
             if len(outcomes) != len(plan):
                 raise RuntimeError(f"the runtime returned {len(outcomes)} results for {len(plan)} feeds")
         except Exception as exc:  # a runtime bug: every turn of this step fails, the engine goes on
             outcomes = [exc] * len(plan)
+        if self._masks is not None:
+            self._masks.wait(pending)  # a mask that failed to fill is computed again when it is used
         for (turn, _), outcome in zip(plan, outcomes, strict=True):
             was_decoding = turn.decoding
             events = turn.fail(outcome) if isinstance(outcome, Exception) else turn.absorb(outcome)
@@ -201,7 +213,7 @@ class Scheduler:
 
     def _leader_of(self, turn: Turn) -> Turn | None:
         """The older prefilling turn whose stored prompt would spare ``turn`` the most work, if worth waiting for."""
-        if turn.cache is None or self.runtime.has_recurrent_state or not turn.fresh:
+        if not turn.reuses_cache or self.runtime.has_recurrent_state or not turn.fresh:
             return None
         best, shared = None, 0
         for other in self._prefilling:

@@ -17,6 +17,18 @@ scheduler runs that feed inside a batch with other turns' feeds, and the turn ta
 nothing yet may look the cache up again (:meth:`Turn.look_again`): the scheduler has it wait while an older turn in
 flight computes the prefix they share, then restore it.
 
+**Log-probabilities.** A reply's tokens carry the model's log-probabilities when asked (``logprobs``, and
+``top_logprobs`` alternatives): from the raw logits of the step that sampled them, so a turn restored from the cache
+reports the same values as one computed without it (the logits are the same: bit for bit with int8 weights).
+Prompt log-probabilities (``prompt_logprobs``, what ``/v1/completions`` with ``echo`` asks for) need the logits of
+every prompt position, which a restored prefix does not have: **such a turn takes nothing from the cache** (it
+computes its whole prompt, and stores it as any turn does, so later turns reuse it).
+
+**Sampling with state.** Penalties count this turn's own tokens; a grammar (:mod:`chat.engine.constraints`) masks the
+scores before the pick and ends the turn ("stop") once it cannot take another token. Both depend on the turn alone,
+never on what else shares the step. Speculative drafts are for plain greedy replies only (no bias, penalty, grammar
+or log-probabilities).
+
 Entries are stored at the end of the rendered prompt (always a prefix of the next turn, whatever the chat template
 does to the finished reply) and at the end of the reply. On models with recurrent layers the prefill also stops at
 the end of the system prompt, where a snapshot is taken.
@@ -38,11 +50,12 @@ from dataclasses import dataclass, field
 import torch
 
 from cache import Lease, LeaseError, MediaSpan, Namespace, PrefixCache
+from chat.engine.constraints import CompiledGrammar, Constraint
 from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.errors import ContextOverflowError, InvalidMediaError
 from chat.engine.events import Delta, Done, Event, Timings, TurnRequest, Usage
 from chat.engine.runtime import Feed, ModelRuntime, RenderedPrompt, Run
-from chat.engine.sampling import StopMatcher, sample
+from chat.engine.sampling import Penalties, StopMatcher, TokenLogprob, sample, shape, token_logprobs
 from modalities.errors import MediaError
 
 PREFILL_CHUNK = 256  # prefill tokens per step when a turn runs alone (the scheduler sets its own budget)
@@ -86,12 +99,13 @@ class ReplyWriter:
     def __init__(self, runtime: ModelRuntime, request: TurnRequest, max_tokens: int) -> None:
         self.tokens: list[int] = []  # every sampled token
         self.text: list[str] = []  # text pieces emitted
+        self.logprobs: list[TokenLogprob] = []  # of the tokens in emitted deltas, when asked for
         self.max_tokens = max_tokens  # reply length cap (the context window's room included)
         self._eos = runtime.eos_token_ids
         self._detok = runtime.detokenizer()
         self._stops = StopMatcher(request.params.stop)
 
-    def accept(self, token: int) -> tuple[list[Event], str | None]:
+    def accept(self, token: int, logprob: TokenLogprob | None = None) -> tuple[list[Event], str | None]:
         """Add a sampled token; return its events and the finish reason if the reply ends with it."""
         self.tokens.append(token)
         if token in self._eos:
@@ -99,8 +113,10 @@ class ReplyWriter:
         text, stopped = self._stops.push(self._detok.push(token))
         events: list[Event] = []
         if text or not stopped:
-            events.append(Delta(text, (token,)))
+            events.append(Delta(text, (token,), (logprob,) if logprob is not None else ()))
             self.text.append(text)
+            if logprob is not None:
+                self.logprobs.append(logprob)
         if stopped:
             return events, "stop"
         return events, "length" if len(self.tokens) >= self.max_tokens else None
@@ -143,6 +159,7 @@ class Turn:
         request: TurnRequest,
         *,
         draft_tokens: int = DRAFT_TOKENS,
+        grammar: CompiledGrammar | None = None,
     ) -> None:
         self.runtime = runtime  # the model
         self.cache = cache  # None: no prefix reuse (`--no-prefix-cache`)
@@ -152,7 +169,12 @@ class Turn:
         self.prompt: list[int] = []  # rendered prompt tokens
         self.media: tuple[MediaSpan, ...] = ()  # media items of the prompt
         self.cached_tokens = 0  # prompt tokens restored from the cache
-        self.reply = ReplyWriter(runtime, request, request.params.max_tokens)
+        params = request.params
+        cap = runtime.context_window if params.max_tokens is None else params.max_tokens
+        self.reply = ReplyWriter(runtime, request, cap)
+        self.constraint = Constraint(grammar) if grammar is not None else None  # the grammar's state, if any
+        self.penalties: Penalties | None = None  # set at begin when the request has penalties
+        self.prompt_logprobs: list[TokenLogprob | None] = []  # per prompt token, when asked for
         self.speculation: Speculation | None = None  # set when the prompt is absorbed, if this reply drafts
         self.clock = TurnClock()
         self._draft_tokens = draft_tokens  # most draft tokens per decode step; 0: no speculation
@@ -205,7 +227,12 @@ class Turn:
         if len(self.prompt) >= rt.context_window:
             raise ContextOverflowError(len(self.prompt), rt.context_window)
         self.reply.max_tokens = min(self.reply.max_tokens, rt.context_window - len(self.prompt))
-        self._restore()
+        if req.params.penalized:
+            self.penalties = Penalties(req.params, self.prompt)
+        if req.params.prompt_logprobs:
+            self.prompt_logprobs = [None]  # the first token has nothing before it
+        if self.reuses_cache:
+            self._restore()
         try:
             self._run = rt.new_run(self._lease, rendered)
         except BaseException:
@@ -230,6 +257,17 @@ class Turn:
             return
 
     # ================================================================ a prefix shared with a turn in flight
+
+    @property
+    def reuses_cache(self) -> bool:
+        """Whether this turn may start from a cached prefix (not when it needs every prompt position's logits)."""
+        return self.cache is not None and not self.request.params.prompt_logprobs
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy on the raw logits with nothing reported but the tokens: the replies that may speculate."""
+        p = self.request.params
+        return p.temperature == 0.0 and not p.shapes_logits and self.constraint is None and not p.logprobs
 
     @property
     def fresh(self) -> bool:
@@ -267,7 +305,7 @@ class Turn:
         this one's prompt); only while :attr:`fresh`. Returns True if the turn now starts further on. Anything that
         goes wrong leaves the turn as it was (it then computes its prompt itself)."""
         assert self.fresh
-        if self.cache is None:
+        if not self.reuses_cache:
             return False
         match = self.cache.lookup(self.namespace, self.prompt, self.media)
         if match is None or match.length <= self.cached_tokens:
@@ -315,7 +353,8 @@ class Turn:
             start = len(self._fed)
             end = min(self._stops_at[0], start + budget)
             chunk = self.prompt[start:end]
-            feed = Feed(self._run, chunk, 1 if end == len(self.prompt) else 0)
+            wanted = len(chunk) if self.request.params.prompt_logprobs else 1 if end == len(self.prompt) else 0
+            feed = Feed(self._run, chunk, wanted)
         else:
             assert self.phase is Phase.DECODE and self.reply.tokens
             draft = self._draft(budget - 1) if drafts else []
@@ -323,6 +362,15 @@ class Turn:
             feed = Feed(self._run, tokens, len(tokens))
         self._pending = feed
         return feed
+
+    def pending_constraint(self) -> Constraint | None:
+        """The grammar whose mask the pending feed's result will need (its last row is sampled), if any: a
+        scheduler computes that mask while the forward runs."""
+        feed = self._pending
+        if self.constraint is None or feed is None or not feed.logits:
+            return None
+        samples = self.phase is Phase.DECODE or len(self._fed) + len(feed.tokens) == len(self.prompt)
+        return self.constraint if samples and self.reply.max_tokens > 0 else None
 
     def _draft(self, room: int) -> list[int]:
         """Draft tokens after the next one: as many as the budget, the reply's cap and the window leave room for."""
@@ -348,7 +396,7 @@ class Turn:
             if len(feed.tokens) > 1:
                 return self._verify(feed, logits)
             self._fed.append(feed.tokens[0])
-            return self._accept(self._sample(logits[-1]))
+            return self._accept(*self._pick(logits[-1]))
         except Exception as exc:  # a bug or a broken model: this turn fails, nothing is stored
             return self._finish("error", exc)
 
@@ -381,6 +429,12 @@ class Turn:
     # ================================================================ absorbing
 
     def _absorb_prefill(self, feed: Feed, logits: torch.Tensor | None) -> list[Event]:
+        if self.request.params.prompt_logprobs:
+            assert logits is not None and len(logits) == len(feed.tokens)
+            start = len(self._fed) + 1  # row i predicts prompt[start + i]
+            targets = self.prompt[start : start + len(feed.tokens)]
+            top = self.request.params.top_logprobs
+            self.prompt_logprobs.extend(token_logprobs(logits[: len(targets)], targets, top))
         self._fed.extend(feed.tokens)
         if len(self._fed) < self._stops_at[0]:
             return []
@@ -394,10 +448,12 @@ class Turn:
         self.clock.prefill_end = time.perf_counter()
         self._store()  # the end of the rendered prompt: a prefix of the next turn, whatever the template does
         self.phase = Phase.DECODE
-        if self._draft_tokens > 0 and self.request.params.temperature == 0.0 and self.runtime.can_rewind:
+        if self.reply.max_tokens <= 0:  # max_tokens 0: the prompt only (its log-probabilities, its cache entry)
+            return self._finish("length")
+        if self._draft_tokens > 0 and self.plain_greedy and self.runtime.can_rewind:
             self.speculation = Speculation(self.prompt, self._draft_tokens)
         assert logits is not None
-        return self._accept(self._sample(logits[-1]))
+        return self._accept(*self._pick(logits[-1]))
 
     def _verify(self, feed: Feed, logits: torch.Tensor) -> list[Event]:
         """The next token and drafts went in together: keep the longest run of drafts that greedy decoding picks
@@ -420,16 +476,36 @@ class Turn:
         return events
 
     def _sample(self, row: torch.Tensor) -> int:
+        """A plain greedy pick (speculation only)."""
         return sample(row, self.request.params, self._rng)
 
-    def _accept(self, token: int) -> list[Event]:
+    def _pick(self, row: torch.Tensor) -> tuple[int, TokenLogprob | None]:
+        """The next token from one row of raw logits [vocab]: shaped, masked by the grammar, sampled; with its
+        log-probability when asked for."""
+        params = self.request.params
+        scores = shape(row, params, self.penalties)
+        if self.constraint is not None:
+            if scores is row:
+                scores = scores.clone()
+            self.constraint.mask(scores)
+        token = sample(scores, params, self._rng)
+        logprob = token_logprobs(row.view(1, -1), [token], params.top_logprobs)[0] if params.logprobs else None
+        return token, logprob
+
+    def _accept(self, token: int, logprob: TokenLogprob | None = None) -> list[Event]:
         now = time.perf_counter()
         if self.clock.first_token is None:
             self.clock.first_token = now
         self.clock.last_token = now
         if self.speculation is not None:
             self.speculation.lookup.extend([token])
-        events, reason = self.reply.accept(token)
+        if self.penalties is not None:
+            self.penalties.record(token)
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        events, reason = self.reply.accept(token, logprob)
+        if reason is None and self.constraint is not None and self.constraint.finished:
+            reason = "stop"  # the grammar is complete: nothing may follow
         if reason is not None:
             events.extend(self._finish(reason))
         return events
@@ -464,7 +540,8 @@ class Turn:
         usage = Usage(len(self.prompt), self.cached_tokens, len(self.reply.tokens))
         text = "".join(self.reply.text)
         timings = self.clock.timings(len(self.reply.tokens))
-        events.append(Done(text, tuple(self.reply.tokens), reason, usage, timings, error))
+        logprobs, prompt_logprobs = tuple(self.reply.logprobs), tuple(self.prompt_logprobs)
+        events.append(Done(text, tuple(self.reply.tokens), reason, usage, timings, error, logprobs, prompt_logprobs))
         return events
 
     def _release(self) -> None:

@@ -37,6 +37,7 @@ from chat.models.fast_paths import install
 from chat.models.hf_cache import CacheLayout, RunCache
 from chat.models.renderer import render_chat
 from chat.models.smoothing import CALIBRATION_TEXT
+from chat.models.vocabulary import Vocabulary, generation_defaults
 
 _log = logging.getLogger(__name__)
 DEFAULT_ROTATING_MARGIN = 64  # rows kept beyond W - 1 in sliding layers: rewinds of up to this many tokens
@@ -86,6 +87,9 @@ class ModelAdapter:
         self.weights = weights  # format of the linear layers' weights (chat.models.fast_paths.WEIGHT_FORMATS)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])  # logits per token
         self.device = next(model.parameters()).device
+        self.generation_defaults = generation_defaults(getattr(model, "generation_config", None))  # sampling
+        # settings the model's generation_config sets (for request fields left out)
+        self._vocabulary = Vocabulary(tokenizer, logits_width=self.vocab_size, eos_token_ids=self.eos_token_ids)
         stored = getattr(torch, kv_dtype) if kv_dtype not in (None, dtype) else None  # None: as computed
         self._layout = CacheLayout(model.config, max_rows=context_window, margin=rotating_margin, kv_dtype=stored)
         self.has_recurrent_state = self._layout.has_recurrent  # snapshot boundaries matter
@@ -127,6 +131,14 @@ class ModelAdapter:
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens left out."""
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def constraint_tokenizer(self) -> Any:
+        """The token table grammars are compiled against (``llguidance.LLTokenizer``; built at the first call)."""
+        return self._vocabulary.table()
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's bytes (for log-probabilities on the wire)."""
+        return self._vocabulary.token_bytes(token_id)
 
     def detokenizer(self) -> IncrementalDetokenizer:
         """A fresh incremental detokenizer for one reply."""

@@ -11,8 +11,10 @@ to the client as an ``error`` event (``ErrorEvent.of(exc)``) and keeps the conne
       engine/server . context_overflow, invalid_media, unavailable, internal, unauthorized (never raised here)
 
 Only the transport raises ``unauthorized``; the engine reports ``context_overflow``, ``invalid_media``,
-``unavailable`` and ``internal`` through ``Session.on_error``. Some codes belong to the HTTP API only (it has no
-events): ``invalid_request``, ``invalid_sampling``, ``model_not_found``, ``too_large``. What each code becomes on
+``unavailable`` and ``internal`` through ``Session.on_error``; a turn whose grammar or sampling fields do not fit
+the model fails with ``invalid_grammar`` / ``invalid_sampling`` before anything is computed. Some codes belong to
+the HTTP API only (it has no events): ``invalid_request``, ``unknown_parameter``, ``unsupported_parameter``,
+``model_not_found``, ``too_large``. What each code becomes on
 each transport (HTTP status, WebSocket close code) is the table in ``chat/server/errors.py``.
 """
 
@@ -40,9 +42,13 @@ class ErrorCode(enum.StrEnum):
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # a browser page of another origin (the WebSocket closes with 1008)
     UNAVAILABLE = "unavailable"  # the server is shutting down: the engine takes no more turns
     INTERNAL = "internal"  # a bug or a model failure; the session is left as it was before the turn
+    INVALID_GRAMMAR = "invalid_grammar"  # response_format / structured_outputs: a schema that is not JSON Schema, a
+    # regex or grammar that does not compile, or one over a limit
+    INVALID_SAMPLING = "invalid_sampling"  # a sampling field out of range for the model (`param` names it)
     # HTTP only:
     INVALID_REQUEST = "invalid_request"  # the request body is malformed or breaks a limit (`param` names the field)
-    INVALID_SAMPLING = "invalid_sampling"  # a sampling field out of range (`param` names it)
+    UNKNOWN_PARAMETER = "unknown_parameter"  # a request field that no API of ours knows (OpenAI's refusal text)
+    UNSUPPORTED_PARAMETER = "unsupported_parameter"  # an OpenAI field this server does not honour (`param` names it)
     MODEL_NOT_FOUND = "model_not_found"  # `model` is not served here (OpenAI's code for it)
     TOO_LARGE = "too_large"  # the body exceeds --max-body-mib (a WebSocket frame over its limit closes with 1009)
 

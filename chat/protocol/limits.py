@@ -27,9 +27,15 @@ MAX_MEDIA_PER_CONVERSATION = 64  # media items in one conversation
 MAX_TEMPERATURE = 5.0  # temperature is in [0, MAX_TEMPERATURE]; 0 means greedy
 MAX_TOP_K = 1_000_000  # top_k is in [0, MAX_TOP_K]; 0 means no limit
 MAX_SEED = 2**63 - 1  # seed is in [0, MAX_SEED]
-MAX_REPLY_TOKENS = 32_768  # max_tokens is in [1, MAX_REPLY_TOKENS]; the engine also caps it by the context window
+MAX_REPLY_TOKENS = 32_768  # max_tokens is in [1, MAX_REPLY_TOKENS] (0 too in /v1/completions); the engine also caps it by the context window
 MAX_STOP_STRINGS = 8  # stop strings per request
 MAX_STOP_CHARS = 256  # characters in one stop string
+MAX_TOP_LOGPROBS = 20  # top_logprobs (and /v1/completions' logprobs) is in [0, MAX_TOP_LOGPROBS]
+MAX_LOGIT_BIAS = 1024  # entries in logit_bias (each bias in [-100, 100])
+MAX_REPETITION_PENALTY = 10.0  # repetition_penalty is in (0, MAX_REPETITION_PENALTY]; 1 = off
+MAX_GRAMMAR_CHARS = 65_536  # a regex or grammar of structured_outputs (a JSON schema: its canonical JSON)
+MAX_CHOICES_N = 16  # n (replies per request) is in [1, MAX_CHOICES_N] unless the server sets a lower cap
+MAX_COMPLETION_PROMPTS = 256  # prompts in one /v1/completions request
 
 AudioFormat = Literal["wav", "mp3", "flac", "ogg", "opus", "webm", "m4a"]  # input_audio.format values
 AUDIO_FORMATS: tuple[str, ...] = get_args(AudioFormat)

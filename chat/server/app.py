@@ -2,7 +2,8 @@
 results and errors back into wire responses; every decision about content lives in the engine and the protocol.
 
 Routes: ``/`` (the web UI), ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /v1/models``,
-``POST /v1/chat/completions``, and the chat WebSocket ``/v1/ws`` (see docs/protocol.md).
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's), and the
+chat WebSocket ``/v1/ws`` (see docs/protocol.md, docs/openai.md).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from chat.engine.engine import Engine
 from chat.engine.errors import EngineError
 from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
-from chat.server import openai_api
+from chat.server import completions_api, openai_api, tokenize_api
 from chat.server.auth import KeyRing, Tenant, bearer_of
+from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
 from chat.server.metrics_text import render_metrics, render_session_metrics
 from chat.server.session_db import SqliteSessionStore
@@ -85,7 +87,7 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
                 RequestError(ErrorCode.TOO_LARGE, f"request bodies are limited to {settings.max_body_mib} MiB")
             )
         path = request.url.path.removeprefix(request.scope.get("root_path", ""))  # as routed, without a mount prefix
-        protected = path.startswith("/v1/") or path == "/metrics"
+        protected = path.startswith("/v1/") or path in ("/metrics", "/tokenize", "/detokenize")
         if protected:
             tenant = keys.authenticate(bearer_of(request.headers.get("authorization")))
             if tenant is None:
@@ -124,16 +126,45 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "local"}]}
 
+    def check_model(name: str | None) -> None:
+        if name not in (None, model_name):
+            message = f"unknown model {name!r}; this server runs {model_name!r}"
+            raise RequestError(ErrorCode.MODEL_NOT_FOUND, message, param="model")
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
-        if body.model not in (None, model_name):
-            message = f"unknown model {body.model!r}; this server runs {model_name!r}"
-            raise RequestError(ErrorCode.MODEL_NOT_FOUND, message, param="model")
+        check_model(body.model)
+        body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
-        turn = openai_api.build_turn(body, tenant.salt, engine.runtime)
+        turn = openai_api.build_turn(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
+        await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(body))
+        turns = with_seeds(turn, body.n or 1)
         if body.stream:
-            return StreamingResponse(openai_api.stream(engine, turn, model_name), media_type="text/event-stream")
-        return await openai_api.complete(engine, turn, model_name)
+            events = await openai_api.stream(engine, turns, model_name)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return await openai_api.complete(engine, turns, model_name)
+
+    @app.post("/v1/completions")
+    async def completions(body: completions_api.CompletionRequest, request: Request):
+        check_model(body.model)
+        body.check(settings.max_n)
+        tenant: Tenant = request.state.tenant
+        turns = completions_api.build_turns(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
+        await openai_api.check_grammar(engine, turns[0].params.grammar, openai_api.grammar_field(body))
+        if body.stream:
+            events = await completions_api.stream(engine, body, turns, model_name)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return await completions_api.complete(engine, body, turns, model_name)
+
+    @app.post("/tokenize")
+    async def tokenize(body: tokenize_api.TokenizeRequest) -> dict:
+        check_model(body.model)
+        return tokenize_api.tokenize(body, engine.runtime)
+
+    @app.post("/detokenize")
+    async def detokenize(body: tokenize_api.DetokenizeRequest) -> dict:
+        check_model(body.model)
+        return tokenize_api.detokenize(body, engine.runtime)
 
     @app.websocket("/v1/ws")
     async def chat_socket(ws: WebSocket) -> None:

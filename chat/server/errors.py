@@ -9,6 +9,8 @@ Exceptions and their wire code::
     RequestError (below)                   its .code: what the HTTP transport refuses (body, key, envelope, model;
                                             a body that does not validate: validation_error)
     ContextOverflowError                   context_overflow
+    GrammarError                           invalid_grammar (response_format / structured_outputs)
+    SamplingFieldError                     invalid_sampling (.field names it)
     UnsupportedMediaError                  invalid_media   (.item names the part)
     InvalidMediaError, MediaError          invalid_media   (.item)
     EngineClosedError                      unavailable
@@ -25,9 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chat.engine.constraints import GrammarError
 from chat.engine.errors import ContextOverflowError, EngineClosedError, InvalidMediaError, UnsupportedMediaError
 from chat.protocol.content import INVALID_MEDIA
 from chat.protocol.errors import ErrorCode, ProtocolError
+from chat.server.turns import SamplingFieldError
 from modalities.errors import MediaError
 
 POLICY_VIOLATION = 1008  # WebSocket close code: refused credentials or origin
@@ -53,6 +57,9 @@ TRANSPORT: dict[ErrorCode, Transport] = {
     ErrorCode.INVALID_EVENT: _BAD,
     ErrorCode.INVALID_REQUEST: _BAD,
     ErrorCode.INVALID_SAMPLING: _BAD,
+    ErrorCode.INVALID_GRAMMAR: _BAD,
+    ErrorCode.UNKNOWN_PARAMETER: _BAD,
+    ErrorCode.UNSUPPORTED_PARAMETER: _BAD,
     ErrorCode.INVALID_MEDIA: _BAD,
     ErrorCode.NO_SESSION: _BAD,
     ErrorCode.UNKNOWN_SESSION: Transport(404, "invalid_request_error"),
@@ -69,6 +76,8 @@ TRANSPORT: dict[ErrorCode, Transport] = {
 
 _BY_EXCEPTION: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (ContextOverflowError, ErrorCode.CONTEXT_OVERFLOW),
+    (GrammarError, ErrorCode.INVALID_GRAMMAR),
+    (SamplingFieldError, ErrorCode.INVALID_SAMPLING),
     (UnsupportedMediaError, ErrorCode.INVALID_MEDIA),
     (InvalidMediaError, ErrorCode.INVALID_MEDIA),
     (MediaError, ErrorCode.INVALID_MEDIA),
@@ -98,6 +107,10 @@ class Reported:
 def validation_error(errors: list[dict]) -> RequestError:
     """The refusal of a request body that does not validate: ``invalid_media`` naming the part
     (``messages[i].content[j]``) when a media part is at fault, else ``invalid_request`` naming the field."""
+    unknown = [e for e in errors if e.get("type") == "extra_forbidden"]
+    if unknown:  # OpenAI's words for a field it does not know
+        name = ".".join(str(p) for p in unknown[0].get("loc", ()) if p != "body")
+        return RequestError(ErrorCode.UNKNOWN_PARAMETER, f"Unrecognized request argument supplied: {name}", param=name)
     media = [e for e in errors if e.get("type") == INVALID_MEDIA]
     first = media[0] if media else errors[0] if errors else {}
     loc = [p for p in first.get("loc", ()) if p != "body"]
@@ -126,5 +139,5 @@ def describe(exc: BaseException) -> Reported:
     if code is ErrorCode.INTERNAL:
         return Reported(code, INTERNAL_MESSAGE, None, TRANSPORT[code])
     message = exc.message if isinstance(exc, ProtocolError) else str(exc)
-    param = exc.param if isinstance(exc, RequestError) else getattr(exc, "item", None)
+    param = exc.param if isinstance(exc, RequestError) else getattr(exc, "item", getattr(exc, "field", None))
     return Reported(code, message, None if param is None else str(param), TRANSPORT[code])

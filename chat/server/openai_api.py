@@ -4,165 +4,368 @@ Every response carries ``usage.prompt_tokens_details.cached_tokens``: in a non-s
 chunk of a stream (whether or not ``stream_options.include_usage`` was asked for; clients ignore what they do not
 know). Each request is stateless: the client sends the whole conversation, and the prefix cache finds what it has.
 
+**Nothing is silently ignored.** Every field of OpenAI's request is honoured or refused: a field no API of ours
+knows gets OpenAI's own refusal (400, "Unrecognized request argument supplied: NAME", code ``unknown_parameter``);
+an OpenAI field this server does not honour (tools, audio, ...) gets 400 ``unsupported_parameter`` naming it,
+unless it is absent, null or its neutral value (``store: false``, ``modalities: ["text"]``, ``service_tier: "auto"``
+or ``"default"``, ``parallel_tool_calls`` without tools, empty ``tools`` / ``metadata``). The table of fields is
+``docs/openai.md``.
+
 Messages use the WebSocket protocol's content types and limits (``chat.protocol.content``, ``chat.protocol.limits``)
-in an OpenAI envelope (:class:`HttpMessage`); sampling fields are validated once, by the protocol's
+in an OpenAI envelope (:class:`HttpMessage`); sampling fields (penalties, ``logit_bias``, ``logprobs``,
+``response_format``, the ``structured_outputs`` extension, ...) are validated once, by the protocol's
 ``SamplingSettings``; usage and timings are converted by ``chat.server.turns``, errors reported by
-``chat.server.errors`` — the same as on the WebSocket. Since every request carries the whole conversation, each of
-its media items is decoded and hashed once per request (by validation); the engine neither decodes nor hashes an
-item whose prepared form it holds.
+``chat.server.errors`` — the same as on the WebSocket. A grammar is compiled (or found compiled) before anything is
+computed, so a bad schema is a 400 naming its field. ``n`` replies run as ``n`` turns (``chat.server.choices``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Literal
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from chat.engine.engine import Engine
-from chat.engine.events import Done, TurnRequest
+from chat.engine.constraints import GrammarError, GrammarSpec
+from chat.engine.events import Delta, Done, Event, TurnRequest
 from chat.protocol.client_events import ModelName
 from chat.protocol.content import ChatMessage, Content, PromptMessage, check_media_count
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_MESSAGES
 from chat.protocol.sampling import SamplingSettings
+from chat.server.choices import chat_logprobs, run_turns
 from chat.server.errors import RequestError
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop")  # same names as SamplingSettings'
+SAMPLING_FIELDS = (  # the request fields that are SamplingSettings' (same names)
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "structured_outputs",
+)
+SHAPE_FIELDS = ("response_format", "structured_outputs")  # a malformed one is invalid_request, not a range error
+
+
+def _neutral(name: str, value: Any, given: dict[str, Any]) -> bool:
+    """Whether an OpenAI field we do not honour carries a value that asks for nothing."""
+    if value is None or value is False or value == [] or value == {}:
+        return True
+    if name == "modalities":
+        return value == ["text"]
+    if name == "service_tier":
+        return value in ("auto", "default")
+    if name == "parallel_tool_calls":
+        return not given.get("tools")
+    return False
+
+
+def refuse_unsupported(model: BaseModel, names: Sequence[str], where: str = "") -> None:
+    """Raises RequestError ``unsupported_parameter`` for the first of ``names`` that ``model`` carries with a value
+    that is not neutral."""
+    given = {n: getattr(model, n) for n in names}
+    for name, value in given.items():
+        if not _neutral(name, value, given):
+            raise RequestError(
+                ErrorCode.UNSUPPORTED_PARAMETER,
+                f"{where}{name} is not supported by this server (see docs/openai.md)",
+                param=f"{where}{name}",
+            )
+
+
+def sampling_of(body: BaseModel, max_tokens: int | None) -> SamplingSettings:
+    """The request's sampling settings (fields left out or null take the model's defaults).
+
+    Raises:
+        RequestError: ``invalid_sampling`` naming the field out of range (``invalid_request`` for a malformed
+            ``response_format`` / ``structured_outputs``).
+    """
+    values = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name, None) is not None}
+    if max_tokens is not None:
+        values["max_tokens"] = max_tokens
+    try:
+        return SamplingSettings.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else str(first["type"])
+        if field not in values and first["type"] in SAMPLING_FIELDS:
+            field = str(first["type"])  # a rule across fields names its field as the error type
+        code = ErrorCode.INVALID_REQUEST if field in SHAPE_FIELDS else ErrorCode.INVALID_SAMPLING
+        raise RequestError(code, f"{field}: {first['msg']}", param=field) from None
+
+
+async def check_grammar(engine, spec: GrammarSpec | None, field: str) -> None:
+    """Compile ``spec`` (off the event loop; the engine then finds it compiled) so that a bad one is refused before
+    anything runs. A cluster's ingress has no compiler: its replicas refuse it the same way.
+
+    Raises:
+        RequestError: ``invalid_grammar`` naming ``field``.
+    """
+    grammars = getattr(engine, "grammars", None)
+    if spec is None or grammars is None:
+        return
+    try:
+        await asyncio.to_thread(lambda: grammars().compile(spec))
+    except GrammarError as exc:
+        raise RequestError(ErrorCode.INVALID_GRAMMAR, f"{field}: {exc}", param=field) from None
+
+
+def grammar_field(body: BaseModel) -> str:
+    return "structured_outputs" if getattr(body, "structured_outputs", None) is not None else "response_format"
 
 
 class HttpMessage(ChatMessage):
     """One message of a request: the protocol's content types and rules (``ChatMessage``), with OpenAI's extras:
-    the ``developer`` role (taken as ``system``), ``content: null``, ``name`` (ignored), unknown fields ignored."""
+    the ``developer`` role (taken as ``system``), ``content: null``; OpenAI's other message fields are refused
+    unless null or empty (tool calls and tool results wait for the agent-loop work)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    role: Literal["system", "developer", "user", "assistant"]  # type: ignore[assignment]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # type: ignore[assignment]
     content: Content | None = None  # type: ignore[assignment]
-    name: str | None = None
+    name: Any = None
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    function_call: Any = None
+    refusal: Any = None
+    audio: Any = None
+    annotations: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("name", "tool_calls", "tool_call_id", "function_call", "refusal", "audio")
 
     def prompt(self) -> PromptMessage:
         role = "system" if self.role == "developer" else self.role
-        return PromptMessage(role, "" if self.content is None else self.content)
+        return PromptMessage(role, "" if self.content is None else self.content)  # type: ignore[arg-type]
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False  # usage is in the last chunk either way
+    include_obfuscation: bool | None = None  # OpenAI pads chunks against side channels; nothing to pad here
 
 
 class ChatCompletionRequest(BaseModel):
     """The body of ``POST /v1/chat/completions``. Sampling fields are taken as sent and validated once, by
-    :meth:`sampling` (the protocol's ``SamplingSettings``)."""
+    :func:`sampling_of` (the protocol's ``SamplingSettings``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: ModelName | None = None
     messages: list[HttpMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None  # extension: not in the OpenAI API
+    min_p: float | None = None  # extension
+    repetition_penalty: float | None = None  # extension
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    stream: bool = False
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None  # extension (vLLM's name): json, regex, grammar, choice
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int | None = 1
+    # OpenAI's fields this server does not honour: refused unless neutral (see the module docstring)
+    audio: Any = None
+    function_call: Any = None
+    functions: Any = None
+    metadata: Any = None
+    modalities: Any = None
+    parallel_tool_calls: Any = None
+    prediction: Any = None
+    prompt_cache_key: Any = None
+    reasoning_effort: Any = None
+    safety_identifier: Any = None
+    service_tier: Any = None
+    store: Any = None
+    tool_choice: Any = None
+    tools: Any = None
+    user: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "audio",
+        "modalities",
+        "prediction",
+        "reasoning_effort",
+        "verbosity",
+        "web_search_options",
+        "store",
+        "metadata",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+        "user",
+    )
 
     @model_validator(mode="after")
     def _media_count(self) -> ChatCompletionRequest:
         check_media_count(self.messages)
         return self
 
-    def sampling(self) -> SamplingSettings:
-        """The request's sampling settings (fields left out or null take the defaults).
+    def check(self, max_n: int) -> None:
+        """Refuse what this server does not honour.
 
         Raises:
-            RequestError: ``invalid_sampling`` naming the field out of range; ``invalid_request`` for ``n != 1``.
+            RequestError: ``unsupported_parameter`` naming the field; ``invalid_sampling`` for ``n`` out of range.
         """
-        if self.n != 1:
-            raise RequestError(ErrorCode.INVALID_REQUEST, "only n=1 is supported", param="n")
-        values = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
-        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        if max_tokens is not None:
-            values["max_tokens"] = max_tokens
-        try:
-            return SamplingSettings.model_validate(values)
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            field = str(first["loc"][0]) if first["loc"] else "sampling"
-            raise RequestError(ErrorCode.INVALID_SAMPLING, f"{field}: {first['msg']}", param=field) from None
+        refuse_unsupported(self, self.UNSUPPORTED)
+        for i, message in enumerate(self.messages):
+            if message.role in ("tool", "function"):
+                raise RequestError(
+                    ErrorCode.UNSUPPORTED_PARAMETER,
+                    f"messages.{i}.role: {message.role} messages are not supported by this server yet",
+                    param=f"messages.{i}.role",
+                )
+            refuse_unsupported(message, HttpMessage.UNSUPPORTED, where=f"messages.{i}.")
+        if not 1 <= (self.n or 1) <= max_n:
+            raise RequestError(ErrorCode.INVALID_SAMPLING, f"n: must be in [1, {max_n}]", param="n")
+
+    def sampling(self) -> SamplingSettings:
+        """Raises RequestError (see :func:`sampling_of`)."""
+        given = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return sampling_of(self, given)
 
 
 def _finish_reason(done: Done) -> str:
     return "length" if done.finish_reason == "length" else "stop"
 
 
-def build_turn(req: ChatCompletionRequest, salt: str, runtime) -> TurnRequest:
-    """Raises UnsupportedMediaError, RequestError."""
-    return turn_request([m.prompt() for m in req.messages], req.sampling(), salt=salt, runtime=runtime)
+def build_turn(req: ChatCompletionRequest, salt: str, runtime, reply_cap: int | None = None) -> TurnRequest:
+    """Raises UnsupportedMediaError, RequestError, SamplingFieldError."""
+    messages = [m.prompt() for m in req.messages]
+    return turn_request(messages, req.sampling(), salt=salt, runtime=runtime, reply_cap=reply_cap)
 
 
-def _usage_and_timings(done: Done) -> dict:
-    return {
-        "usage": wire_usage(done).model_dump(),
-        "timings": wire_timings(done).model_dump(exclude_none=True),
-    }
+def usage_and_timings(dones: Sequence[Done]) -> dict:
+    """The request's usage (the prompt counted once, every reply's tokens) and the first reply's timings."""
+    first = dones[0]
+    usage = wire_usage(first).model_dump()
+    completion = sum(d.usage.completion_tokens for d in dones)
+    usage.update(completion_tokens=completion, total_tokens=usage["prompt_tokens"] + completion)
+    return {"usage": usage, "timings": wire_timings(first).model_dump(exclude_none=True)}
 
 
-async def complete(engine: Engine, turn: TurnRequest, model: str) -> dict:
-    """A whole (non-streaming) chat completion."""
-    done: Done | None = None
-    async for event in engine.generate(turn):
-        if isinstance(event, Done):
-            done = event
-    assert done is not None
+def _failed(done: Done) -> None:
     if done.finish_reason == "error":
         raise done.error or RuntimeError("generation failed")
+
+
+async def complete(engine, turns: Sequence[TurnRequest], model: str) -> dict:
+    """A whole (non-streaming) chat completion with ``len(turns)`` choices."""
+    dones: dict[int, Done] = {}
+    async for i, event in run_turns(engine, turns):
+        if isinstance(event, Done):
+            _failed(event)
+            dones[i] = event
+    runtime = engine.runtime
+    choices = []
+    for i in range(len(turns)):
+        done = dones[i]
+        logprobs = {"content": chat_logprobs(runtime, done.logprobs), "refusal": None}
+        choices.append(
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": done.text, "refusal": None},
+                "logprobs": logprobs if turns[i].params.logprobs else None,
+                "finish_reason": _finish_reason(done),
+            }
+        )
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": done.text},
-                "finish_reason": _finish_reason(done),
-            }
-        ],
-        **_usage_and_timings(done),
+        "choices": choices,
+        **usage_and_timings([dones[i] for i in range(len(turns))]),
     }
 
 
-async def stream(engine: Engine, turn: TurnRequest, model: str) -> AsyncIterator[str]:
-    """Server-sent events of a streaming chat completion, ending with ``data: [DONE]``."""
+async def first_event(events: AsyncIterator[tuple[int, Event]]) -> tuple[int, Event]:
+    """The first event of a stream, awaited before the response starts: a turn refused before computing anything
+    (a prompt over the context, say) is then an HTTP error, not a broken stream."""
+    return await anext(events)
+
+
+async def stream(engine, turns: Sequence[TurnRequest], model: str) -> AsyncIterator[str]:
+    """Server-sent events of a streaming chat completion, ending with ``data: [DONE]``. The first event is awaited
+    before this returns (see :func:`first_event`).
+
+    Raises:
+        whatever the turns raise before computing anything.
+    """
+    events = run_turns(engine, turns)
+    try:
+        head = await first_event(events)
+    except BaseException:
+        await events.aclose()
+        raise
+    return _sse(engine.runtime, events, head, turns, model)
+
+
+async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str) -> AsyncIterator[str]:
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    wants_logprobs = [t.params.logprobs for t in turns]
 
-    def chunk(delta: dict, finish: str | None = None, **extra) -> str:
-        body = {
-            "id": cid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            **extra,
-        }
-        return f"data: {json.dumps(body)}\n\n"
+    def chunk(index: int, delta: dict, finish: str | None = None, logprobs: Any = None, **extra) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+        return f"data: {json.dumps({**body, **extra})}\n\n"
 
-    yield chunk({"role": "assistant", "content": ""})
-    async for event in engine.generate(turn):
-        if not isinstance(event, Done):
-            if event.text:
-                yield chunk({"content": event.text})
-            continue
-        if event.finish_reason == "error":
-            error = {"message": "generation failed; the server logged the details", "type": "server_error"}
-            yield f"data: {json.dumps({'error': error})}\n\n"
-        else:
-            yield chunk({}, _finish_reason(event), **_usage_and_timings(event))
+    for i in range(len(turns)):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    dones: dict[int, Done] = {}
+    pending: list[tuple[int, Event]] = [head]
+    try:
+        while True:
+            for i, event in pending:
+                if isinstance(event, Delta):
+                    if event.text or event.logprobs:
+                        lp = {"content": chat_logprobs(runtime, event.logprobs)} if wants_logprobs[i] else None
+                        yield chunk(i, {"content": event.text}, logprobs=lp)
+                    continue
+                assert isinstance(event, Done)
+                dones[i] = event
+                if event.finish_reason == "error":
+                    error = {"message": "generation failed; the server logged the details", "type": "server_error"}
+                    yield f"data: {json.dumps({'error': error})}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
+                if len(dones) < len(turns):
+                    yield chunk(i, {}, _finish_reason(event))
+                else:
+                    extra = usage_and_timings([dones[k] for k in sorted(dones)])
+                    yield chunk(i, {}, _finish_reason(event), **extra)
+            try:
+                pending = [await anext(events)]
+            except StopAsyncIteration:
+                break
+    finally:
+        await events.aclose()
     yield "data: [DONE]\n\n"

@@ -7,7 +7,7 @@ import os
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from chat.protocol.limits import MAX_FRAME_BYTES
+from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_REPLY_TOKENS
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -52,6 +52,13 @@ class ServerSettings(BaseSettings):
     )
     max_body_mib: int = Field(32, ge=1, description="largest HTTP request body, MiB")
     max_ws_frame_mib: int = Field(MAX_FRAME_BYTES // MiB, ge=1, description="largest WebSocket message, MiB")
+    max_reply_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_REPLY_TOKENS,
+        description="reply length when a request sets no max_tokens (None: up to the end of the context window)",
+    )
+    max_n: int = Field(MAX_CHOICES_N, ge=1, le=MAX_CHOICES_N, description="most replies one request may ask for (n)")
     max_sessions: int = Field(1000, ge=1, description="sessions kept in memory")
     sessions_db: str | None = Field(
         None, description="SQLite file where sessions persist across restarts (None or '': memory only)"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from chat.engine.constraints import GrammarSpec, canonical_json
 from chat.engine.errors import UnsupportedMediaError
 from chat.engine.events import Done, TurnRequest
 from chat.engine.runtime import ChatRenderer
@@ -29,19 +30,94 @@ from chat.protocol.server_events import Timings, Usage
 DECIMALS = 3  # milliseconds and tokens per second on the wire are rounded to this many decimals
 
 
-def turn_request(messages: Iterable[PromptMessage], settings: SamplingSettings, *, salt: str, runtime) -> TurnRequest:
+OPENAI_DEFAULTS: dict[str, Any] = {  # what a field left out means when the model's generation_config is silent
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
+
+
+class SamplingFieldError(ValueError):
+    """A sampling field that is in range on the wire but not for this model (``.field`` names it)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def turn_request(
+    messages: Iterable[PromptMessage],
+    settings: SamplingSettings,
+    *,
+    salt: str,
+    runtime,
+    reply_cap: int | None = None,
+) -> TurnRequest:
     """The engine's request for a reply to ``messages``.
 
     Raises:
         UnsupportedMediaError: a media part of a kind the model does not take (``.item`` names it).
+        SamplingFieldError: a logit_bias token id outside the model's vocabulary.
     """
-    return TurnRequest(engine_messages(messages, runtime), sampling_params(settings), salt=salt)
+    params = sampling_params(settings, runtime, reply_cap=reply_cap)
+    return TurnRequest(engine_messages(messages, runtime), params, salt=salt)
 
 
-def sampling_params(settings: SamplingSettings) -> SamplingParams:
-    """The engine's sampling settings. ``settings`` was validated on the wire; the engine does not check again."""
-    values = settings.model_dump()
-    return SamplingParams(**{**values, "stop": tuple(values["stop"])})
+def sampling_params(settings: SamplingSettings, runtime=None, *, reply_cap: int | None = None) -> SamplingParams:
+    """The engine's sampling settings: ``settings`` (validated on the wire) with every field left out taken from
+    ``runtime.generation_defaults``, else :data:`OPENAI_DEFAULTS`; ``max_tokens`` left out is ``reply_cap`` (None: up
+    to the end of the context window).
+
+    Raises:
+        SamplingFieldError: a logit_bias token id outside ``runtime``'s vocabulary.
+    """
+    model_defaults = getattr(runtime, "generation_defaults", None) or {}
+    values: dict[str, Any] = {}
+    for name, fallback in OPENAI_DEFAULTS.items():
+        given = getattr(settings, name)
+        values[name] = given if given is not None else model_defaults.get(name, fallback)
+    vocab = getattr(runtime, "vocab_size", None)
+    bias = tuple(sorted((int(k), float(v)) for k, v in (settings.logit_bias or {}).items()))
+    outside = [t for t, _ in bias if vocab is not None and t >= vocab]
+    if outside:
+        raise SamplingFieldError("logit_bias", f"token id {outside[0]} is outside the vocabulary (0..{vocab - 1})")
+    return SamplingParams(
+        **values,
+        seed=settings.seed,
+        max_tokens=settings.max_tokens if settings.max_tokens is not None else reply_cap,
+        stop=tuple(settings.stop or ()),
+        logit_bias=bias,
+        logprobs=bool(settings.logprobs),
+        top_logprobs=settings.top_logprobs or 0,
+        grammar=grammar_spec(settings),
+    )
+
+
+def grammar_spec(settings: SamplingSettings) -> GrammarSpec | None:
+    """What ``response_format`` or ``structured_outputs`` asks the reply to match (None: free text)."""
+    fmt, so = settings.response_format, settings.structured_outputs
+    if fmt is not None and fmt.type == "json_object":
+        return GrammarSpec("json_object")
+    if fmt is not None and fmt.type == "json_schema":
+        assert fmt.json_schema is not None
+        schema = fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {}
+        return GrammarSpec("json_schema", canonical_json(schema), strict=bool(fmt.json_schema.strict))
+    if so is None:
+        return None
+    if so.json_ is not None:
+        return GrammarSpec("json_schema", canonical_json(so.json_), strict=False)
+    if so.json_object:
+        return GrammarSpec("json_object")
+    if so.regex is not None:
+        return GrammarSpec("regex", so.regex)
+    if so.grammar is not None:
+        return GrammarSpec("grammar", so.grammar)
+    assert so.choice is not None
+    return GrammarSpec("choice", canonical_json(so.choice))
 
 
 def engine_messages(messages: Iterable[PromptMessage], runtime: ChatRenderer) -> list[dict[str, Any]]:

@@ -57,7 +57,7 @@ async def _conversation(url: str, index: int, turns: Sequence[Turn], token: str 
         async with AsyncChatClient(url, token=token, timeout=600) as client:
             for t, turn in enumerate(turns):
                 messages.append({"role": "user", "content": turn.user})
-                stream = client.complete(messages, sampling={"max_tokens": turn.reply_budget})
+                stream = client.complete(messages, sampling={"temperature": 0.0, "max_tokens": turn.reply_budget})
                 sent, first = time.perf_counter(), None
                 async for _ in stream:
                     first = first or time.perf_counter()
@@ -87,7 +87,9 @@ async def warm_up(url: str, replicas: int) -> None:
 
     async with AsyncChatClient(url, timeout=600) as client:
         for i in range(replicas):
-            await client.complete([{"role": "user", "content": f"warm up {i}"}], sampling={"max_tokens": 2})
+            await client.complete(
+                [{"role": "user", "content": f"warm up {i}"}], sampling={"temperature": 0.0, "max_tokens": 2}
+            )
 
 
 def _ratio(records: list[ClusterTurn]) -> float:

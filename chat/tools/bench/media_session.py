@@ -35,7 +35,7 @@ def run(runtime: Any, turns: int = TURNS) -> dict[str, Any]:
     from chat.server.turns import turn_request, wire_timings, wire_usage
     from chat.tools.bench.media_samples import photo
 
-    settings = SamplingSettings(max_tokens=REPLY_TOKENS)
+    settings = SamplingSettings(temperature=0.0, max_tokens=REPLY_TOKENS)
     session = Session(runtime.name, system="Compare each photo with the ones before.", sampling=settings)
     cache = PrefixCache()
     renders: list[float] = []

@@ -50,7 +50,7 @@ async def _session(
 ) -> list[TurnResult]:
     out: list[TurnResult] = []
     async with connect(url, max_size=None) as ws:
-        sampling = {"max_tokens": long_tokens if long else short_tokens}
+        sampling = {"temperature": 0.0, "max_tokens": long_tokens if long else short_tokens}
         await ws.send(
             json.dumps({"type": "session.create", "system": "You are a helpful assistant.", "sampling": sampling})
         )
@@ -102,7 +102,13 @@ async def _short_turns(url: str, n: int, short_tokens: int) -> list[float]:
                 {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)] + f" (variant {i})"},
             ]
             r = await _turn(
-                ws, {"type": "completion.create", "messages": messages, "sampling": {"max_tokens": short_tokens}}, i
+                ws,
+                {
+                    "type": "completion.create",
+                    "messages": messages,
+                    "sampling": {"temperature": 0.0, "max_tokens": short_tokens},
+                },
+                i,
             )
             if r.ttft_ms is not None:
                 ttfts.append(r.ttft_ms)
@@ -113,7 +119,13 @@ async def _contended(url: str, n: int, short_tokens: int, long_tokens: int) -> l
     async with connect(url, max_size=None) as ws:
         messages = [{"role": "user", "content": LONG_PROMPT}]
         await ws.send(
-            json.dumps({"type": "completion.create", "messages": messages, "sampling": {"max_tokens": long_tokens}})
+            json.dumps(
+                {
+                    "type": "completion.create",
+                    "messages": messages,
+                    "sampling": {"temperature": 0.0, "max_tokens": long_tokens},
+                }
+            )
         )
         await _until(ws, "reply.delta")  # the long reply is streaming now
         ttfts = await _short_turns(url, n, short_tokens)

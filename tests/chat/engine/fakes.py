@@ -60,12 +60,46 @@ class FakePrompt:
     spans: tuple = ()
 
 
+class _ByteTokens:
+    """The fake vocabulary as llguidance reads a tokenizer: bytes 0..255, then four special tokens."""
+
+    eos_token_id = END
+    bos_token_id = None
+    tokens = (*(bytes([i]) for i in range(256)), b"<|user|>", b"<|assistant|>", b"<|end|>", b"<|system|>")
+    special_token_ids = (USER, ASSISTANT, END, SYSTEM)
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+_TABLE = None  # the fake's llguidance tokenizer, built once
+
+
 class FakeRuntime:
     name = "fake"
     dtype = "float32"
     weights = "float32"
     eos_token_ids = frozenset({END})
     modalities: frozenset[str] = frozenset()
+    vocab_size = VOCAB
+    generation_defaults: dict = {}  # noqa: RUF012 (read only)
+
+    def constraint_tokenizer(self):
+        global _TABLE
+        if _TABLE is None:
+            import llguidance
+
+            _TABLE = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTokens()), n_vocab=VOCAB)
+        return _TABLE
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, token_ids) -> str:
+        return bytes(t for t in token_ids if t < 256).decode(errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return _ByteTokens.tokens[token_id] if 0 <= token_id < VOCAB else b""
 
     def __init__(
         self,
@@ -133,7 +167,7 @@ class FakeRuntime:
         logits = torch.zeros(len(token_ids), VOCAB)
         for i, t in enumerate(token_ids):
             run.tokens.append(int(t))
-            logits[i, self._next_token(run.tokens)] = 10.0
+            logits[i, self._next_token(run.tokens)] = 100.0  # sampled at temperature 1 too
         self.forwarded += len(token_ids)
         return logits[-1:] if last_only else logits
 

@@ -122,7 +122,7 @@ def test_update_and_conversation_are_allowed_while_generating(session):
     assert conversation.generating == plan.turn_id and len(conversation.messages) == 2 and conversation.reply_to == "c"
     updated = session.update(SessionUpdate(sampling=SamplingSettings(temperature=1.5)))
     assert updated.session.sampling.temperature == 1.5
-    assert plan.sampling.temperature == 0.0  # the running turn keeps its settings
+    assert plan.sampling.temperature is None  # the running turn keeps its settings (the model default)
 
 
 # ---------------------------------------------------------------- cancel

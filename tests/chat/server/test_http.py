@@ -62,7 +62,7 @@ def test_health_and_metrics(server):
         ({"messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_request", None),
         ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, 400, "invalid_sampling", "temperature"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "invalid_sampling", "max_tokens"),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "invalid_request", "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 17}, 400, "invalid_sampling", "n"),
         ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model_not_found", "model"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},

@@ -289,7 +289,7 @@ def test_a_real_tiny_model_over_the_socket_gives_the_same_replies_with_and_witho
             async def scenario(srv=srv):
                 async with connect(ws_url(srv)) as ws:
                     c = Client(ws)
-                    await c.send(type="session.create", system="tiny", sampling={"max_tokens": 6})
+                    await c.send(type="session.create", system="tiny", sampling={"temperature": 0.0, "max_tokens": 6})
                     await c.until("session.created")
                     return [await c.turn(text) for text in ("one two", "three four", "five six")]
 

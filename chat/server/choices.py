@@ -1,0 +1,104 @@
+"""Several turns of one HTTP request (``n`` replies, or ``/v1/completions``' list of prompts) run side by side in the
+engine, their events merged in arrival order, and the log-probabilities of their tokens in OpenAI's wire shapes.
+
+``n`` replies to one prompt are ``n`` turns submitted together: the first computes the prompt and stores it, the
+others wait for it and restore it from the cache (the scheduler's *prefixes shared in flight*), so the prompt is
+computed once when it has at least 16 tokens (below that, each computes it: a few tokens). With a seed, reply ``i``
+samples with ``seed + i`` (the replies differ, and each is reproducible alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+from chat.engine.events import Done, Event, TurnRequest
+from chat.engine.sampling import TokenLogprob
+
+
+def with_seeds(request: TurnRequest, n: int) -> list[TurnRequest]:
+    """``n`` copies of ``request``, the ``i``-th seeded ``seed + i`` (when it has a seed)."""
+    seed = request.params.seed
+    if seed is None or n == 1:
+        return [request] * n
+    return [replace(request, params=replace(request.params, seed=(seed + i) % 2**63)) for i in range(n)]
+
+
+async def run_turns(engine, requests: Sequence[TurnRequest]) -> AsyncIterator[tuple[int, Event]]:
+    """Every turn's events as ``(index in requests, event)``, in the order they come; ends after the last Done.
+    Closing the iterator early cancels the turns still running.
+
+    Raises:
+        whatever a turn raised before it computed anything (ContextOverflowError, GrammarError, ...): the other
+        turns are then cancelled.
+    """
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[int, Event | BaseException]] = asyncio.Queue()
+    handles = []
+    try:
+        for i, request in enumerate(requests):
+            sink = lambda e, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, e))  # noqa: E731
+            handles.append(engine.submit(request, sink))
+        running = len(requests)
+        while running:
+            i, item = await events.get()
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, Done):
+                running -= 1
+            yield i, item
+    finally:
+        for handle in handles:
+            handle.cancel()  # a turn that is done ignores it
+
+
+FLOOR = -9999.0  # what OpenAI reports for a log-probability of -inf (JSON has no infinities)
+
+
+def finite(logprob: float) -> float:
+    return logprob if logprob > FLOOR else FLOOR
+
+
+def token_text(runtime, token_id: int) -> tuple[str, list[int]]:
+    """A token as OpenAI's log-probabilities show it: its text (bytes of a character cut in two shown as U+FFFD)
+    and its bytes."""
+    raw = runtime.token_bytes(token_id) if hasattr(runtime, "token_bytes") else runtime.decode([token_id]).encode()
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprobs(runtime, logprobs: Sequence[TokenLogprob]) -> list[dict]:
+    """``choices[i].logprobs.content`` of a chat completion (or of one stream chunk)."""
+    out = []
+    for lp in logprobs:
+        text, raw = token_text(runtime, lp.token)
+        top = []
+        for token, value in lp.top:
+            t, b = token_text(runtime, token)
+            top.append({"token": t, "logprob": finite(value), "bytes": b})
+        out.append({"token": text, "logprob": finite(lp.logprob), "bytes": raw, "top_logprobs": top})
+    return out
+
+
+def completion_logprobs(
+    runtime, logprobs: Sequence[TokenLogprob | None], tokens: Sequence[int], offset: int = 0
+) -> dict[str, list]:
+    """``choices[i].logprobs`` of a legacy completion: ``tokens``, ``token_logprobs`` (None where a token has none:
+    the first of an echoed prompt), ``top_logprobs`` (each position's alternatives and the token itself) and
+    ``text_offset`` (where each token starts in the choice's text, counting from ``offset``)."""
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    at = offset
+    for token, lp in zip(tokens, logprobs, strict=True):
+        text, _ = token_text(runtime, token)
+        out["tokens"].append(text)
+        out["text_offset"].append(at)
+        at += len(text)
+        if lp is None:
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+            continue
+        out["token_logprobs"].append(finite(lp.logprob))
+        top = {token_text(runtime, t)[0]: finite(v) for t, v in lp.top}
+        top.setdefault(text, finite(lp.logprob))
+        out["top_logprobs"].append(top)
+    return out
