@@ -100,6 +100,7 @@ def add_cluster_routes(
             remote.runtime.name,
             keys=keys,
             allowed_origins=settings.allowed_origins,
+            reply_cap=settings.max_reply_tokens,
         )
 
     async def metrics() -> PlainTextResponse:

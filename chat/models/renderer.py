@@ -38,6 +38,7 @@ class TemplateRenderer:
         self._tokenizer = tokenizer  # the model's tokenizer, with its chat template
         self.name = name  # what /v1/models lists (the name load_model gives the adapter)
         self.modalities = modalities  # media kinds the model takes; empty for text models
+        self._vocabulary: Any = None  # token bytes, built at the first log-probability
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of text-only ``messages``, as ``ModelAdapter.render`` of the same model gives them.
@@ -46,6 +47,21 @@ class TemplateRenderer:
             InvalidSettingError: a message is not a role/content pair of strings.
         """
         return render_chat(self._tokenizer, messages, add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain text (no special tokens), as ``ModelAdapter.encode`` gives them."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's bytes (for log-probabilities a replica reports)."""
+        from chat.models.vocabulary import Vocabulary
+
+        if self._vocabulary is None:
+            self._vocabulary = Vocabulary(self._tokenizer, logits_width=len(self._tokenizer), eos_token_ids=())
+        return self._vocabulary.token_bytes(token_id)
 
     def __repr__(self) -> str:
         return f"TemplateRenderer({self.name!r}, modalities={sorted(self.modalities)})"

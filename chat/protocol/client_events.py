@@ -64,6 +64,7 @@ class TurnCreate(_ClientEvent):
 
     type: Literal["turn.create"] = "turn.create"
     content: UserContent
+    sampling: SamplingSettings | None = None  # for this turn only, over the session's settings
 
 
 class TurnCancel(_ClientEvent):
@@ -77,6 +78,7 @@ class TurnRegenerate(_ClientEvent):
     """Drop the last reply and generate it again from the same prompt. Answered like ``turn.create``."""
 
     type: Literal["turn.regenerate"] = "turn.regenerate"
+    sampling: SamplingSettings | None = None  # for this turn only, over the session's settings
 
 
 class TurnEdit(_ClientEvent):
@@ -90,6 +92,7 @@ class TurnEdit(_ClientEvent):
     index: Annotated[int, Field(ge=0)] | None = None
     message_id: Id | None = None
     content: UserContent
+    sampling: SamplingSettings | None = None  # for this turn only, over the session's settings
 
     @model_validator(mode="after")
     def _exactly_one_target(self) -> TurnEdit:

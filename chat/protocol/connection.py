@@ -101,7 +101,9 @@ class Connection:
 
     # ---------------------------------------------------------------- engine results
 
-    def on_delta(self, turn_id: str, text: str, token_ids: list[int] | None = None) -> ReplyDelta:
+    def on_delta(
+        self, turn_id: str, text: str, token_ids: list[int] | None = None, logprobs: list | None = None
+    ) -> ReplyDelta:
         """The ``reply.delta`` to send for a turn started on this connection.
 
         Raises:
@@ -109,8 +111,8 @@ class Connection:
         """
         session = self._owner(turn_id)
         if session is None:
-            return self._stateless_plan(turn_id).delta(text, token_ids)
-        return session.on_delta(turn_id, text, token_ids)
+            return self._stateless_plan(turn_id).delta(text, token_ids, logprobs)
+        return session.on_delta(turn_id, text, token_ids, logprobs)
 
     def on_done(
         self, turn_id: str, text: str, finish_reason: FinishReason, usage: Usage, timings: Timings

@@ -27,7 +27,8 @@ MAX_MEDIA_PER_CONVERSATION = 64  # media items in one conversation
 MAX_TEMPERATURE = 5.0  # temperature is in [0, MAX_TEMPERATURE]; 0 means greedy
 MAX_TOP_K = 1_000_000  # top_k is in [0, MAX_TOP_K]; 0 means no limit
 MAX_SEED = 2**63 - 1  # seed is in [0, MAX_SEED]
-MAX_REPLY_TOKENS = 32_768  # max_tokens is in [1, MAX_REPLY_TOKENS] (0 too in /v1/completions); the engine also caps it by the context window
+MAX_REPLY_TOKENS = 32_768  # max_tokens is in [1, MAX_REPLY_TOKENS] (0 too in /v1/completions); the engine also
+# caps it by the context window
 MAX_STOP_STRINGS = 8  # stop strings per request
 MAX_STOP_CHARS = 256  # characters in one stop string
 MAX_TOP_LOGPROBS = 20  # top_logprobs (and /v1/completions' logprobs) is in [0, MAX_TOP_LOGPROBS]

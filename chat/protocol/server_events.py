@@ -108,11 +108,26 @@ class TurnStarted(_ServerEvent):
     user_message_id: str | None = None  # the id of the user message being answered (None in stateless mode)
 
 
+class TopLogprob(WireModel):
+    """One likely token at a position (OpenAI's ``top_logprobs`` entry)."""
+
+    token: str  # its text (bytes of a character cut in two show as U+FFFD)
+    logprob: float  # natural log; -9999.0 stands for -infinity
+    bytes: list[int]  # its bytes
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's log-probability under the model (OpenAI's ``logprobs.content`` entry)."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)  # the likeliest tokens there, most likely first
+
+
 class ReplyDelta(_ServerEvent):
     type: Literal["reply.delta"] = "reply.delta"
     turn_id: str
     delta: str  # new text; concatenated deltas equal reply.done's text
     token_ids: list[int] | None = None  # the tokens this delta covers, when the server reports them
+    logprobs: list[TokenLogprob] | None = None  # of those tokens, when the turn asked for `logprobs`
 
 
 class ReplyDone(_ServerEvent):

@@ -88,9 +88,11 @@ class TurnPlan:
             user_message_id=self.user_message_id,
         )
 
-    def delta(self, text: str, token_ids: list[int] | None = None) -> ReplyDelta:
-        """The ``reply.delta`` event for new text of this turn."""
-        return ReplyDelta(reply_to=self.reply_to, turn_id=self.turn_id, delta=text, token_ids=token_ids)
+    def delta(self, text: str, token_ids: list[int] | None = None, logprobs: list | None = None) -> ReplyDelta:
+        """The ``reply.delta`` event for new text of this turn (``logprobs``: wire dicts, when asked for)."""
+        return ReplyDelta(
+            reply_to=self.reply_to, turn_id=self.turn_id, delta=text, token_ids=token_ids, logprobs=logprobs
+        )
 
     def done(
         self, text: str, finish_reason: FinishReason, usage: Usage, timings: Timings, message_id: str | None = None
@@ -183,7 +185,7 @@ class Session:
         """
         self._require_idle(event.event_id)
         user = ConversationMessage(id=self._new_id("msg"), role="user", content=event.content)
-        return self._begin("create", [*self.messages, user], event.event_id)
+        return self._begin("create", [*self.messages, user], event.event_id, event.sampling)
 
     def regenerate(self, event: TurnRegenerate) -> TurnPlan:
         """Plan a new answer to the last user message; the old reply is replaced when the new one is done.
@@ -194,7 +196,7 @@ class Session:
         self._require_idle(event.event_id)
         if not self.messages:
             raise ProtocolError(ErrorCode.INVALID_EVENT, "there is no reply to regenerate", event.event_id)
-        return self._begin("regenerate", self.messages[:-1], event.event_id)
+        return self._begin("regenerate", self.messages[:-1], event.event_id, event.sampling)
 
     def edit(self, event: TurnEdit) -> TurnPlan:
         """Plan a reply to an edited user message; it and everything after it are replaced when the reply is done.
@@ -208,7 +210,7 @@ class Session:
         self._require_idle(event.event_id)
         at = self._edit_target(event)
         user = ConversationMessage(id=self._new_id("msg"), role="user", content=event.content)
-        return self._begin("edit", [*self.messages[:at], user], event.event_id)
+        return self._begin("edit", [*self.messages[:at], user], event.event_id, event.sampling)
 
     def cancel(self, event: TurnCancel) -> str:
         """Accept a cancel request; return the turn id the caller must cancel in the engine.
@@ -249,13 +251,15 @@ class Session:
 
     # ---------------------------------------------------------------- engine results
 
-    def on_delta(self, turn_id: str, text: str, token_ids: list[int] | None = None) -> ReplyDelta:
+    def on_delta(
+        self, turn_id: str, text: str, token_ids: list[int] | None = None, logprobs: list | None = None
+    ) -> ReplyDelta:
         """The ``reply.delta`` event to send for new reply text.
 
         Raises:
             ValueError: ``turn_id`` is not the turn in progress (a caller bug).
         """
-        return self._current(turn_id).plan.delta(text, token_ids)
+        return self._current(turn_id).plan.delta(text, token_ids, logprobs)
 
     def on_done(
         self, turn_id: str, text: str, finish_reason: FinishReason, usage: Usage, timings: Timings
@@ -332,7 +336,13 @@ class Session:
             )
         return at
 
-    def _begin(self, kind: TurnKind, history: list[ConversationMessage], event_id: str | None) -> TurnPlan:
+    def _begin(
+        self,
+        kind: TurnKind,
+        history: list[ConversationMessage],
+        event_id: str | None,
+        sampling: SamplingSettings | None = None,
+    ) -> TurnPlan:
         check_conversation_limits(
             len(history) + 1 + (self.system is not None), sum(len(media_parts(m.content)) for m in history), event_id
         )
@@ -340,7 +350,7 @@ class Session:
             turn_id=self._new_id("turn"),
             kind=kind,
             messages=render(self.system, history),
-            sampling=self.sampling,
+            sampling=self.sampling.merged(sampling) if sampling is not None else self.sampling,
             model=self.model,
             session_id=self.id,
             user_message_id=history[-1].id,

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from chat.engine.constraints import GrammarError
 from chat.engine.engine import Engine
 from chat.engine.errors import EngineError
 from chat.protocol.errors import ErrorCode
@@ -27,6 +28,7 @@ from chat.server.errors import RequestError, describe, validation_error
 from chat.server.metrics_text import render_metrics, render_session_metrics
 from chat.server.session_db import SqliteSessionStore
 from chat.server.settings import MiB, ServerSettings
+from chat.server.turns import SamplingFieldError
 from chat.server.ws import serve_socket
 
 log = logging.getLogger("turncache.server")
@@ -104,7 +106,9 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
         return error_response(exc)
 
     @app.exception_handler(EngineError)
-    async def engine_error(_request: Request, exc: EngineError) -> JSONResponse:
+    @app.exception_handler(GrammarError)
+    @app.exception_handler(SamplingFieldError)
+    async def engine_error(_request: Request, exc: Exception) -> JSONResponse:
         return error_response(exc)
 
     @app.exception_handler(Exception)
@@ -168,7 +172,15 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
 
     @app.websocket("/v1/ws")
     async def chat_socket(ws: WebSocket) -> None:
-        await serve_socket(ws, engine, store, model_name, keys=keys, allowed_origins=settings.allowed_origins)
+        await serve_socket(
+            ws,
+            engine,
+            store,
+            model_name,
+            keys=keys,
+            allowed_origins=settings.allowed_origins,
+            reply_cap=settings.max_reply_tokens,
+        )
 
     if (WEB_DIR / "index.html").is_file():
         app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")

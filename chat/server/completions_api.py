@@ -100,7 +100,7 @@ class CompletionRequest(BaseModel):
 def _tokens(runtime, prompt: str | TokenIds) -> list[int]:
     """Raises RequestError: a token id outside the vocabulary, or a prompt that fills the context window."""
     ids = runtime.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    vocab = runtime.vocab_size
+    vocab = getattr(runtime, "vocab_size", None) or 2**31  # a cluster's ingress: its replicas check
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
         raise RequestError(
@@ -108,7 +108,7 @@ def _tokens(runtime, prompt: str | TokenIds) -> list[int]:
         )
     if not ids:
         raise RequestError(ErrorCode.INVALID_REQUEST, "prompt: the prompt has no tokens", param="prompt")
-    if len(ids) >= runtime.context_window:
+    if len(ids) >= getattr(runtime, "context_window", 2**31):
         message = f"prompt: {len(ids)} tokens; the model's context window is {runtime.context_window}"
         raise RequestError(ErrorCode.CONTEXT_OVERFLOW, message, param="prompt")
     return ids

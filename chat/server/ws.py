@@ -35,6 +35,7 @@ from chat.protocol.server_events import ReplyDone, SessionCreated, SessionUpdate
 from chat.protocol.session import TurnPlan
 from chat.protocol.store import SessionStore
 from chat.server.auth import KeyRing, Tenant, bearer_of
+from chat.server.choices import chat_logprobs
 from chat.server.errors import TRANSPORT, describe
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
@@ -60,12 +61,21 @@ def credential_of(ws: WebSocket) -> str | None:
 class ChatSocket:
     """One accepted WebSocket."""
 
-    def __init__(self, ws: WebSocket, engine: Engine, store: SessionStore, model_name: str, tenant: Tenant) -> None:
+    def __init__(
+        self,
+        ws: WebSocket,
+        engine: Engine,
+        store: SessionStore,
+        model_name: str,
+        tenant: Tenant,
+        reply_cap: int | None = None,
+    ) -> None:
         self.ws = ws
         self.engine = engine
         self.store = store  # where sessions live
         self.conn = Connection(store, models=[model_name], tenant=tenant.id)
         self.salt = tenant.salt  # the tenant's cache namespace salt
+        self.reply_cap = reply_cap  # reply length of a turn without max_tokens (None: the context's room)
         self.loop = asyncio.get_running_loop()
         # serialized events, and futures the writer waits for (a session's write) before the events after them
         self.outbox: asyncio.Queue[str | asyncio.Future | None] = asyncio.Queue()  # None ends the writer
@@ -139,7 +149,8 @@ class ChatSocket:
         if plan.session_id is not None:
             self.turn_sessions[plan.turn_id] = plan.session_id
         try:
-            request = turn_request(plan.messages, plan.sampling, salt=self.salt, runtime=self.engine.runtime)
+            runtime, cap = self.engine.runtime, self.reply_cap
+            request = turn_request(plan.messages, plan.sampling, salt=self.salt, runtime=runtime, reply_cap=cap)
             self.jobs[plan.turn_id] = self.engine.submit(
                 request, lambda event: self.loop.call_soon_threadsafe(self._on_event, plan.turn_id, event)
             )
@@ -150,8 +161,9 @@ class ChatSocket:
     def _on_event(self, turn_id: str, event) -> None:
         """An engine result for one turn, on the event loop."""
         if isinstance(event, Delta):
-            if event.text:
-                self._send([self.conn.on_delta(turn_id, event.text, list(event.token_ids))])
+            if event.text or event.logprobs:
+                logprobs = chat_logprobs(self.engine.runtime, event.logprobs) if event.logprobs else None
+                self._send([self.conn.on_delta(turn_id, event.text, list(event.token_ids), logprobs)])
             return
         self.jobs.pop(turn_id, None)
         session_id = self.turn_sessions.pop(turn_id, None)
@@ -190,6 +202,7 @@ async def serve_socket(
     *,
     keys: KeyRing,
     allowed_origins: list[str],
+    reply_cap: int | None = None,
 ) -> None:
     if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), allowed_origins):
         await ws.close(code=TRANSPORT[ErrorCode.ORIGIN_NOT_ALLOWED].ws_close, reason="origin not allowed")
@@ -199,4 +212,4 @@ async def serve_socket(
         await ws.close(code=TRANSPORT[ErrorCode.UNAUTHORIZED].ws_close, reason="missing or wrong token")
         return
     await ws.accept()
-    await ChatSocket(ws, engine, store, model_name, tenant).run()
+    await ChatSocket(ws, engine, store, model_name, tenant, reply_cap).run()
