@@ -82,8 +82,9 @@ class GrammarSpec:
 
 
 def canonical_json(value: Any) -> str:
-    """``value`` as JSON with sorted keys and no spaces: equal schemas give equal digests."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """``value`` as compact JSON: the same schema sent with other spacing gives the same digest. Keys keep their
+    order: a schema's property order is the order the reply writes them in."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def check_json_schema(schema: Any) -> None:

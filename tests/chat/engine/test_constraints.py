@@ -86,13 +86,25 @@ def test_bad_grammars_are_refused_with_a_grammar_error(compiler, spec):
 
 
 def test_compiled_grammars_are_cached_by_digest(compiler):
-    a = GrammarSpec("json_schema", canonical_json({"type": "object", "required": ["x"], "properties": {"x": {}}}))
-    b = GrammarSpec("json_schema", canonical_json({"properties": {"x": {}}, "required": ["x"], "type": "object"}))
+    schema = {"type": "object", "required": ["x"], "properties": {"x": {}}}
+    a = GrammarSpec("json_schema", canonical_json(schema))
+    b = GrammarSpec("json_schema", canonical_json(json.loads(json.dumps(schema, indent=4))))
     assert a.digest == b.digest
     hits = compiler.hits
     assert compiler.compile(a) is compiler.compile(b)
     assert compiler.hits == hits + 1
     assert GrammarSpec("json_schema", a.source, strict=False).digest != a.digest
+
+
+def test_properties_come_in_the_schemas_order(compiler):
+    runtime = FakeRuntime(script=lambda prompt: '{"name":"Oslo","big":true} and on')
+    for order in (["name", "big"], ["big", "name"]):
+        props = {"name": {"type": "string"}, "big": {"type": "boolean"}}
+        schema = {"type": "object", "properties": {k: props[k] for k in order}, "required": order}
+        done = reply(
+            SamplingParams(max_tokens=60, grammar=GrammarSpec("json_schema", canonical_json(schema))), compiler, runtime
+        )
+        assert done.text.startswith('{"' + order[0] + '":')
 
 
 def test_strict_refuses_what_it_cannot_enforce_and_lenient_ignores_it(compiler):
