@@ -84,7 +84,7 @@ def offline_lm_eval(tmp_path_factory):
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("HF_HOME", str(home))  # effective only if no Hugging Face library was imported yet
         mp.setenv("OPENAI_API_KEY", KEY)  # read per request by local-completions / local-chat-completions
-        lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install lm-eval==0.4.13)")
+        import lm_eval  # a dev dependency (pyproject.toml): its absence is a failure, not a skip
         from lm_eval.tasks import TaskManager
 
         tasks = tmp_path_factory.mktemp("lm_eval_tasks")

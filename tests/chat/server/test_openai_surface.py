@@ -51,7 +51,8 @@ def test_the_sdks_parse_gets_a_validated_object(city_server):
 
 
 def test_langchains_structured_output_gets_a_validated_object(city_server):
-    langchain_openai = pytest.importorskip("langchain_openai")
+    import langchain_openai  # a dev dependency
+
     model = langchain_openai.ChatOpenAI(
         base_url=f"{city_server.url}/v1", api_key="unused", model="fake", max_tokens=200
     )
