@@ -196,6 +196,12 @@ def _bench_multiturn(args: argparse.Namespace) -> int:
     return main(as_json=args.json, model=args.model, conversations=args.conversations)
 
 
+def _bench_constrained(args: argparse.Namespace) -> int:
+    from chat.tools.bench.constrained_bench import main
+
+    return main(as_json=args.json, model=args.model, conversations=args.conversations)
+
+
 def _bench_restart(args: argparse.Namespace) -> int:
     from chat.tools.bench.restart_bench import main
 
@@ -389,12 +395,20 @@ def build_parser() -> argparse.ArgumentParser:
             "with and without the prefix cache",
             _bench_multiturn,
         ),
+        (
+            "constrained",
+            "JSON-schema constrained vs plain chat completions over HTTP (tokens/s, validity), grammar compile "
+            "time, loglikelihood requests/s, logprobs with and without the prefix cache",
+            _bench_constrained,
+        ),
     ):
         other = bench_sub.add_parser(name, help=what)
         other.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
         other.add_argument("--model", default="smollm2", help="model spec (default: the built-in smollm2)")
         if name == "multiturn":
             other.add_argument("--conversations", type=int, default=None, help="conversations, all concurrent (8)")
+        if name == "constrained":
+            other.add_argument("--conversations", type=int, default=8, help="conversations, all concurrent (8)")
         other.set_defaults(run=run)
     restart = bench_sub.add_parser(
         "restart",

@@ -42,6 +42,8 @@ import llguidance
 import llguidance.torch as llg_torch
 import torch
 
+from chat.engine.errors import EngineError
+
 _log = logging.getLogger(__name__)
 GrammarKind = Literal["json_object", "json_schema", "regex", "grammar", "choice"]
 MAX_GRAMMAR_CHARS = 65_536  # a schema's canonical JSON, a regex, a grammar, or the choices' JSON
@@ -58,9 +60,10 @@ PARSER_LIMITS = dict(  # llguidance's budgets: ~250 ms of lexer work at compile,
 JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: no run of spaces a small model can loop in
 
 
-class GrammarError(ValueError):
+class GrammarError(EngineError, ValueError):
     """A grammar that cannot be used: not valid JSON Schema, a regex or grammar that does not compile, or over a
-    limit. The message says what is wrong in words a user can act on."""
+    limit. The message says what is wrong in words a user can act on. (An EngineError: a cluster's replica reports
+    it to the ingress as the engine's refusal of a turn.)"""
 
 
 class ConstraintError(RuntimeError):

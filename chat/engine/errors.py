@@ -5,6 +5,7 @@ EngineError
 ├── ContextOverflowError   the prompt does not fit the model's context window (raised before any compute)
 ├── UnsupportedMediaError  a media part for a model without that modality (``.item`` names it)
 ├── InvalidMediaError      a media part that is corrupt, mislabeled, unsupported or too large (``.item``)
+├── GrammarError           a response_format / structured_outputs that does not compile (chat.engine.constraints)
 └── EngineClosedError      the engine was shut down
 
 Sampling settings are validated on the wire (``chat.protocol.sampling``), once, not here. How each error is reported

@@ -176,3 +176,28 @@ def test_max_tokens_none_runs_to_the_end_of_the_context():
     runtime = FakeRuntime(script=lambda prompt: "x" * 500, context_window=64)
     done = reply(SamplingParams(max_tokens=None), runtime=runtime)
     assert done.finish_reason == "length" and done.usage.prompt_tokens + len(done.token_ids) == 64
+
+
+def test_a_mask_batch_fills_the_masks_a_constraint_would_compute_itself(compiler):
+    from chat.engine.constraints import MaskBatch
+
+    compiled = compiler.compile(GrammarSpec("json_schema", canonical_json(SCHEMA)))
+    ahead, itself = Constraint(compiled), Constraint(compiled)
+    for token in b'{"name":"':
+        ahead.accept(token)
+        itself.accept(token)
+    masks = MaskBatch()
+    masks.wait(masks.start([ahead, itself.__class__(compiled)]))
+    assert not ahead.needs_mask and itself.needs_mask
+    scores = torch.randn(260)
+    assert torch.equal(ahead.mask(scores.clone()), itself.mask(scores.clone()))
+    masks.close()
+
+
+def test_n_replies_are_seeded_one_apart():
+    from chat.server.choices import with_seeds
+
+    request = TurnRequest([], SamplingParams(temperature=1.0, seed=41))
+    assert [r.params.seed for r in with_seeds(request, 3)] == [41, 42, 43]
+    unseeded = TurnRequest([], SamplingParams(temperature=1.0))
+    assert [r.params.seed for r in with_seeds(unseeded, 2)] == [None, None]
