@@ -17,6 +17,15 @@ recently used idle entry loses its file (and is dropped if that was its only cop
 released) are never moved or dropped. Memory bytes are counted per distinct tensor storage, so entries that share
 tensors are not counted twice within a tier; disk bytes are the tensor bytes of each entry's files.
 
+Tenant shares (``tenant_share=s``, off by default): a tenant is a namespace salt; it is *over its share* of a tier when
+it holds more than ``floor(s * budget)`` bytes there while another tenant holds bytes there too (alone, a tenant may
+fill a tier). Over a tier's budget its idle entries leave in this order: those that cannot fit the tier at all beside
+the entries in use; then entries of tenants over their share, first those that cannot fit within the share beside
+their tenant's entries in use; then any; each group least recently used first across all the tenants concerned (not
+"the most over tenant first"), each entry judged when its turn comes. So no tenant within its share loses an entry
+from a tier while another is over its share there with an idle entry. With one tenant, or shares off, this is the
+plain order above. :meth:`PrefixCache.stats` reports bytes per tenant and tier.
+
 Disk tier (``disk_dir`` and ``disk_budget_bytes > 0``): every new entry is written in the background soon after it is
 stored (so a killed process loses only the writes still queued), a hit on an entry that is only on disk reads it
 back, and a new cache on the same directory finds the entries of earlier runs (see :mod:`cache.disk`). Call
@@ -25,7 +34,8 @@ back, and a new cache on the same directory finds the entries of earlier runs (s
 Supersession: when a new entry serves every length that an older entry on its own path serves, the older entry is
 dropped (or, if in use, at its last release), but only while the new entry is still held in some tier: an insert
 whose entry cannot be held within the budgets drops nothing as superseded, and an entry released after what
-superseded it was evicted is kept. A new entry that an existing one already covers is not kept.
+superseded it was evicted is kept (with shares on and two tenants held, "can be held" includes fitting its tenant's
+share). A new entry that an existing one already covers is not kept.
 """
 
 from __future__ import annotations

@@ -33,6 +33,20 @@ def tiers(cache: PrefixCache) -> dict[int, str]:
     return {eid: cache.entry_tier(eid) for eid in cache.entry_ids()}
 
 
+def test_the_example_of_the_design_doc_step_by_step():
+    cache = PrefixCache(device_budget_bytes=4 * E, host_budget_bytes=0, tenant_share=0.5)
+    b1 = put(cache, B)  # t1
+    a1, a2, a3 = put(cache, A), put(cache, A), put(cache, A)  # t2-t4: A over its share, the tier within budget
+    assert cache.entry_ids() == [b1, a1, a2, a3]
+    a4 = put(cache, A)  # t5
+    assert cache.entry_ids() == [b1, a2, a3, a4]
+    b2 = put(cache, B)  # t6
+    assert cache.entry_ids() == [b1, a3, a4, b2]
+    a5 = put(cache, A, length=12)  # t7: 3 units
+    assert cache.entry_ids() == [b1, a3, a4, b2] and a5 not in cache.entry_ids()
+    cache.check_invariants()
+
+
 @pytest.mark.parametrize("share", [None, 0.5])
 def test_the_tenant_over_its_share_loses_its_lru_entry_before_another_tenants_older_one(share):
     cache = PrefixCache(device_budget_bytes=4 * E, host_budget_bytes=0, tenant_share=share)
