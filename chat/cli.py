@@ -36,6 +36,7 @@ def _settings(args: argparse.Namespace):
         "sessions_db": args.sessions_db,
         "cache_dir": args.cache_dir,
         "disk_budget": args.disk_budget,
+        "tenant_cache_share": args.tenant_cache_share,
     }
     try:
         return ServerSettings(**{k: v for k, v in flags.items() if v is not None})
@@ -263,6 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--disk-budget",
         type=int,
         help="bytes the disk tier's files may hold (8 GiB = 8589934592); 0 turns the disk tier off",
+    )
+    serve.add_argument(
+        "--tenant-cache-share",
+        type=float,
+        metavar="S",
+        help="fraction in (0, 1] of each prefix cache tier one tenant keeps while another tenant needs room: over a "
+        "tier's budget, tenants over their share lose entries first (default: no shares)",
     )
     cluster = serve.add_argument_group(
         "cluster", "Ray Serve: N engine replicas behind one ingress (the extra turncache[cluster]; see docs/cluster.md)"
