@@ -17,6 +17,15 @@ recently used idle entry loses its file (and is dropped if that was its only cop
 released) are never moved or dropped. Memory bytes are counted per distinct tensor storage, so entries that share
 tensors are not counted twice within a tier; disk bytes are the tensor bytes of each entry's files.
 
+Tenant shares (``tenant_share=s``, off by default): a tenant is a namespace salt; it is *over its share* of a tier when
+it holds more than ``floor(s * budget)`` bytes there while another tenant holds bytes there too (alone, a tenant may
+fill a tier). Over a tier's budget its idle entries leave in this order: those that cannot fit the tier at all beside
+the entries in use; then entries of tenants over their share, first those that cannot fit within the share beside
+their tenant's entries in use; then any; each group least recently used first across all the tenants concerned (not
+"the most over tenant first"), each entry judged when its turn comes. So no tenant within its share loses an entry
+from a tier while another is over its share there with an idle entry. With one tenant, or shares off, this is the
+plain order above. :meth:`PrefixCache.stats` reports bytes per tenant and tier.
+
 Disk tier (``disk_dir`` and ``disk_budget_bytes > 0``): every new entry is written in the background soon after it is
 stored (so a killed process loses only the writes still queued), a hit on an entry that is only on disk reads it
 back, and a new cache on the same directory finds the entries of earlier runs (see :mod:`cache.disk`). Call
@@ -25,7 +34,8 @@ back, and a new cache on the same directory finds the entries of earlier runs (s
 Supersession: when a new entry serves every length that an older entry on its own path serves, the older entry is
 dropped (or, if in use, at its last release), but only while the new entry is still held in some tier: an insert
 whose entry cannot be held within the budgets drops nothing as superseded, and an entry released after what
-superseded it was evicted is kept. A new entry that an existing one already covers is not kept.
+superseded it was evicted is kept (with shares on and two tenants held, "can be held" includes fitting its tenant's
+share). A new entry that an existing one already covers is not kept.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import logging
 import os
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,12 +80,8 @@ from cache.media import (
 from cache.namespace import Namespace
 from cache.radix import EntryId, RadixIndex
 from cache.records import CacheStats, Lease, PrefixMatch
-
-DEVICE = "device"
-HOST = "host"
-DISK = "disk"
-TIERS = (DEVICE, HOST, DISK)
-MEMORY_TIERS = (DEVICE, HOST)
+from cache.tenants import StorageCounts, TenantBytes, share_limit
+from cache.tiers import DEVICE, DISK, HOST, MEMORY_TIERS, TIERS
 
 log = logging.getLogger("turncache.cache")
 
@@ -109,12 +115,15 @@ class PrefixCache:
         disk_dir: str | os.PathLike | None = None,
         disk_budget_bytes: int = 0,
         disk_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        tenant_share: float | None = None,
     ) -> None:
         """``disk_dir`` with ``disk_budget_bytes > 0`` turns the disk tier on: entries of earlier runs found there
         are served (their tensors read on first use). ``disk_chunk_tokens``: rows per shared chunk file.
+        ``tenant_share`` (in (0, 1]; None: off): the fraction of each tier's budget that one tenant (namespace salt)
+        keeps while another tenant holds bytes in that tier (see the module docstring).
 
         Raises:
-            LengthError: a negative budget or chunk size.
+            LengthError: a negative budget or chunk size, or a tenant share outside (0, 1].
         """
         for name, value in (
             ("device_budget_bytes", device_budget_bytes),
@@ -126,6 +135,10 @@ class PrefixCache:
             raise LengthError(f"disk_budget_bytes must be a non-negative integer, got {disk_budget_bytes!r}")
         if not isinstance(disk_chunk_tokens, int) or disk_chunk_tokens < 1:
             raise LengthError(f"disk_chunk_tokens must be a positive integer, got {disk_chunk_tokens!r}")
+        if tenant_share is not None and (
+            isinstance(tenant_share, bool) or not isinstance(tenant_share, int | float) or not 0 < tenant_share <= 1
+        ):
+            raise LengthError(f"tenant_share must be a number in (0, 1] or None, got {tenant_share!r}")
         self._id = next(_cache_ids)  # stamps matches and leases
         self._device = torch.device(device)  # where device-tier tensors live
         self._disk: DiskTier | None = None  # the disk tier; None when off
@@ -141,9 +154,12 @@ class PrefixCache:
         self._entries: dict[EntryId, _Entry] = {}  # every entry held
         self._leased: dict[EntryId, _Entry] = {}  # entries in use (all on the device tier)
         self._lru: OrderedDict[EntryId, None] = OrderedDict()  # least -> most recently used
-        self._storages: dict[str, dict[tuple, list[int]]] = {t: {} for t in MEMORY_TIERS}  # tier -> key -> [refs,
-        # bytes]
+        self._storages: dict[str, StorageCounts] = {t: StorageCounts() for t in MEMORY_TIERS}  # distinct storages
+        # of each memory tier
         self._tier_bytes: dict[str, int] = dict.fromkeys(TIERS, 0)  # bytes per tier (see CacheStats)
+        self._share: float | None = None if tenant_share is None else float(tenant_share)  # fraction of a tier's
+        # budget a tenant keeps while another holds bytes there; None: shares off
+        self._tenants = TenantBytes()  # entries and bytes per tenant (salt) and tier
         self._ns_digests: dict[Namespace, str] = {}  # namespace -> the digest its files carry; a namespace is in
         # here once it adopted the files of earlier runs
         self._ids = itertools.count(1)  # entry ids
@@ -219,6 +235,7 @@ class PrefixCache:
         entry = _Entry(eid, namespace, array("q", token_list), layer_tuple, spans, extra_tuple, DEVICE)
         index.add(eid, keys, lo, points, next(self._clock))
         self._entries[eid] = entry
+        self._tenants.add_entry(namespace.salt)
         self._lru[eid] = None
         self._account(entry, +1)
         self._counters["inserts"] += 1
@@ -419,6 +436,8 @@ class PrefixCache:
             disk_pending=self._disk.pending if self._disk is not None else 0,
             disk_skipped_files=disk.get("skipped_files", 0),
             disk_healthy=self._disk.healthy if self._disk is not None else None,
+            bytes_per_tenant=self._tenants.per_tenant(),
+            tenant_share=self._share,
         )
 
     def entry_ids(self) -> list[EntryId]:
@@ -448,9 +467,11 @@ class PrefixCache:
         assert list(self._lru) == sorted(self._lru, key=lambda i: self._recency(i)), "LRU out of order"
         assert set(self._lru) == set(self._entries), "LRU and entries disagree"
         assert set(self._leased) == {e.eid for e in self._entries.values() if e.users}, "leases disagree"
-        expected: dict[str, dict[tuple, list[int]]] = {t: {} for t in MEMORY_TIERS}
+        expected = {t: StorageCounts() for t in MEMORY_TIERS}
+        tenants = TenantBytes()
         disk_bytes = self._disk.dormant_bytes if self._disk is not None else 0
         for entry in self._entries.values():
+            tenants.add_entry(entry.namespace.salt)
             assert entry.users >= 0
             assert not entry.superseded or entry.users > 0, "an idle superseded entry was kept"
             assert (entry.layers is None) == (entry.tier == DISK), "tensors and tier disagree"
@@ -458,15 +479,16 @@ class PrefixCache:
             if entry.disk is not None:
                 assert self._disk is not None and entry.disk.eid == entry.eid
                 disk_bytes += entry.disk.nbytes
+                tenants.add_file(entry.namespace.salt, entry.disk.nbytes)
             if entry.tier == DISK:
                 continue
-            for key, nbytes in _storages_of(entry):
-                slot = expected[entry.tier].setdefault(key, [0, nbytes])
-                slot[0] += 1
+            expected[entry.tier].add(_storages_of(entry))
+            tenants.add_storages(entry.tier, entry.namespace.salt, _storages_of(entry))
         assert expected == self._storages, "storage accounting drifted"
         for tier in MEMORY_TIERS:
-            assert self._tier_bytes[tier] == sum(b for _, b in expected[tier].values())
+            assert self._tier_bytes[tier] == sum(b for _, b in expected[tier].refs.values())
         assert self._tier_bytes[DISK] == disk_bytes, "disk accounting drifted"
+        assert tenants == self._tenants, "per-tenant accounting drifted"
 
     # ================================================================ helpers: entries
 
@@ -510,24 +532,17 @@ class PrefixCache:
         return states
 
     def _account(self, entry: _Entry, sign: int) -> None:
-        table = self._storages[entry.tier]
+        """Count (``sign`` > 0) or stop counting the storages of ``entry`` in its memory tier, for the tier and for
+        its tenant."""
+        tier, salt = entry.tier, entry.namespace.salt
         storages = _storages_of(entry)
         if sign > 0:
             entry.mem_bytes = sum(nbytes for _, nbytes in storages)
-        for key, nbytes in storages:
-            slot = table.get(key)
-            if sign > 0:
-                if slot is None:
-                    table[key] = [1, nbytes]
-                    self._tier_bytes[entry.tier] += nbytes
-                else:
-                    slot[0] += 1
-            else:
-                assert slot is not None
-                slot[0] -= 1
-                if slot[0] == 0:
-                    del table[key]
-                    self._tier_bytes[entry.tier] -= nbytes
+            self._tier_bytes[tier] += self._storages[tier].add(storages)
+            self._tenants.add_storages(tier, salt, storages)
+        else:
+            self._tier_bytes[tier] -= self._storages[tier].remove(storages)
+            self._tenants.remove_storages(tier, salt, storages)
 
     def _move(self, entry: _Entry, tier: str) -> None:
         """Between the memory tiers."""
@@ -543,6 +558,7 @@ class PrefixCache:
         index = self._indexes[entry.namespace]
         index.remove(entry.eid)
         del self._entries[entry.eid]
+        self._tenants.remove_entry(entry.namespace.salt)
         del self._lru[entry.eid]
         if entry.tier != DISK:
             self._account(entry, -1)
@@ -554,54 +570,77 @@ class PrefixCache:
 
     def _survives(self, entry: _Entry) -> bool:
         """Whether enforcing the budgets now would keep ``entry`` in some tier: it must fit beside the entries in
-        use on the device tier, or alone on the host tier, or its file beside theirs on disk (while writes work)."""
-        if not self._too_big(entry, DEVICE):
-            return True
-        if self._budgets[HOST] != 0 and not self._too_big(entry, HOST):
-            return True
+        use on the device tier, or alone on the host tier, or its file beside theirs on disk (while writes work).
+        With tenant shares on and another tenant's entry held, it must also fit its tenant's share of that tier
+        beside its tenant's entries in use there, or the share rule could push it out."""
         return (
-            entry.disk is not None and self._disk is not None and self._disk.healthy and not self._too_big(entry, DISK)
+            self._keeps(entry, DEVICE)
+            or (self._budgets[HOST] != 0 and self._keeps(entry, HOST))
+            or (entry.disk is not None and self._disk is not None and self._disk.healthy and self._keeps(entry, DISK))
         )
+
+    def _keeps(self, entry: _Entry, tier: str) -> bool:
+        """``_survives`` for one tier."""
+        if self._too_big(entry, tier):
+            return False
+        limit = self._share_limit(tier)
+        if limit is None or self._tenants.tenants() < 2:
+            return True
+        return self._fits(entry, tier, limit, self._in_use_of(entry.namespace.salt))
 
     def _too_big(self, entry: _Entry, tier: str, leased: dict[tuple, int] | None = None) -> bool:
         """Whether ``entry`` cannot be held in ``tier`` even with every other idle entry gone from it (the entries
         in use stay: they are all on the device tier). ``leased``: their storages, if the caller has them."""
         budget = self._budgets[tier]
-        if budget is None:
-            return False
+        return budget is not None and not self._fits(entry, tier, budget, tuple(self._leased.values()), leased)
+
+    def _fits(
+        self,
+        entry: _Entry,
+        tier: str,
+        limit: int,
+        in_use: Collection[_Entry],
+        in_use_storages: dict[tuple, int] | None = None,
+    ) -> bool:
+        """Whether ``entry`` fits in ``limit`` bytes of ``tier`` beside the entries ``in_use`` (all on the device
+        tier) and nothing else. ``in_use_storages``: their storages, if the caller has them."""
         if tier == DISK:
             assert entry.disk is not None
-            files = sum(e.disk.nbytes for e in self._leased.values() if e.disk is not None and e is not entry)
-            return entry.disk.nbytes + files > budget
-        if tier == HOST or not self._leased:
-            return entry.mem_bytes > budget
-        if leased is None:
-            leased = self._leased_storages()
-        if entry.mem_bytes + sum(leased.values()) <= budget:
-            return False
-        return sum({**leased, **dict(_storages_of(entry))}.values()) > budget
+            files = sum(e.disk.nbytes for e in in_use if e.disk is not None and e is not entry)
+            return entry.disk.nbytes + files <= limit
+        if tier == HOST or not in_use:
+            return entry.mem_bytes <= limit
+        if in_use_storages is None:
+            in_use_storages = _storages_union(in_use)
+        if entry.mem_bytes + sum(in_use_storages.values()) <= limit:
+            return True
+        return sum({**in_use_storages, **dict(_storages_of(entry))}.values()) <= limit
 
-    def _leased_storages(self) -> dict[tuple, int]:
-        out: dict[tuple, int] = {}
-        for other in self._leased.values():
-            out.update(_storages_of(other))
-        return out
+    def _in_use_of(self, salt: str) -> tuple[_Entry, ...]:
+        """The entries in use of one tenant."""
+        return tuple(e for e in self._leased.values() if e.namespace.salt == salt)
+
+    def _share_limit(self, tier: str) -> int | None:
+        """Bytes of ``tier`` a tenant keeps while another holds bytes there; None: shares off or no budget."""
+        return share_limit(self._share, self._budgets[tier])
 
     def _enforce_budgets(self) -> None:
-        """Over a tier's budget, its idle entries go, those that cannot fit there at all first, then the least
-        recently used: device -> host (or out of memory when the host budget is 0 or too small for the entry alone),
-        host -> out of memory (the disk tier if the entry has a file, else dropped), and on disk the file goes (with
-        the entry if that was its only copy)."""
+        """Over a tier's budget, its idle entries go until it is back under: first those that cannot fit there at
+        all, then those of tenants over their share (:meth:`_over_share_order`), then the least recently used.
+        device -> host (or out of memory when the host budget is 0 or too small for the entry alone), host -> out of
+        memory (the disk tier if the entry has a file, else dropped), and on disk the file goes (with the entry if
+        that was its only copy)."""
         for tier in MEMORY_TIERS:
             budget = self._budgets[tier]
             if budget is None or self._tier_bytes[tier] <= budget:
                 continue
             idle = [e for e in map(self._entries.__getitem__, self._lru) if e.tier == tier and not e.users]
-            leased = self._leased_storages() if tier == DEVICE else None
-            for entry in (*[e for e in idle if self._too_big(e, tier, leased)], *idle):
+            leased = _storages_union(self._leased.values()) if tier == DEVICE else None
+            too_big = [e for e in idle if self._too_big(e, tier, leased)]
+            for entry in itertools.chain(too_big, self._over_share_order(tier, idle), idle):
                 if self._tier_bytes[tier] <= budget:
                     break
-                if entry.tier != tier or entry.eid not in self._entries:
+                if not self._holds(entry, tier):
                     continue  # moved or dropped already in this pass
                 if tier == DEVICE and self._budgets[HOST] != 0 and not self._too_big(entry, HOST):
                     self._move(entry, HOST)
@@ -609,6 +648,36 @@ class PrefixCache:
                 else:
                     self._leave_memory(entry)
         self._enforce_disk_budget()
+
+    def _over_share_order(self, tier: str, idle: list[_Entry]) -> Iterator[_Entry]:
+        """With shares on: the entries of ``idle`` (least recently used first) still in ``tier`` whose tenant is
+        over its share there, first those that cannot fit within the share beside their tenant's entries in use,
+        then the others, each group least recently used first. Lazy: each entry is judged when the caller asks for
+        it, after the one before it has gone. A tenant's bytes in a tier only fall while the tier's budget is
+        enforced, so a tenant found not over its share stays so, and one scan per group suffices."""
+        limit = self._share_limit(tier)
+        if limit is None or self._tenants.tenants() < 2:
+            return
+        in_use: dict[str, list[_Entry]] = {}
+        for entry in self._leased.values():
+            in_use.setdefault(entry.namespace.salt, []).append(entry)
+        in_use_storages = {salt: _storages_union(entries) for salt, entries in in_use.items()}
+
+        def beyond_share(entry: _Entry) -> bool:
+            salt = entry.namespace.salt
+            return not self._fits(entry, tier, limit, in_use.get(salt, ()), in_use_storages.get(salt))
+
+        beyond = [e for e in idle if self._holds(e, tier) and beyond_share(e)]
+        for group in (beyond, idle):
+            for entry in group:
+                if self._holds(entry, tier) and self._tenants.over_share(tier, entry.namespace.salt, limit):
+                    yield entry
+
+    def _holds(self, entry: _Entry, tier: str) -> bool:
+        """Whether ``entry`` is still held in ``tier`` (for the disk tier: has a file)."""
+        if entry.eid not in self._entries:
+            return False
+        return entry.disk is not None if tier == DISK else entry.tier == tier
 
     # ================================================================ helpers: the disk tier
 
@@ -637,10 +706,10 @@ class PrefixCache:
             self._lose_file(entry)
         while self._tier_bytes[DISK] > budget and disk.has_dormant:  # files of earlier runs nobody asked for yet
             self._tier_bytes[DISK] -= disk.drop_oldest_dormant()
-        for entry in idle:
+        for entry in itertools.chain(self._over_share_order(DISK, idle), idle):
             if self._tier_bytes[DISK] <= budget:
                 break
-            if entry.disk is not None and entry.eid in self._entries:
+            if self._holds(entry, DISK):
                 self._lose_file(entry)
 
     def _lose_file(self, entry: _Entry) -> None:
@@ -663,11 +732,13 @@ class PrefixCache:
         disk.write(record, entry.layers)
         entry.disk = record
         self._tier_bytes[DISK] += record.nbytes
+        self._tenants.add_file(entry.namespace.salt, record.nbytes)
 
     def _unpersist(self, entry: _Entry) -> None:
         assert self._disk is not None and entry.disk is not None
         self._disk.delete(entry.disk)
         self._tier_bytes[DISK] -= entry.disk.nbytes
+        self._tenants.remove_file(entry.namespace.salt, entry.disk.nbytes)
         entry.disk = None
 
     def _collect_disk(self) -> None:
@@ -739,6 +810,8 @@ class PrefixCache:
             entry = _Entry(eid, namespace, header.tokens, None, header.media, header.extras, DISK, record)
             index.add(eid, encode_keys(header.tokens, header.media), lo, points, recency)
             self._entries[eid] = entry
+            self._tenants.add_entry(namespace.salt)
+            self._tenants.add_file(namespace.salt, record.nbytes)
             adopted.append(eid)
         for eid in reversed(adopted):  # before every other entry in the LRU order, oldest first
             self._lru[eid] = None
@@ -764,6 +837,14 @@ class PrefixCache:
 
 
 # ==================================================================== module helpers
+
+
+def _storages_union(entries: Iterable[_Entry]) -> dict[tuple, int]:
+    """Distinct storages of several entries' tensors: key -> bytes."""
+    out: dict[tuple, int] = {}
+    for entry in entries:
+        out.update(_storages_of(entry))
+    return out
 
 
 def _storages_of(entry: _Entry) -> list[tuple[tuple, int]]:

@@ -75,6 +75,10 @@ class CacheStats:
     disk_pending: int = 0  # entry files queued or being written
     disk_skipped_files: int = 0  # files found unusable at startup (unreadable, truncated, foreign, renamed)
     disk_healthy: bool | None = None  # None: no disk tier; False: unusable directory, or the last write failed
+    bytes_per_tenant: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # tenant salt -> "device" /
+    # "host" / "disk" -> bytes, for every tenant holding an entry (counted as in bytes_per_tier, per tenant; disk:
+    # its entries' files, files of namespaces not used yet belong to nobody)
+    tenant_share: float | None = None  # fraction of a tier's budget a tenant keeps while another needs room (None: off)
 
     @property
     def hit_rate(self) -> float:

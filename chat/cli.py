@@ -38,6 +38,7 @@ def _settings(args: argparse.Namespace):
         "disk_budget": args.disk_budget,
         "max_reply_tokens": args.max_reply_tokens,
         "max_n": args.max_n,
+        "tenant_cache_share": args.tenant_cache_share,
     }
     try:
         return ServerSettings(**{k: v for k, v in flags.items() if v is not None})
@@ -275,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--disk-budget",
         type=int,
         help="bytes the disk tier's files may hold (8 GiB = 8589934592); 0 turns the disk tier off",
+    )
+    serve.add_argument(
+        "--tenant-cache-share",
+        type=float,
+        metavar="S",
+        help="fraction in (0, 1] of each prefix cache tier one tenant keeps while another tenant needs room: over a "
+        "tier's budget, tenants over their share lose entries first (default: no shares)",
     )
     cluster = serve.add_argument_group(
         "cluster", "Ray Serve: N engine replicas behind one ingress (the extra turncache[cluster]; see docs/cluster.md)"

@@ -24,19 +24,24 @@ def build_engine(settings: ServerSettings) -> Engine:
     down 3x). Raises chat.models' typed errors (unknown model, unsupported architecture, bad dtype)."""
     from chat.models import load_model
 
-    cache = None
-    if settings.prefix_cache:
-        cache = PrefixCache(
-            device_budget_bytes=settings.device_cache_mib * MiB,
-            host_budget_bytes=settings.host_cache_mib * MiB,
-            disk_dir=settings.cache_dir or None,
-            disk_budget_bytes=settings.disk_budget if settings.cache_dir else 0,
-        )
     return Engine.load(
         lambda: load_model(settings.model, settings.dtype, settings.weights, settings.kv_dtype),
-        cache=cache,
+        cache=build_cache(settings),
         batch=BatchSettings(settings.max_batch, settings.token_budget),
         threads=settings.threads,
+    )
+
+
+def build_cache(settings: ServerSettings) -> PrefixCache | None:
+    """The prefix cache the settings ask for: budgets, disk tier, tenant shares; None with --no-prefix-cache."""
+    if not settings.prefix_cache:
+        return None
+    return PrefixCache(
+        device_budget_bytes=settings.device_cache_mib * MiB,
+        host_budget_bytes=settings.host_cache_mib * MiB,
+        disk_dir=settings.cache_dir or None,
+        disk_budget_bytes=settings.disk_budget if settings.cache_dir else 0,
+        tenant_share=settings.tenant_cache_share,
     )
 
 

@@ -43,6 +43,12 @@ class ServerSettings(BaseSettings):
         None, description="directory of the prefix cache's disk tier (None or '': no disk tier, nothing persists)"
     )
     disk_budget: int = Field(8 * GiB, ge=0, description="bytes the prefix cache's disk tier may hold (0: no disk tier)")
+    tenant_cache_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="most of each prefix cache tier one tenant keeps while another tenant needs room (None: no limit)",
+    )
     auth_token: SecretStr | None = Field(None, description="if set, every request must carry it")
     api_keys_file: str | None = Field(None, description="a file of API keys and their tenants (see docs/security.md)")
     api_keys: SecretStr | None = Field(None, description="API keys and their tenants, in the keys file's format")

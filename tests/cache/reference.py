@@ -16,12 +16,21 @@ Rules, as written in cache/DESIGN.md:
   budget;
 - supersession: an insert drops the entries it covers only if, enforcing the budgets without dropping them, the new
   entry would still be held (this model finds out by trying on a copy of itself); a superseded entry in use is
-  dropped at its last release only if some held entry covers it then.
+  dropped at its last release only if some held entry covers it then;
+- tenant shares (``share``; a tenant is a namespace salt): a tenant is over its share of a tier when it holds more
+  than floor(share * budget) bytes there while another tenant holds bytes there. Each time a tier over its budget
+  needs a victim, it is the first idle entry of the tier, in LRU order, that: cannot fit the tier beside the entries
+  in use; else belongs to a tenant over its share and cannot fit that share beside its tenant's entries in use;
+  else belongs to a tenant over its share; else any. With shares on and entries of two tenants held, an insert
+  supersedes only if the new entry fits some tier (as above) and its tenant's share of it beside its tenant's
+  entries in use (and then the trial on a copy must keep it too). Every entry (or file) that leaves a tier for its
+  budget is logged in ``moves`` with the tenants' bytes there at that moment.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 from cache.media import MediaSpan
@@ -74,12 +83,26 @@ def covers(big: RefEntry, small: RefEntry) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Move:
+    """An entry (or its file, on the disk tier) leaving a tier for the tier's budget, as it happened."""
+
+    tier: str
+    eid: int
+    salt: str  # the entry's tenant
+    fits: bool  # whether the entry could fit in the tier beside the entries in use
+    tenant_bytes: dict[str, int]  # salt -> bytes it held in the tier just before the move
+    idle: dict[str, int]  # salt -> idle entries it held in the tier just before the move
+
+
 @dataclass
 class ReferenceCache:
     device_budget: int | None = None
     host_budget: int | None = 0
     disk_budget: int = 0  # 0: no disk tier
+    share: float | None = None  # tenant share of each tier's budget; None: off
     entries: dict[int, RefEntry] = field(default_factory=dict)
+    moves: list[Move] = field(default_factory=list)
     clock: int = 0
     counters: dict[str, int] = field(
         default_factory=lambda: {"offloads": 0, "evictions": 0, "superseded": 0, "spills": 0}
@@ -152,7 +175,14 @@ class ReferenceCache:
     def _would_keep(self, eid: int) -> bool:
         trial = copy.deepcopy(self)
         trial.enforce()
-        return eid in trial.entries
+        kept = eid in trial.entries
+        if self.share is None or len({e.namespace.salt for e in self.entries.values()}) < 2:
+            return kept
+        new = self.entries[eid]
+        tiers = ["device"] + ["host"] * (self.host_budget != 0) + ["disk"] * new.file
+        within = any(self.fits_alone(new, tier) and self.fits_share(new, tier) for tier in tiers)
+        assert kept or not within, "the share rule would push out an entry that fit its share"
+        return within
 
     def acquire(self, eid: int) -> None:
         e = self.entries[eid]
@@ -205,17 +235,73 @@ class ReferenceCache:
             return self.host_budget is None or e.nbytes <= self.host_budget
         return e.dbytes + sum(o.dbytes for o in in_use if o.file) <= self.disk_budget
 
+    # -- tenant shares
+
+    def in_tier(self, e: RefEntry, tier: str) -> bool:
+        return e.file if tier == "disk" else e.tier == tier
+
+    def entry_bytes(self, e: RefEntry, tier: str) -> int:
+        return e.dbytes if tier == "disk" else e.nbytes
+
+    def tenant_bytes(self, tier: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for e in self.entries.values():
+            if self.in_tier(e, tier):
+                out[e.namespace.salt] = out.get(e.namespace.salt, 0) + self.entry_bytes(e, tier)
+        return out
+
+    def limit(self, tier: str) -> int | None:
+        budget = {"device": self.device_budget, "host": self.host_budget, "disk": self.disk_budget}[tier]
+        return None if self.share is None or budget is None else math.floor(self.share * budget)
+
+    def over_share(self, tier: str, salt: str) -> bool:
+        limit = self.limit(tier)
+        held = self.tenant_bytes(tier)
+        others = any(nbytes for other, nbytes in held.items() if other != salt)
+        return limit is not None and held.get(salt, 0) > limit and others
+
+    def fits_share(self, e: RefEntry, tier: str) -> bool:
+        """Whether ``e`` fits its tenant's share of ``tier`` beside its tenant's entries in use."""
+        limit = self.limit(tier)
+        if limit is None:
+            return True
+        same = [o for o in self.entries.values() if o.users and o.eid != e.eid and o.namespace == e.namespace]
+        if tier == "device":
+            return e.nbytes + sum(o.nbytes for o in same) <= limit
+        if tier == "host":
+            return e.nbytes <= limit
+        return e.dbytes + sum(o.dbytes for o in same if o.file) <= limit
+
+    def victim(self, tier: str) -> RefEntry | None:
+        """The idle entry of ``tier`` that goes next (see the module docstring); None if there is none."""
+        idle = [self.entries[i] for i in self.lru() if self.in_tier(self.entries[i], tier)]
+        idle = [e for e in idle if not e.users]
+        rules = (
+            lambda e: not self.fits_alone(e, tier),
+            lambda e: self.over_share(tier, e.namespace.salt) and not self.fits_share(e, tier),
+            lambda e: self.over_share(tier, e.namespace.salt),
+            lambda e: True,
+        )
+        for rule in rules:
+            for e in idle:
+                if rule(e):
+                    return e
+        return None
+
+    def log_move(self, tier: str, e: RefEntry) -> None:
+        idle: dict[str, int] = {}
+        for o in self.entries.values():
+            if self.in_tier(o, tier) and not o.users:
+                idle[o.namespace.salt] = idle.get(o.namespace.salt, 0) + 1
+        fits = self.fits_alone(e, tier)
+        self.moves.append(Move(tier, e.eid, e.namespace.salt, fits, self.tenant_bytes(tier), idle))
+
     def enforce(self) -> None:
         for tier, budget in (("device", self.device_budget), ("host", self.host_budget)):
             if budget is None:
                 continue
-            idle = [self.entries[i] for i in self.lru() if self.entries[i].tier == tier and not self.entries[i].users]
-            order = [e for e in idle if not self.fits_alone(e, tier)] + idle
-            for e in order:
-                if self.tier_bytes(tier) <= budget:
-                    break
-                if e.eid not in self.entries or e.tier != tier:
-                    continue
+            while self.tier_bytes(tier) > budget and (e := self.victim(tier)) is not None:
+                self.log_move(tier, e)
                 if tier == "device" and self.host_budget != 0 and self.fits_alone(e, "host"):
                     e.tier = "host"
                     self.counters["offloads"] += 1
@@ -225,17 +311,18 @@ class ReferenceCache:
 
     def enforce_disk(self) -> None:
         if self.disk_budget > 0:
-            idle = [self.entries[i] for i in self.lru() if self.entries[i].file and not self.entries[i].users]
-            order = [e for e in idle if not self.fits_alone(e, "disk")] + idle
-            for e in order:
-                if self.tier_bytes("disk") <= self.disk_budget:
-                    break
-                if e.eid not in self.entries or not e.file:
-                    continue
-                e.file = False
-                if e.tier == "disk":
-                    del self.entries[e.eid]
-                    self.counters["evictions"] += 1
+            for e in [e for e in self.entries.values() if e.file and not e.users and not self.fits_alone(e, "disk")]:
+                self.log_move("disk", e)
+                self.lose_file(e)
+            while self.tier_bytes("disk") > self.disk_budget and (e := self.victim("disk")) is not None:
+                self.log_move("disk", e)
+                self.lose_file(e)
+
+    def lose_file(self, e: RefEntry) -> None:
+        e.file = False
+        if e.tier == "disk":
+            del self.entries[e.eid]
+            self.counters["evictions"] += 1
 
     def leave_memory(self, e: RefEntry) -> None:
         if not e.file and self.disk_budget > 0 and e.dbytes <= self.disk_budget:

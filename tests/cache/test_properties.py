@@ -17,11 +17,19 @@ After every step:
   loss: what superseded the entry must still be held);
 - **never empty where something fit**: if no idle entry is left after a step other than ``evict()``, no entry that was
   idle before the step (or inserted in it) and would fit in some tier beside the entries in use was lost;
-- both caches agree on every answer, on which entries they hold, on each one's tier and file, and on the counters.
+- both caches agree on every answer, on which entries they hold, on each one's tier and file, and on the counters;
+- **shares respected** (tenant shares on): no tenant within its share of a tier loses an entry (or, on the disk
+  tier, a file) there for the budget while another tenant is over its share of that tier with an idle entry in it,
+  unless the entry could not fit the tier at all (read from the reference's log of moves, which the real cache
+  matches step by step).
+
+Three share modes: "off" (two tenants, no shares: the rules as before), "one tenant" (the real cache has a share,
+the reference none: with one tenant a share changes nothing) and "on" (three tenants, both with the same share).
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass
 
@@ -32,7 +40,7 @@ from hypothesis import strategies as st
 from cache import MediaKind, MediaSpan, Namespace, PrefixCache
 from cache.disk_format import payload_bytes
 from tests.cache.helpers import nbytes, normal, recurrent, rotating, stateless
-from tests.cache.reference import RefEntry, ReferenceCache, spans_before
+from tests.cache.reference import Move, RefEntry, ReferenceCache, spans_before
 
 LAYOUTS = ("normal", "rotating", "recurrent", "rotating+recurrent", "stateless")
 WINDOW = 3
@@ -143,14 +151,40 @@ def budget(most: int, *kinds: str):
 KINDS = {  # (device, host, disk) budget kinds in each run of the test
     "memory": (("few", "few", "few", "zero", "none"), ("zero", "zero", "few", "none"), ("zero",)),
     "disk": (("few", "few", "zero"), ("zero", "few"), ("few",)),  # entries leave memory often, for the disk
+    "host": (("few",), ("few",), ("zero", "few")),  # entries pass through the host tier often
 }
 
 
+def check_shares_respected(moves: list[Move], share: float | None, budgets: Budgets) -> None:
+    """The shares property of the module docstring, over the moves the reference logged in one step."""
+    for move in moves:
+        budget = {"device": budgets.device, "host": budgets.host, "disk": budgets.disk}[move.tier]
+        if share is None or budget is None or not move.fits:
+            continue
+        limit = math.floor(share * budget)
+        held = move.tenant_bytes
+        over = {salt for salt, n in held.items() if n > limit and any(v for o, v in held.items() if o != salt)}
+        if move.salt in over:
+            continue
+        starving = sorted(salt for salt in over if move.idle.get(salt))
+        assert not starving, f"{move}: a tenant within its share lost an entry while {starving} were over theirs"
+
+
+SHARE_MODES = {  # mode -> (tenants, whether the real cache has a share, whether the reference has it)
+    "off": (2, False, False),
+    "one tenant": (1, True, False),
+    "on": (3, True, True),
+}
+
+
+@pytest.mark.parametrize("shares", sorted(SHARE_MODES))
 @pytest.mark.parametrize("tiers", sorted(KINDS))
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_cache_agrees_with_linear_reference_and_keeps_what_fits(tiers, data):
-    namespaces = [Namespace("m", "float32"), Namespace("m", "float32", salt="t2")]
+def test_cache_agrees_with_linear_reference_and_keeps_what_fits(tiers, shares, data):
+    tenants, real_share, ref_share = SHARE_MODES[shares]
+    namespaces = [Namespace("m", "float32", salt=salt) for salt in ("", "t2", "t3")[:tenants]]
+    share = data.draw(st.sampled_from([0.25, 1 / 3, 0.5, 1.0]) | st.floats(0.05, 1.0), label="share")
     layouts = {ns: data.draw(st.sampled_from(LAYOUTS), label="layout") for ns in namespaces}
     budgets = Budgets(
         device=data.draw(budget(24, *KINDS[tiers][0]), label="device budget"),
@@ -164,11 +198,11 @@ def test_cache_agrees_with_linear_reference_and_keeps_what_fits(tiers, data):
             disk_dir=tmp,
             disk_budget_bytes=budgets.disk,
             disk_chunk_tokens=data.draw(st.integers(2, 5), label="chunk tokens"),
+            tenant_share=share if real_share else None,
         )
+        ref = ReferenceCache(budgets.device, budgets.host, budgets.disk, share if ref_share else None)
         try:
-            run_steps(
-                data, real, ReferenceCache(budgets.device, budgets.host, budgets.disk), budgets, namespaces, layouts
-            )
+            run_steps(data, real, ref, budgets, namespaces, layouts)
         finally:
             real.close(timeout=10)
 
@@ -199,11 +233,12 @@ def run_steps(data, real: PrefixCache, ref: ReferenceCache, budgets: Budgets, na
         seen[ns].append((tokens, media))
         return eid if added else -1
 
+    busy = [namespaces[0]] * 3 + namespaces[1:]  # one tenant busier than the others: it goes over its share
     for _ in range(data.draw(st.integers(5, 30), label="steps")):
         op = data.draw(
             st.sampled_from(["insert", "lookup", "lookup", "reread", "extend", "extend", "release", "evict", "flush"])
         )
-        ns = data.draw(st.sampled_from(namespaces), label="namespace")
+        ns = data.draw(st.sampled_from(busy), label="namespace")
         on_disk = [i for i in real.entry_ids() if real.entry_tier(i) == "disk"]
         query = None
         if op == "reread" and on_disk:  # the next turn of a conversation held only on disk
@@ -214,6 +249,7 @@ def run_steps(data, real: PrefixCache, ref: ReferenceCache, budgets: Budgets, na
             op, ns, query = "lookup", e.namespace, ([*e.tokens, 1], list(e.media))
         before = {i: len([lease for lease in leases if lease.entry == i]) for i in real.entry_ids()}
         evictions_before = real.stats().evictions
+        moves_before = len(ref.moves)
         inserted: list[int] = []
         if op == "insert":
             tokens, media = data.draw(sequences(seen[ns]), label="sequence")
@@ -258,9 +294,14 @@ def run_steps(data, real: PrefixCache, ref: ReferenceCache, budgets: Budgets, na
         real.check_invariants()
         inserted = [i for i in inserted if i >= 0]
         check_nothing_lost(real, known, before, budgets, leases, evictions_before, op, inserted)
+        check_shares_respected(ref.moves[moves_before:], ref.share, budgets)
         assert real.entry_ids() == ref.lru()
         assert {e: real.entry_tier(e) for e in real.entry_ids()} == {e.eid: e.tier for e in ref.entries.values()}
         assert {e: real.entry_has_file(e) for e in real.entry_ids()} == {e.eid: e.file for e in ref.entries.values()}
+        assert real.stats().bytes_per_tenant == {
+            salt: {tier: ref.tenant_bytes(tier).get(salt, 0) for tier in ("device", "host", "disk")}
+            for salt in sorted({e.namespace.salt for e in ref.entries.values()})
+        }
         stats = real.stats()
         assert (stats.offloads, stats.evictions, stats.superseded, stats.spills) == (
             ref.counters["offloads"],

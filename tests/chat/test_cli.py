@@ -62,6 +62,8 @@ def test_bench_cache_table_without_json(capsys):
         (["--token-budget", "8"], "--token-budget"),
         (["--weights", "int4"], "--weights"),
         (["--kv-dtype", "int8"], "--kv-dtype"),
+        (["--tenant-cache-share", "0"], "--tenant-cache-share"),
+        (["--tenant-cache-share", "1.5"], "--tenant-cache-share"),
     ],
 )
 def test_serve_refuses_engine_settings_out_of_range_naming_the_setting(flags, named, monkeypatch, capsys):
@@ -96,3 +98,17 @@ def test_the_kv_dtype_flag_and_its_environment_variable_reach_the_settings(monke
     monkeypatch.setenv("TURNCACHE_KV_DTYPE", "float16")
     assert _settings(build_parser().parse_args(["serve"])).kv_dtype == "float16"
     assert _settings(build_parser().parse_args(["serve", "--kv-dtype", "float32"])).kv_dtype == "float32"
+
+
+def test_the_tenant_cache_share_flag_reaches_the_prefix_cache(monkeypatch):
+    from chat.cli import _settings, build_parser
+    from chat.server.main import build_cache
+
+    monkeypatch.delenv("TURNCACHE_TENANT_CACHE_SHARE", raising=False)
+    default = _settings(build_parser().parse_args(["serve", "--cache-dir", ""]))
+    assert default.tenant_cache_share is None and build_cache(default).stats().tenant_share is None
+    shared = _settings(build_parser().parse_args(["serve", "--cache-dir", "", "--tenant-cache-share", "0.25"]))
+    assert build_cache(shared).stats().tenant_share == 0.25
+    monkeypatch.setenv("TURNCACHE_TENANT_CACHE_SHARE", "0.5")
+    assert build_cache(_settings(build_parser().parse_args(["serve", "--cache-dir", ""]))).stats().tenant_share == 0.5
+    assert build_cache(shared.model_copy(update={"prefix_cache": False})) is None
