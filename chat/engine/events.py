@@ -15,6 +15,7 @@ class TurnRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     salt: str = ""  # tenant salt: prefixes are shared only within one salt
     prompt_tokens: Sequence[int] | None = None  # already rendered prompt (then `messages` is not rendered)
+    tools: Sequence[dict[str, Any]] | None = None  # function definitions for a template that renders them
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,7 +219,9 @@ class Turn:
             self.prompt = list(req.prompt_tokens)
         else:
             try:
-                rendered = rt.render_prompt(req.messages)
+                rendered = (
+                    rt.render_prompt(req.messages, tools=req.tools) if req.tools else rt.render_prompt(req.messages)
+                )
             except MediaError as exc:
                 raise InvalidMediaError(str(exc.item or "messages"), str(exc)) from exc
             self.prompt, self.media = list(rendered.tokens), tuple(rendered.spans)

@@ -30,6 +30,7 @@ import torch
 
 from cache import LayerState, Lease, NormalKV, RecurrentSnapshot, RecurrentState, RotatingKV, Stateless
 from chat.engine.runtime import Feed
+from chat.engine.tool_calls import format_of
 from chat.models import ragged
 from chat.models.detokenizer import IncrementalDetokenizer
 from chat.models.errors import InvalidSettingError, RunStateError
@@ -90,6 +91,8 @@ class ModelAdapter:
         self.generation_defaults = generation_defaults(getattr(model, "generation_config", None))  # sampling
         # settings the model's generation_config sets (for request fields left out)
         self._vocabulary = Vocabulary(tokenizer, logits_width=self.vocab_size, eos_token_ids=self.eos_token_ids)
+        self.tool_format = format_of(getattr(tokenizer, "chat_template", None))  # how it calls tools
+        # (chat.engine.tool_calls.FORMATS); "generic" when its template takes no tools
         stored = getattr(torch, kv_dtype) if kv_dtype not in (None, dtype) else None  # None: as computed
         self._layout = CacheLayout(model.config, max_rows=context_window, margin=rotating_margin, kv_dtype=stored)
         self.has_recurrent_state = self._layout.has_recurrent  # snapshot boundaries matter
@@ -116,13 +119,14 @@ class ModelAdapter:
         """
         return render_chat(self._tokenizer, messages, add_generation_prompt)
 
-    def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> TextPrompt:
+    def render_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> TextPrompt:
         """The prompt of ``messages`` (string contents) with the generation prompt: a text model has no media.
+        ``tools`` go to a template that renders them (``tool_format`` is not "generic").
 
         Raises:
             InvalidSettingError: a message is not a role/content pair of strings.
         """
-        return TextPrompt(tuple(self.render(messages)))
+        return TextPrompt(tuple(render_chat(self._tokenizer, messages, True, tools)))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain ``text`` (no chat template, no special tokens added)."""

@@ -148,6 +148,7 @@ class MultimodalAdapter(ModelAdapter):
         language_model = model.model.language_model
         stack = TextStack(language_model, model.lm_head, model.config.get_text_config(decoder=True))
         super().__init__(stack.eval(), tokenizer, **kwargs)
+        self.tool_format = "generic"  # its render_prompt places media; tools go in the system message
         self._full = model  # the whole HF model: its encoders run on media
         self.family = family
         self.modalities = frozenset(family.preparers)  # kinds this model takes

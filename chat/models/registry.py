@@ -272,6 +272,9 @@ def _tiny_text(name: str) -> tuple[Any, Any]:
     if name not in TINY and name not in TINY_REFUSED:
         raise UnknownModelError(f"tiny-{name}", model_choices())
     tokenizer = AutoTokenizer.from_pretrained(str(ASSET_DIR), local_files_only=True)
+    template = TINY[name].chat_template if name in TINY else None
+    if template is not None:
+        tokenizer.chat_template = template
     special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
     config = tiny_config(name, len(tokenizer), special)
     check_config(config)  # refused families stop here

@@ -14,8 +14,15 @@ from typing import Any
 from chat.models.errors import InvalidSettingError
 
 
-def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of ``messages`` (``{"role", "content"}`` with string content) through ``tokenizer``'s chat template.
+def render_chat(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
+    """Token ids of ``messages`` (``{"role", "content"}`` with string content; an assistant message may carry
+    ``tool_calls`` and a ``tool`` message ``tool_call_id``) through ``tokenizer``'s chat template, given ``tools``
+    (OpenAI's function definitions) when the template takes them.
 
     Raises:
         InvalidSettingError: a message is not a role/content pair of strings (``field`` names which).
@@ -26,8 +33,9 @@ def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], add_gener
             raise InvalidSettingError(f"messages[{i}].role", "each message needs a string role")
         if not isinstance(m.get("content"), str):
             raise InvalidSettingError(f"messages[{i}].content", "content must be a string for this model")
-        clean.append({"role": m["role"], "content": m["content"]})
-    text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=add_generation_prompt)
+        clean.append({k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if k in m})
+    extra = {"tools": list(tools)} if tools else {}
+    text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=add_generation_prompt, **extra)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -26,9 +26,10 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from chat.engine.constraints import GrammarError, GrammarSpec
 from chat.engine.events import Delta, Done, Event, TurnRequest
@@ -37,8 +38,11 @@ from chat.protocol.content import ChatMessage, Content, PromptMessage, check_med
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_MESSAGES
 from chat.protocol.sampling import SamplingSettings
+from chat.protocol.tools import MAX_TOOL_CALLS, MAX_TOOLS, AssistantToolCall, ToolChoiceWire, ToolDef
+from chat.server import tools_api
 from chat.server.choices import chat_logprobs, run_turns
 from chat.server.errors import RequestError
+from chat.server.tools_api import ToolPlan
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
 SAMPLING_FIELDS = (  # the request fields that are SamplingSettings' (same names)
@@ -124,31 +128,43 @@ async def check_grammar(engine, spec: GrammarSpec | None, field: str) -> None:
 
 
 def grammar_field(body: BaseModel) -> str:
+    """The request field a turn's grammar comes from (named when it does not compile)."""
+    if getattr(body, "tools", None) and getattr(body, "tool_choice", None) != "none":
+        return "tools"
     return "structured_outputs" if getattr(body, "structured_outputs", None) is not None else "response_format"
 
 
 class HttpMessage(ChatMessage):
     """One message of a request: the protocol's content types and rules (``ChatMessage``), with OpenAI's extras:
-    the ``developer`` role (taken as ``system``), ``content: null``; OpenAI's other message fields are refused
-    unless null or empty (tool calls and tool results wait for the agent-loop work)."""
+    the ``developer`` role (taken as ``system``), ``content: null``, an assistant's ``tool_calls`` and a ``tool``
+    message's ``tool_call_id`` (``chat.server.tools_api``); OpenAI's other message fields are refused unless null or
+    empty."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # type: ignore[assignment]
     content: Content | None = None  # type: ignore[assignment]
+    tool_calls: Annotated[list[AssistantToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None  # assistant's
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None  # a tool result's call
     name: Any = None
-    tool_calls: Any = None
-    tool_call_id: Any = None
     function_call: Any = None
     refusal: Any = None
     audio: Any = None
     annotations: Any = None
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("name", "tool_calls", "tool_call_id", "function_call", "refusal", "audio")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("name", "function_call", "refusal", "audio")
 
     def prompt(self) -> PromptMessage:
         role = "system" if self.role == "developer" else self.role
         return PromptMessage(role, "" if self.content is None else self.content)  # type: ignore[arg-type]
+
+    @model_validator(mode="after")
+    def _tool_fields_where_they_belong(self) -> HttpMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("tool_calls", "only assistant messages carry tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise PydanticCustomError("tool_call_id", "a tool message needs tool_call_id (and only a tool message)")
+        return self
 
 
 class StreamOptions(BaseModel):
@@ -185,29 +201,26 @@ class ChatCompletionRequest(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = 1
+    tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoiceWire | None = None
+    parallel_tool_calls: bool | None = None
     # OpenAI's fields this server does not honour: refused unless neutral (see the module docstring)
     audio: Any = None
     function_call: Any = None
     functions: Any = None
     metadata: Any = None
     modalities: Any = None
-    parallel_tool_calls: Any = None
     prediction: Any = None
     prompt_cache_key: Any = None
     reasoning_effort: Any = None
     safety_identifier: Any = None
     service_tier: Any = None
     store: Any = None
-    tool_choice: Any = None
-    tools: Any = None
     user: Any = None
     verbosity: Any = None
     web_search_options: Any = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
         "functions",
         "function_call",
         "audio",
@@ -237,13 +250,18 @@ class ChatCompletionRequest(BaseModel):
         """
         refuse_unsupported(self, self.UNSUPPORTED)
         for i, message in enumerate(self.messages):
-            if message.role in ("tool", "function"):
+            if message.role == "function":
                 raise RequestError(
                     ErrorCode.UNSUPPORTED_PARAMETER,
-                    f"messages.{i}.role: {message.role} messages are not supported by this server yet",
+                    f"messages.{i}.role: function messages (the deprecated functions API) are not supported; "
+                    "use tools and tool messages",
                     param=f"messages.{i}.role",
                 )
             refuse_unsupported(message, HttpMessage.UNSUPPORTED, where=f"messages.{i}.")
+        fmt = self.response_format or {}
+        if self.tools and self.tool_choice != "none" and fmt.get("type") not in (None, "text"):
+            message = "response_format with tools is not supported yet: constrain the tools' schemas instead"
+            raise RequestError(ErrorCode.UNSUPPORTED_PARAMETER, message, param="response_format")
         if not 1 <= (self.n or 1) <= max_n:
             raise RequestError(ErrorCode.INVALID_SAMPLING, f"n: must be in [1, {max_n}]", param="n")
 
@@ -253,14 +271,19 @@ class ChatCompletionRequest(BaseModel):
         return sampling_of(self, given)
 
 
-def _finish_reason(done: Done) -> str:
-    return "length" if done.finish_reason == "length" else "stop"
+def build_turn(
+    req: ChatCompletionRequest, salt: str, runtime, reply_cap: int | None = None
+) -> tuple[TurnRequest, ToolPlan]:
+    """The engine's request, with the request's tools rendered in the model's call format.
 
-
-def build_turn(req: ChatCompletionRequest, salt: str, runtime, reply_cap: int | None = None) -> TurnRequest:
-    """Raises UnsupportedMediaError, RequestError, SamplingFieldError."""
+    Raises:
+        UnsupportedMediaError, RequestError, SamplingFieldError.
+    """
+    plan = tools_api.plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, runtime)
+    fields = tools_api.history_calls(req.messages)
     messages = [m.prompt() for m in req.messages]
-    return turn_request(messages, req.sampling(), salt=salt, runtime=runtime, reply_cap=reply_cap)
+    turn = turn_request(messages, req.sampling(), salt=salt, runtime=runtime, reply_cap=reply_cap)
+    return tools_api.apply(plan, turn, fields), plan
 
 
 def usage_and_timings(dones: Sequence[Done]) -> dict:
@@ -277,7 +300,16 @@ def _failed(done: Done) -> None:
         raise done.error or RuntimeError("generation failed")
 
 
-async def complete(engine, turns: Sequence[TurnRequest], model: str) -> dict:
+def _message(plan: ToolPlan | None, done: Done) -> tuple[dict, str]:
+    """The assistant message of a finished reply (its calls read back) and its finish reason."""
+    parsed, finish = tools_api.read_reply(plan, done)
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None}
+    if parsed.calls:
+        message["tool_calls"] = tools_api.wire_calls(parsed.calls)
+    return message, finish
+
+
+async def complete(engine, turns: Sequence[TurnRequest], model: str, plan: ToolPlan | None = None) -> dict:
     """A whole (non-streaming) chat completion with ``len(turns)`` choices."""
     dones: dict[int, Done] = {}
     async for i, event in run_turns(engine, turns):
@@ -289,12 +321,13 @@ async def complete(engine, turns: Sequence[TurnRequest], model: str) -> dict:
     for i in range(len(turns)):
         done = dones[i]
         logprobs = {"content": chat_logprobs(runtime, done.logprobs), "refusal": None}
+        message, finish = _message(plan, done)
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": done.text, "refusal": None},
+                "message": message,
                 "logprobs": logprobs if turns[i].params.logprobs else None,
-                "finish_reason": _finish_reason(done),
+                "finish_reason": finish,
             }
         )
     return {
@@ -313,9 +346,10 @@ async def first_event(events: AsyncIterator[tuple[int, Event]]) -> tuple[int, Ev
     return await anext(events)
 
 
-async def stream(engine, turns: Sequence[TurnRequest], model: str) -> AsyncIterator[str]:
+async def stream(engine, turns: Sequence[TurnRequest], model: str, plan: ToolPlan | None = None) -> AsyncIterator[str]:
     """Server-sent events of a streaming chat completion, ending with ``data: [DONE]``. The first event is awaited
-    before this returns (see :func:`first_event`).
+    before this returns (see :func:`first_event`). A reply that may call tools is held back until it is done, then
+    sent as its text and its calls (OpenAI's tool-call deltas, each call whole).
 
     Raises:
         whatever the turns raise before computing anything.
@@ -326,10 +360,11 @@ async def stream(engine, turns: Sequence[TurnRequest], model: str) -> AsyncItera
     except BaseException:
         await events.aclose()
         raise
-    return _sse(engine.runtime, events, head, turns, model)
+    return _sse(engine.runtime, events, head, turns, model, plan)
 
 
-async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str) -> AsyncIterator[str]:
+async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str, plan) -> AsyncIterator[str]:
+    held = plan is not None and plan.calls_possible  # replies are read back whole before anything is sent
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     wants_logprobs = [t.params.logprobs for t in turns]
 
@@ -346,7 +381,7 @@ async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str) 
         while True:
             for i, event in pending:
                 if isinstance(event, Delta):
-                    if event.text or event.logprobs:
+                    if not held and (event.text or event.logprobs):
                         lp = {"content": chat_logprobs(runtime, event.logprobs)} if wants_logprobs[i] else None
                         yield chunk(i, {"content": event.text}, logprobs=lp)
                     continue
@@ -357,11 +392,18 @@ async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str) 
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     yield "data: [DONE]\n\n"
                     return
+                parsed, finish = tools_api.read_reply(plan, event)
+                if held:
+                    lp = {"content": chat_logprobs(runtime, event.logprobs)} if wants_logprobs[i] else None
+                    if parsed.content or lp:
+                        yield chunk(i, {"content": parsed.content or ""}, logprobs=lp)
+                    if parsed.calls:
+                        yield chunk(i, {"tool_calls": tools_api.wire_calls(parsed.calls, with_index=True)})
                 if len(dones) < len(turns):
-                    yield chunk(i, {}, _finish_reason(event))
+                    yield chunk(i, {}, finish)
                 else:
                     extra = usage_and_timings([dones[k] for k in sorted(dones)])
-                    yield chunk(i, {}, _finish_reason(event), **extra)
+                    yield chunk(i, {}, finish, **extra)
             try:
                 pending = [await anext(events)]
             except StopAsyncIteration:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from chat.tools.testing.templates import HERMES_TOOLS
+
 WINDOW = 8  # sliding window of the tiny sliding models
 INIT_STD = 0.05  # std of the weight matrices: logits spread ~0.4 (the usual 0.02 gives nearly flat logits; much
 # wider weights make the chunked linear-attention kernels lose ~1e-4 of precision between chunkings)
@@ -37,10 +39,12 @@ class TinySpec:
     config_class: str  # a transformers config class
     kwargs: dict[str, Any] = field(default_factory=dict)  # on top of the vocabulary and special token ids
     common: bool = True  # start from _COMMON
+    chat_template: str | None = None  # instead of the tokenizer's plain ChatML (chat.tools.testing.templates)
 
 
 TINY: dict[str, TinySpec] = {
     "llama": TinySpec("LlamaConfig"),
+    "hermes": TinySpec("LlamaConfig", chat_template=HERMES_TOOLS),  # a template that takes tools (Qwen/Hermes style)
     "mistral": TinySpec("MistralConfig", {"sliding_window": WINDOW}),
     "gemma3": TinySpec(
         "Gemma3TextConfig",

@@ -26,7 +26,7 @@ from cache import Lease, NormalKV, RecurrentState
 USER, ASSISTANT, END, SYSTEM = 256, 257, 258, 259
 VOCAB = 260
 MAX_LEN = 4096
-ROLE = {"user": USER, "assistant": ASSISTANT, "system": SYSTEM}
+ROLE = {"user": USER, "assistant": ASSISTANT, "system": SYSTEM, "tool": USER}  # tool results as user turns
 
 
 def default_script(prompt: Sequence[int]) -> str:

@@ -114,12 +114,17 @@ def test_tokenize_and_detokenize(server):
     ("path", "body", "code", "param"),
     [
         ("/v1/chat/completions", {"messages": USER, "frobnicate": 1}, "unknown_parameter", "frobnicate"),
-        ("/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, "unsupported_parameter", "tools"),
+        (
+            "/v1/chat/completions",
+            {"messages": USER, "functions": [{"name": "f"}]},
+            "unsupported_parameter",
+            "functions",
+        ),
         ("/v1/chat/completions", {"messages": USER, "store": True}, "unsupported_parameter", "store"),
         ("/v1/chat/completions", {"messages": USER, "user": "u1"}, "unsupported_parameter", "user"),
         (
             "/v1/chat/completions",
-            {"messages": [*USER, {"role": "tool", "content": "x", "tool_call_id": "a"}]},
+            {"messages": [*USER, {"role": "function", "content": "x", "name": "f"}]},
             "unsupported_parameter",
             "messages.1.role",
         ),

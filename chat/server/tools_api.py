@@ -1,0 +1,147 @@
+"""Tools in ``/v1/chat/completions``: the request's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` and the
+history's calls and results checked before anything runs, the turn rendered in the model's call format
+(``chat.engine.tool_calls``), and the reply read back into OpenAI's ``tool_calls``.
+
+Checks (a typed 400 naming the field): a function whose ``parameters`` is not JSON Schema (``invalid_grammar``); a
+``tool_choice`` naming no function, or given without ``tools``; a ``tool`` message whose ``tool_call_id`` answers no
+call of an earlier assistant message; an assistant call whose ``arguments`` are not a JSON object (``invalid_request``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from chat.engine.constraints import GrammarError, check_json_schema
+from chat.engine.events import Done, TurnRequest
+from chat.engine.tool_calls import FORMATS, ParsedReply, Tool, ToolCall, ToolChoice, ToolFormat
+from chat.protocol.errors import ErrorCode
+from chat.protocol.tools import NamedToolChoice, ToolDef
+from chat.server.errors import RequestError
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """How one request's tools are offered and read back."""
+
+    format: ToolFormat  # the model's call syntax
+    tools: tuple[Tool, ...]
+    choice: ToolChoice
+    parallel: bool  # several calls in one reply
+    definitions: tuple[dict, ...]  # the request's function definitions, for a template that renders them
+
+    @property
+    def calls_possible(self) -> bool:
+        return bool(self.tools) and self.choice.mode != "none"
+
+
+def _bad(message: str, param: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> RequestError:
+    return RequestError(code, f"{param}: {message}", param=param)
+
+
+def plan_tools(tools: Sequence[ToolDef] | None, choice: Any, parallel: bool | None, runtime) -> ToolPlan:
+    """The request's tools, checked (none offered when it has none: its history's calls are still rendered).
+
+    Raises:
+        RequestError: see the module docstring.
+    """
+    fmt = FORMATS[getattr(runtime, "tool_format", "generic")]
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise _bad("tool_choice needs tools", "tool_choice")
+        return ToolPlan(fmt, (), ToolChoice("none"), False, ())
+    plain = []
+    for i, t in enumerate(tools):
+        parameters = t.function.parameters if t.function.parameters is not None else {"type": "object"}
+        try:
+            check_json_schema(parameters)
+        except GrammarError as exc:
+            raise _bad(str(exc), f"tools[{i}].function.parameters", ErrorCode.INVALID_GRAMMAR) from None
+        plain.append(Tool(t.function.name, t.function.description or "", parameters, bool(t.function.strict)))
+    if len({t.name for t in plain}) != len(plain):
+        raise _bad("two functions have the same name", "tools")
+    if isinstance(choice, NamedToolChoice):
+        if choice.function.name not in {t.name for t in plain}:
+            raise _bad(f"no function is named {choice.function.name!r}", "tool_choice")
+        mode = ToolChoice("named", choice.function.name)
+    else:
+        mode = ToolChoice(choice or "auto")
+    definitions = tuple(t.model_dump(exclude_none=True) for t in tools)
+    return ToolPlan(fmt, tuple(plain), mode, parallel is not False, definitions)
+
+
+def history_calls(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per message, the tool fields the engine needs (``tool_calls`` as ToolCalls, ``tool_call_id``), checked.
+
+    Raises:
+        RequestError: see the module docstring.
+    """
+    open_calls: set[str] = set()
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        fields: dict[str, Any] = {}
+        if m.role == "assistant" and m.tool_calls:
+            calls = []
+            for j, call in enumerate(m.tool_calls):
+                try:
+                    arguments = json.loads(call.function.arguments)
+                except ValueError:
+                    arguments = None
+                if not isinstance(arguments, dict):
+                    raise _bad("arguments must be a JSON object", f"messages.{i}.tool_calls.{j}.function.arguments")
+                calls.append(ToolCall(call.function.name, call.function.arguments))
+                open_calls.add(call.id)
+            fields["tool_calls"] = tuple(calls)
+        if m.role == "tool":
+            if m.tool_call_id not in open_calls:
+                raise _bad("answers no call of an earlier assistant message", f"messages.{i}.tool_call_id")
+            fields["tool_call_id"] = m.tool_call_id
+        out.append(fields)
+    return out
+
+
+def apply(plan: ToolPlan, turn: TurnRequest, fields: Sequence[dict[str, Any]]) -> TurnRequest:
+    """``turn`` with the history's calls and results, rendered for the model's call format, and (when a call may
+    come) the grammar that keeps calls valid. With no tools offered, the history's calls are still rendered, so a
+    conversation that used tools can go on without them."""
+    messages = [{**m, **extra} for m, extra in zip(turn.messages, fields, strict=True)]
+    fmt = plan.format
+    if not fmt.native and plan.calls_possible:  # the model's earlier answers were {"response": ...}: render them so
+        messages = [_as_response(m) for m in messages]
+    prompt = fmt.prompt(messages, plan.tools, plan.choice)
+    grammar = fmt.grammar(plan.tools, plan.choice, plan.parallel) if plan.calls_possible else None
+    params = turn.params if grammar is None else replace(turn.params, grammar=grammar)
+    definitions = plan.definitions if fmt.native else None
+    return replace(turn, messages=prompt, params=params, tools=definitions)
+
+
+def _as_response(message: dict[str, Any]) -> dict[str, Any]:
+    if message["role"] != "assistant" or message.get("tool_calls") or not isinstance(message.get("content"), str):
+        return message
+    answer = json.dumps({"response": message["content"]}, separators=(",", ":"), ensure_ascii=False)
+    return {**message, "content": answer}
+
+
+def read_reply(plan: ToolPlan | None, done: Done) -> tuple[ParsedReply, str]:
+    """The reply's text and calls, and its OpenAI finish reason (``tool_calls`` when it made calls)."""
+    finish = "length" if done.finish_reason == "length" else "stop"
+    if plan is None or not plan.calls_possible:
+        return ParsedReply(done.text), finish
+    parsed = plan.format.parse(done.text)
+    return parsed, ("tool_calls" if parsed.calls else finish)
+
+
+def wire_calls(calls: Sequence[ToolCall], *, with_index: bool = False) -> list[dict]:
+    """OpenAI's ``tool_calls`` (each with a fresh id); ``with_index`` for stream deltas."""
+    out = []
+    for k, call in enumerate(calls):
+        item: dict[str, Any] = {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        out.append({"index": k, **item} if with_index else item)
+    return out
