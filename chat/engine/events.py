@@ -16,6 +16,7 @@ class TurnRequest:
     salt: str = ""  # tenant salt: prefixes are shared only within one salt
     prompt_tokens: Sequence[int] | None = None  # already rendered prompt (then `messages` is not rendered)
     tools: Sequence[dict[str, Any]] | None = None  # function definitions for a template that renders them
+    template_kwargs: dict[str, Any] | None = None  # variables for the chat template (chat_template_kwargs)
 
 
 @dataclass(frozen=True, slots=True)

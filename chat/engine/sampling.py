@@ -47,6 +47,11 @@ class SamplingParams:
     top_logprobs: int = 0  # ... and the most likely alternatives at each position (0..20)
     prompt_logprobs: bool = False  # report the log-probability of every prompt token after the first (echo)
     grammar: GrammarSpec | None = None  # the reply must match this (chat.engine.constraints)
+    thinking_budget: int | None = (
+        None  # most thinking tokens (after the start marker) before it is closed for the model
+    )
+    thinking_start: tuple[int, ...] = ()  # the tokens that open the thinking (a reply that does not open it is free)
+    thinking_end: tuple[int, ...] = ()  # the tokens that close it (written for the model when the budget is spent)
 
     def generator(self) -> torch.Generator | None:
         if self.temperature == 0.0:

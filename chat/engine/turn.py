@@ -187,6 +187,8 @@ class Turn:
         self._rendered: RenderedPrompt | None = None  # what begin rendered (a multimodal run needs it again)
         self._rng = request.params.generator()  # the sampler's random state (None when greedy)
         self._cancelled = False  # set from any thread; acted on at the next step
+        self._forced: list[int] = []  # tokens written next instead of sampled (a thinking budget's end marker)
+        self._thinking_closed = False  # the reply has closed its thinking (or was made to)
 
     @property
     def done(self) -> bool:
@@ -219,9 +221,10 @@ class Turn:
             self.prompt = list(req.prompt_tokens)
         else:
             try:
-                rendered = (
-                    rt.render_prompt(req.messages, tools=req.tools) if req.tools else rt.render_prompt(req.messages)
-                )
+                extra: dict = {"tools": req.tools} if req.tools else {}  # only for runtimes that take them
+                if req.template_kwargs:
+                    extra["template_kwargs"] = req.template_kwargs
+                rendered = rt.render_prompt(req.messages, **extra)
             except MediaError as exc:
                 raise InvalidMediaError(str(exc.item or "messages"), str(exc)) from exc
             self.prompt, self.media = list(rendered.tokens), tuple(rendered.spans)
@@ -269,7 +272,8 @@ class Turn:
     def plain_greedy(self) -> bool:
         """Greedy on the raw logits with nothing reported but the tokens: the replies that may speculate."""
         p = self.request.params
-        return p.temperature == 0.0 and not p.shapes_logits and self.constraint is None and not p.logprobs
+        plain = not p.shapes_logits and self.constraint is None and not p.logprobs and p.thinking_budget is None
+        return p.temperature == 0.0 and plain
 
     @property
     def fresh(self) -> bool:
@@ -485,6 +489,8 @@ class Turn:
         """The next token from one row of raw logits [vocab]: shaped, masked by the grammar, sampled; with its
         log-probability when asked for."""
         params = self.request.params
+        if self._forced:  # the thinking budget is spent: its end marker is written for the model
+            return self._forced.pop(0), None
         scores = shape(row, params, self.penalties)
         if self.constraint is not None:
             if scores is row:
@@ -506,11 +512,27 @@ class Turn:
         if self.constraint is not None:
             self.constraint.accept(token)
         events, reason = self.reply.accept(token, logprob)
+        self._check_thinking_budget()
         if reason is None and self.constraint is not None and self.constraint.finished:
             reason = "stop"  # the grammar is complete: nothing may follow
         if reason is not None:
             events.extend(self._finish(reason))
         return events
+
+    def _check_thinking_budget(self) -> None:
+        """Once ``thinking_budget`` tokens of thinking are out (after the reply opened it with ``thinking_start``)
+        and it is still open, write its end marker next."""
+        p = self.request.params
+        if p.thinking_budget is None or self._thinking_closed or self._forced or not p.thinking_end:
+            return
+        start, end, tokens = list(p.thinking_start), list(p.thinking_end), self.reply.tokens
+        if len(tokens) < len(start):
+            return
+        if tokens[: len(start)] != start or tokens[-len(end) :] == end:
+            self._thinking_closed = True  # it did not think, or it closed the thinking itself
+        elif len(tokens) - len(start) >= p.thinking_budget:
+            self._forced = end
+            self._thinking_closed = True
 
     # ================================================================ finishing
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from cache import LayerState, Lease, NormalKV, RecurrentSnapshot, RecurrentState, RotatingKV, Stateless
+from chat.engine.reasoning import markers_of
 from chat.engine.runtime import Feed
 from chat.engine.tool_calls import format_of
 from chat.models import ragged
@@ -91,6 +92,7 @@ class ModelAdapter:
         self.generation_defaults = generation_defaults(getattr(model, "generation_config", None))  # sampling
         # settings the model's generation_config sets (for request fields left out)
         self._vocabulary = Vocabulary(tokenizer, logits_width=self.vocab_size, eos_token_ids=self.eos_token_ids)
+        self.reasoning = markers_of(getattr(tokenizer, "chat_template", None))  # thinking markers, if it thinks
         self.tool_format = format_of(getattr(tokenizer, "chat_template", None))  # how it calls tools
         # (chat.engine.tool_calls.FORMATS); "generic" when its template takes no tools
         stored = getattr(torch, kv_dtype) if kv_dtype not in (None, dtype) else None  # None: as computed
@@ -119,14 +121,20 @@ class ModelAdapter:
         """
         return render_chat(self._tokenizer, messages, add_generation_prompt)
 
-    def render_prompt(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> TextPrompt:
+    def render_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Any] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> TextPrompt:
         """The prompt of ``messages`` (string contents) with the generation prompt: a text model has no media.
-        ``tools`` go to a template that renders them (``tool_format`` is not "generic").
+        ``tools`` go to a template that renders them (``tool_format`` is not "generic"); ``template_kwargs`` to the
+        template as variables (``enable_thinking``).
 
         Raises:
             InvalidSettingError: a message is not a role/content pair of strings.
         """
-        return TextPrompt(tuple(render_chat(self._tokenizer, messages, True, tools)))
+        return TextPrompt(tuple(render_chat(self._tokenizer, messages, True, tools, template_kwargs)))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain ``text`` (no chat template, no special tokens added)."""

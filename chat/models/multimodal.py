@@ -149,6 +149,7 @@ class MultimodalAdapter(ModelAdapter):
         stack = TextStack(language_model, model.lm_head, model.config.get_text_config(decoder=True))
         super().__init__(stack.eval(), tokenizer, **kwargs)
         self.tool_format = "generic"  # its render_prompt places media; tools go in the system message
+        self.reasoning = None  # its render_prompt takes no template variables: thinking is not split off
         self._full = model  # the whole HF model: its encoders run on media
         self.family = family
         self.modalities = frozenset(family.preparers)  # kinds this model takes

@@ -19,6 +19,7 @@ def render_chat(
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of ``messages`` (``{"role", "content"}`` with string content; an assistant message may carry
     ``tool_calls`` and a ``tool`` message ``tool_call_id``) through ``tokenizer``'s chat template, given ``tools``
@@ -34,7 +35,7 @@ def render_chat(
         if not isinstance(m.get("content"), str):
             raise InvalidSettingError(f"messages[{i}].content", "content must be a string for this model")
         clean.append({k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if k in m})
-    extra = {"tools": list(tools)} if tools else {}
+    extra = {**(template_kwargs or {}), **({"tools": list(tools)} if tools else {})}  # template variables
     text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=add_generation_prompt, **extra)
     return list(tokenizer.encode(text, add_special_tokens=False))
 

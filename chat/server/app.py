@@ -140,13 +140,15 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
         check_model(body.model)
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
-        turn, tools = openai_api.build_turn(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
+        turn, tools, thinking = openai_api.build_turn(
+            body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens
+        )
         await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(body))
         turns = with_seeds(turn, body.n or 1)
         if body.stream:
-            events = await openai_api.stream(engine, turns, model_name, tools)
+            events = await openai_api.stream(engine, turns, model_name, tools, thinking)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await openai_api.complete(engine, turns, model_name, tools)
+        return await openai_api.complete(engine, turns, model_name, tools, thinking)
 
     @app.post("/v1/completions")
     async def completions(body: completions_api.CompletionRequest, request: Request):

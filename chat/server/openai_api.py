@@ -26,6 +26,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,13 +34,14 @@ from pydantic_core import PydanticCustomError
 
 from chat.engine.constraints import GrammarError, GrammarSpec
 from chat.engine.events import Delta, Done, Event, TurnRequest
+from chat.engine.reasoning import Markers, ReasoningSplitter
 from chat.protocol.client_events import ModelName
 from chat.protocol.content import ChatMessage, Content, PromptMessage, check_media_count
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_MESSAGES
 from chat.protocol.sampling import SamplingSettings
 from chat.protocol.tools import MAX_TOOL_CALLS, MAX_TOOLS, AssistantToolCall, ToolChoiceWire, ToolDef
-from chat.server import tools_api
+from chat.server import reasoning_api, tools_api
 from chat.server.choices import chat_logprobs, run_turns
 from chat.server.errors import RequestError
 from chat.server.tools_api import ToolPlan
@@ -201,6 +203,8 @@ class ChatCompletionRequest(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = 1
+    chat_template_kwargs: dict[str, Any] | None = None  # extension (vLLM's): variables for the chat template
+    thinking_budget: Annotated[int, Field(ge=1)] | None = None  # extension: most thinking tokens
     tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoiceWire | None = None
     parallel_tool_calls: bool | None = None
@@ -273,8 +277,9 @@ class ChatCompletionRequest(BaseModel):
 
 def build_turn(
     req: ChatCompletionRequest, salt: str, runtime, reply_cap: int | None = None
-) -> tuple[TurnRequest, ToolPlan]:
-    """The engine's request, with the request's tools rendered in the model's call format.
+) -> tuple[TurnRequest, ToolPlan, Markers | None]:
+    """The engine's request, with the request's tools rendered in the model's call format and its thinking set up;
+    the tool plan and the thinking markers read the reply back.
 
     Raises:
         UnsupportedMediaError, RequestError, SamplingFieldError.
@@ -283,7 +288,9 @@ def build_turn(
     fields = tools_api.history_calls(req.messages)
     messages = [m.prompt() for m in req.messages]
     turn = turn_request(messages, req.sampling(), salt=salt, runtime=runtime, reply_cap=reply_cap)
-    return tools_api.apply(plan, turn, fields), plan
+    turn = tools_api.apply(plan, turn, fields)
+    turn = reasoning_api.apply(turn, runtime, req.chat_template_kwargs, req.thinking_budget)
+    return turn, plan, reasoning_api.thinking_markers(runtime, req.chat_template_kwargs)
 
 
 def usage_and_timings(dones: Sequence[Done]) -> dict:
@@ -300,16 +307,21 @@ def _failed(done: Done) -> None:
         raise done.error or RuntimeError("generation failed")
 
 
-def _message(plan: ToolPlan | None, done: Done) -> tuple[dict, str]:
-    """The assistant message of a finished reply (its calls read back) and its finish reason."""
-    parsed, finish = tools_api.read_reply(plan, done)
+def _message(plan: ToolPlan | None, markers: Markers | None, done: Done) -> tuple[dict, str]:
+    """The assistant message of a finished reply (its thinking split off, its calls read back), its finish reason."""
+    reasoning, text = markers.split(done.text) if markers is not None else (None, done.text)
+    parsed, finish = tools_api.read_reply(plan, replace(done, text=text))
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     if parsed.calls:
         message["tool_calls"] = tools_api.wire_calls(parsed.calls)
     return message, finish
 
 
-async def complete(engine, turns: Sequence[TurnRequest], model: str, plan: ToolPlan | None = None) -> dict:
+async def complete(
+    engine, turns: Sequence[TurnRequest], model: str, plan: ToolPlan | None = None, markers: Markers | None = None
+) -> dict:
     """A whole (non-streaming) chat completion with ``len(turns)`` choices."""
     dones: dict[int, Done] = {}
     async for i, event in run_turns(engine, turns):
@@ -321,7 +333,7 @@ async def complete(engine, turns: Sequence[TurnRequest], model: str, plan: ToolP
     for i in range(len(turns)):
         done = dones[i]
         logprobs = {"content": chat_logprobs(runtime, done.logprobs), "refusal": None}
-        message, finish = _message(plan, done)
+        message, finish = _message(plan, markers, done)
         choices.append(
             {
                 "index": i,
@@ -346,7 +358,9 @@ async def first_event(events: AsyncIterator[tuple[int, Event]]) -> tuple[int, Ev
     return await anext(events)
 
 
-async def stream(engine, turns: Sequence[TurnRequest], model: str, plan: ToolPlan | None = None) -> AsyncIterator[str]:
+async def stream(
+    engine, turns: Sequence[TurnRequest], model: str, plan: ToolPlan | None = None, markers: Markers | None = None
+) -> AsyncIterator[str]:
     """Server-sent events of a streaming chat completion, ending with ``data: [DONE]``. The first event is awaited
     before this returns (see :func:`first_event`). A reply that may call tools is held back until it is done, then
     sent as its text and its calls (OpenAI's tool-call deltas, each call whole).
@@ -360,11 +374,12 @@ async def stream(engine, turns: Sequence[TurnRequest], model: str, plan: ToolPla
     except BaseException:
         await events.aclose()
         raise
-    return _sse(engine.runtime, events, head, turns, model, plan)
+    return _sse(engine.runtime, events, head, turns, model, plan, markers)
 
 
-async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str, plan) -> AsyncIterator[str]:
+async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str, plan, markers) -> AsyncIterator[str]:
     held = plan is not None and plan.calls_possible  # replies are read back whole before anything is sent
+    splitters = [ReasoningSplitter(markers) if markers is not None else None for _ in turns]  # thinking apart
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     wants_logprobs = [t.params.logprobs for t in turns]
 
@@ -381,9 +396,13 @@ async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str, 
         while True:
             for i, event in pending:
                 if isinstance(event, Delta):
-                    if not held and (event.text or event.logprobs):
+                    splitter = splitters[i]
+                    thought, text = splitter.push(event.text) if splitter is not None else ("", event.text)
+                    if thought:
+                        yield chunk(i, {"reasoning_content": thought})
+                    if not held and (text or event.logprobs):
                         lp = {"content": chat_logprobs(runtime, event.logprobs)} if wants_logprobs[i] else None
-                        yield chunk(i, {"content": event.text}, logprobs=lp)
+                        yield chunk(i, {"content": text}, logprobs=lp)
                     continue
                 assert isinstance(event, Done)
                 dones[i] = event
@@ -392,7 +411,14 @@ async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str, 
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     yield "data: [DONE]\n\n"
                     return
-                parsed, finish = tools_api.read_reply(plan, event)
+                if splitters[i] is not None:
+                    thought, text = splitters[i].flush()
+                    if thought:
+                        yield chunk(i, {"reasoning_content": thought})
+                    if text and not held:
+                        yield chunk(i, {"content": text})
+                answer = markers.split(event.text)[1] if markers is not None else event.text
+                parsed, finish = tools_api.read_reply(plan, replace(event, text=answer))
                 if held:
                     lp = {"content": chat_logprobs(runtime, event.logprobs)} if wants_logprobs[i] else None
                     if parsed.content or lp:

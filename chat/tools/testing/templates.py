@@ -40,3 +40,23 @@ For each function call, return a json object with function name and arguments wi
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
+
+# A Qwen3-style template that thinks: the model opens <think> itself; `enable_thinking: false` closes an empty block
+# in the generation prompt; finished assistant turns are rendered without their thinking (as Qwen3's template does).
+THINKING = """\
+{%- for message in messages %}
+{%- if message.role == 'assistant' %}
+{%- set content = message.content %}
+{%- if '</think>' in content %}{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}
+<|im_start|>assistant
+{{ content }}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking is false %}<think>
+
+</think>
+
+{% endif %}{% endif %}"""

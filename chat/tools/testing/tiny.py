@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from chat.tools.testing.templates import HERMES_TOOLS
+from chat.tools.testing.templates import HERMES_TOOLS, THINKING
 
 WINDOW = 8  # sliding window of the tiny sliding models
 INIT_STD = 0.05  # std of the weight matrices: logits spread ~0.4 (the usual 0.02 gives nearly flat logits; much
@@ -45,6 +45,7 @@ class TinySpec:
 TINY: dict[str, TinySpec] = {
     "llama": TinySpec("LlamaConfig"),
     "hermes": TinySpec("LlamaConfig", chat_template=HERMES_TOOLS),  # a template that takes tools (Qwen/Hermes style)
+    "thinking": TinySpec("LlamaConfig", chat_template=THINKING),  # a template that thinks (Qwen3 style)
     "mistral": TinySpec("MistralConfig", {"sliding_window": WINDOW}),
     "gemma3": TinySpec(
         "Gemma3TextConfig",
