@@ -49,6 +49,7 @@ class ErrorCode(enum.StrEnum):
     INVALID_REQUEST = "invalid_request"  # the request body is malformed or breaks a limit (`param` names the field)
     UNKNOWN_PARAMETER = "unknown_parameter"  # a request field that no API of ours knows (OpenAI's refusal text)
     UNSUPPORTED_PARAMETER = "unsupported_parameter"  # an OpenAI field this server does not honour (`param` names it)
+    NOT_FOUND = "not_found"  # a stored object (a response of /v1/responses) that does not exist for this tenant
     MODEL_NOT_FOUND = "model_not_found"  # `model` is not served here (OpenAI's code for it)
     TOO_LARGE = "too_large"  # the body exceeds --max-body-mib (a WebSocket frame over its limit closes with 1009)
 

@@ -21,11 +21,12 @@ from chat.engine.engine import Engine
 from chat.engine.errors import EngineError
 from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
-from chat.server import completions_api, openai_api, tokenize_api
+from chat.server import completions_api, openai_api, responses_api, tokenize_api
 from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
 from chat.server.metrics_text import render_metrics, render_session_metrics
+from chat.server.response_store import ResponseStore
 from chat.server.session_db import SqliteSessionStore
 from chat.server.settings import MiB, ServerSettings
 from chat.server.turns import SamplingFieldError
@@ -80,6 +81,8 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
     app.state.settings = settings
     store = session_store(settings)
     app.state.sessions = store
+    response_store = ResponseStore()  # /v1/responses kept for previous_response_id, per tenant
+    app.state.responses = response_store
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -161,6 +164,42 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
             events = await completions_api.stream(engine, body, turns, model_name)
             return StreamingResponse(events, media_type="text/event-stream")
         return await completions_api.complete(engine, body, turns, model_name)
+
+    @app.post("/v1/responses")
+    async def responses(body: responses_api.ResponsesRequest, request: Request):
+        check_model(body.model)
+        body.check()
+        tenant: Tenant = request.state.tenant
+        history: tuple = ()
+        if body.previous_response_id is not None:
+            prior = response_store.get(body.previous_response_id, tenant.id)
+            if prior is None:
+                message = f"previous_response_id: no response {body.previous_response_id!r}"
+                raise RequestError(ErrorCode.NOT_FOUND, message, param="previous_response_id")
+            history = prior.messages
+        chat, conversation = responses_api.to_chat(body, history)
+        chat.check(settings.max_n)
+        turn, tools, thinking = openai_api.build_turn(
+            chat, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens
+        )
+        await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(chat))
+        args = (engine, turn, body, model_name, tools, thinking, response_store, tenant.id, conversation)
+        if body.stream:
+            return StreamingResponse(await responses_api.stream(*args), media_type="text/event-stream")
+        return await responses_api.complete(*args)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request) -> dict:
+        found = response_store.get(response_id, request.state.tenant.id)
+        if found is None:
+            raise RequestError(ErrorCode.NOT_FOUND, f"no response {response_id!r}", param="response_id")
+        return found.body
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request) -> dict:
+        if not response_store.delete(response_id, request.state.tenant.id):
+            raise RequestError(ErrorCode.NOT_FOUND, f"no response {response_id!r}", param="response_id")
+        return {"id": response_id, "object": "response", "deleted": True}
 
     @app.post("/tokenize")
     async def tokenize(body: tokenize_api.TokenizeRequest) -> dict:

@@ -65,6 +65,7 @@ TRANSPORT: dict[ErrorCode, Transport] = {
     ErrorCode.UNKNOWN_SESSION: Transport(404, "invalid_request_error"),
     ErrorCode.UNKNOWN_MODEL: Transport(404, "invalid_request_error"),
     ErrorCode.MODEL_NOT_FOUND: Transport(404, "invalid_request_error"),
+    ErrorCode.NOT_FOUND: Transport(404, "invalid_request_error"),
     ErrorCode.BUSY: Transport(409, "invalid_request_error"),
     ErrorCode.NOT_GENERATING: Transport(409, "invalid_request_error"),
     ErrorCode.CONTEXT_OVERFLOW: _BAD,

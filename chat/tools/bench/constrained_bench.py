@@ -31,9 +31,11 @@ Keys: ``model``, ``date``, ``cpu``, ``conversations``, ``rounds``, ``max_tokens`
 ``unconstrained_tokens_per_s``, ``constrained_tokens_per_s_ratio`` (constrained / unconstrained),
 ``constrained_completion_tokens`` / ``unconstrained_completion_tokens`` (completion tokens of one round, median),
 ``constrained_replies``, ``json_valid``, ``json_cut_by_length``, ``grammar_schemas``, ``grammar_compile_ms``,
-``grammar_cached_ms``, ``loglikelihood_requests``, ``loglikelihood_requests_per_s``, ``logprob_cached_tokens``,
-``logprob_tokens``, ``logprob_max_abs_diff_cache_vs_none``, ``same_tokens``, ``errors`` (non-200 responses,
-malformed bodies and exceptions, all parts), ``error_samples`` (the first few, as text), ``wall_s``.
+``grammar_cached_ms``, ``loglikelihood_requests``, ``loglikelihood_requests_per_s``, ``loglikelihood_malformed``
+(replies without one log-probability per prompt token plus one for the generated token, as lm-eval's ``[ctxlen:-1]``
+slice assumes), ``logprob_cached_tokens``, ``logprob_tokens``, ``logprob_max_abs_diff_cache_vs_none``,
+``same_tokens``, ``errors`` (non-200 responses and exceptions, all parts), ``error_samples`` (the first few, as
+text), ``wall_s``.
 """
 
 from __future__ import annotations
@@ -194,11 +196,15 @@ def _loglikelihood_prompts(runtime, n: int, length: int) -> list[list[int]]:
     return out
 
 
-async def _loglikelihood(client, prompts: list[list[int]], concurrency: int, errors: Tally) -> float:
-    """Requests per second of ``prompts``, ``concurrency`` in flight at once."""
+async def _loglikelihood(client, prompts: list[list[int]], concurrency: int, errors: Tally) -> tuple[float, int]:
+    """(requests per second of ``prompts``, ``concurrency`` in flight at once; replies whose ``token_logprobs`` are
+    not one per prompt token and one for the reply's token, the first null: what lm-eval's slice
+    ``[ctxlen:-1]`` assumes)."""
     gate = asyncio.Semaphore(concurrency)
+    malformed = 0
 
     async def one(ids: list[int]) -> None:
+        nonlocal malformed
         body = {"prompt": ids, "echo": True, "max_tokens": 1, "logprobs": 1, "temperature": 0.0}
         async with gate:
             data = await _post(client, "/v1/completions", body, errors)
@@ -207,11 +213,11 @@ async def _loglikelihood(client, prompts: list[list[int]], concurrency: int, err
         logprobs = data["choices"][0]["logprobs"] or {}
         scored = logprobs.get("token_logprobs") or []
         if len(scored) != len(ids) + 1 or scored[0] is not None or any(v is None for v in scored[1:]):
-            errors.add(f"/v1/completions: {len(scored)} token_logprobs for a {len(ids)}-token prompt and 1 token")
+            malformed += 1
 
     start = time.perf_counter()
     await asyncio.gather(*(one(ids) for ids in prompts))
-    return len(prompts) / (time.perf_counter() - start)
+    return len(prompts) / (time.perf_counter() - start), malformed
 
 
 async def _logprob_reply(client, errors: Tally) -> dict | None:
@@ -321,7 +327,7 @@ async def _on_server(
         valid = sum(_valid(reply.content, validator) for reply in stopped)
 
         prompts = _loglikelihood_prompts(engine.runtime, loglikelihood_requests, loglikelihood_tokens)
-        ll_rate = await _loglikelihood(client, prompts, loglikelihood_concurrency, errors)
+        ll_rate, ll_malformed = await _loglikelihood(client, prompts, loglikelihood_concurrency, errors)
 
         await _logprob_reply(client, errors)  # stores the conversation
         cached = await _logprob_reply(client, errors)
@@ -341,6 +347,7 @@ async def _on_server(
         "grammar_cached_ms": _p50(again),
         "loglikelihood_requests": len(prompts),
         "loglikelihood_requests_per_s": ll_rate,
+        "loglikelihood_malformed": ll_malformed,
         "logprob_cached_tokens": cached["usage"]["prompt_tokens_details"]["cached_tokens"] if cached else 0,
     }
     return figures, cached
@@ -434,6 +441,7 @@ TARGETS = {
     "json_valid": ("==", 1.0),
     "logprob_max_abs_diff_cache_vs_none": ("<=", 1e-4),
     "same_tokens": ("==", True),
+    "loglikelihood_malformed": ("==", 0),
 }
 
 

@@ -15,6 +15,7 @@ KEYS = {
     "grammar_compile_ms",
     "grammar_cached_ms",
     "loglikelihood_requests_per_s",
+    "loglikelihood_malformed",
     "logprob_cached_tokens",
     "logprob_max_abs_diff_cache_vs_none",
     "same_tokens",
@@ -38,7 +39,7 @@ def test_constrained_bench_measures_everything_in_one_run_on_a_tiny_model():
         result["constrained_tokens_per_s"] / result["unconstrained_tokens_per_s"]
     )
     assert 0 < result["grammar_cached_ms"] < result["grammar_compile_ms"]
-    assert result["loglikelihood_requests_per_s"] > 0
+    assert result["loglikelihood_requests_per_s"] > 0 and result["loglikelihood_malformed"] == 0
     json.dumps(result, allow_nan=False)  # one plain JSON object
 
 
