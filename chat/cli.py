@@ -197,6 +197,12 @@ def _bench_multiturn(args: argparse.Namespace) -> int:
     return main(as_json=args.json, model=args.model, conversations=args.conversations)
 
 
+def _bench_agent(args: argparse.Namespace) -> int:
+    from chat.tools.bench.agent_bench import main
+
+    return main(as_json=args.json, model=args.model)
+
+
 def _bench_constrained(args: argparse.Namespace) -> int:
     from chat.tools.bench.constrained_bench import main
 
@@ -402,6 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
             "SGLang-shaped multi-turn chat: concurrent conversations x 4 turns of 256-512-token user messages, "
             "with and without the prefix cache",
             _bench_multiturn,
+        ),
+        (
+            "agent",
+            "agent loops over HTTP with the openai client: tool calls (chat completions and /v1/responses) and a "
+            "thinking model; validity of calls and what the cache serves of each step",
+            _bench_agent,
         ),
         (
             "constrained",

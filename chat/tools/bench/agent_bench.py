@@ -1,0 +1,264 @@
+"""`turncache bench agent`: agent loops over HTTP with the official ``openai`` client, and what the cache keeps of
+them.
+
+Three workloads, in one process, each on its own loopback server:
+
+1. **Chat completions with tools** on the built-in model (its template has no tools: the generic, constrained JSON
+   format): ``loops`` concurrent loops x ``steps`` requests. Each step sends the whole conversation; a reply that
+   calls a tool gets a tool result back (a made-up observation), a reply that answers gets the next user question.
+2. **The same loops through** ``/v1/responses``: each step sends only its new input with ``previous_response_id``.
+3. **A thinking model** (``tiny-thinking``, whose template drops the thinking from history, as Qwen3's does): loops
+   of multi-turn chat whose replies think (opened by the grammar of ``response_format: json_object``, the thinking
+   held to ``thinking_budget`` tokens), the client sending back each answer without its reasoning.
+
+Keys: ``tool_calls_valid`` (share of tool calls whose arguments parse and validate against their function's schema;
+target 1.0), ``tool_calls`` (how many), ``cached_ratio_after_tool`` (cached / prompt tokens over chat-completions
+steps 2+; target >= 0.9), ``cached_ratio_responses`` (the same over ``/v1/responses`` steps 2+; target >= 0.95),
+``cached_ratio_after_thinking`` (turns 2+ of the thinking loops; target >= 0.9), ``errors`` (failed requests;
+target 0), ``wall_s_chat``, ``wall_s_responses``, ``model``, ``cpu``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+
+from chat.tools.bench.report import emit
+from chat.tools.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+LOOKUP = {
+    "type": "object",
+    "properties": {"query": {"type": "string", "maxLength": 60}},
+    "required": ["query"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Current weather in a city.", "parameters": WEATHER},
+    },
+    {"type": "function", "function": {"name": "search", "description": "Search the web.", "parameters": LOOKUP}},
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Tokyo", "Quito", "Perth", "Riga"]
+SYSTEM = "You are a helpful travel assistant. Use the tools when they help."
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo").read().splitlines():  # noqa: SIM115
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+class Tally:
+    """Counts of one workload (each loop adds to its own, merged after)."""
+
+    def __init__(self) -> None:
+        self.cached = 0  # cached prompt tokens on steps 2+
+        self.prompt = 0  # prompt tokens on steps 2+
+        self.calls = 0  # tool calls seen
+        self.valid = 0  # of those, valid for their schema
+        self.errors = 0  # failed requests
+
+    def add(self, other: Tally) -> None:
+        for name in vars(self):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def ratio(self) -> float:
+        return self.cached / self.prompt if self.prompt else 0.0
+
+    def check(self, name: str, arguments: str) -> None:
+        self.calls += 1
+        try:
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+            self.valid += 1
+        except (ValueError, jsonschema.ValidationError, KeyError):
+            pass
+
+
+def _question(i: int, step: int) -> str:
+    city = CITIES[(i + step) % len(CITIES)]
+    return f"I am planning a trip to {city}. What is the weather there, and what should I pack?"
+
+
+def _chat_loop(client, model: str, i: int, steps: int, max_tokens: int) -> Tally:
+    tally = Tally()
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _question(i, 0)}]
+    for step in range(steps):
+        try:
+            reply = client.chat.completions.create(
+                model=model, messages=messages, tools=TOOLS, temperature=0, max_tokens=max_tokens
+            )
+        except Exception:
+            tally.errors += 1
+            return tally
+        if step > 0:
+            tally.cached += reply.usage.prompt_tokens_details.cached_tokens
+            tally.prompt += reply.usage.prompt_tokens
+        message = reply.choices[0].message
+        messages.append(
+            message.model_dump(exclude_none=True, exclude={"refusal", "annotations", "audio", "function_call"})
+        )
+        if message.tool_calls:
+            for call in message.tool_calls:
+                tally.check(call.function.name, call.function.arguments)
+                result = f"{call.function.name} result: 18 degrees, light rain."
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        else:
+            messages.append({"role": "user", "content": _question(i, step + 1)})
+    return tally
+
+
+def _responses_loop(client, model: str, i: int, steps: int, max_tokens: int) -> Tally:
+    tally = Tally()
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    previous, new_input = None, [{"role": "user", "content": _question(i, 0)}]
+    for step in range(steps):
+        try:
+            reply = client.responses.create(
+                model=model,
+                instructions=SYSTEM,
+                input=new_input,
+                previous_response_id=previous,
+                tools=tools,
+                temperature=0,
+                max_output_tokens=max_tokens,
+            )
+        except Exception:
+            tally.errors += 1
+            return tally
+        if step > 0:
+            tally.cached += reply.usage.input_tokens_details.cached_tokens
+            tally.prompt += reply.usage.input_tokens
+        previous = reply.id
+        calls = [o for o in reply.output if o.type == "function_call"]
+        for call in calls:
+            tally.check(call.name, call.arguments)
+        new_input = [
+            {"type": "function_call_output", "call_id": c.call_id, "output": "18 degrees, light rain."} for c in calls
+        ] or [{"role": "user", "content": _question(i, step + 1)}]
+    return tally
+
+
+def _thinking_loop(client, model: str, i: int, steps: int) -> Tally:
+    tally = Tally()
+    messages: list[dict] = [{"role": "user", "content": _question(i, 0)}]
+    for step in range(steps):
+        try:
+            reply = client.chat.completions.create(
+                model=model,
+                messages=messages,
+                temperature=0,
+                max_tokens=48,
+                response_format={"type": "json_object"},
+                extra_body={"thinking_budget": 16},
+            )
+        except Exception:
+            tally.errors += 1
+            return tally
+        if step > 0:
+            tally.cached += reply.usage.prompt_tokens_details.cached_tokens
+            tally.prompt += reply.usage.prompt_tokens
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": _question(i, step + 1)},
+        ]
+    return tally
+
+
+def _serve(runtime, work) -> tuple[Tally, float]:
+    """Run ``work(client, model)`` against a loopback server over ``runtime``; its tally and wall time."""
+    import openai
+
+    from cache import PrefixCache
+    from chat.engine.engine import Engine
+    from chat.server.app import create_app
+    from chat.server.runner import BackgroundServer
+    from chat.server.settings import ServerSettings
+
+    engine = Engine(
+        runtime, cache=PrefixCache(device_budget_bytes=2 * 1024**3, host_budget_bytes=0), threads=engine_threads()
+    )
+    try:
+        with BackgroundServer(create_app(engine, ServerSettings(), model_name=runtime.name)) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
+            start = time.perf_counter()
+            tally = work(client, runtime.name)
+            return tally, time.perf_counter() - start
+    finally:
+        engine.close()
+
+
+def _concurrently(loops: int, one) -> Tally:
+    total = Tally()
+    with ThreadPoolExecutor(max_workers=loops) as pool:
+        for tally in pool.map(one, range(loops)):
+            total.add(tally)
+    return total
+
+
+def run(
+    model: str = "smollm2",
+    *,
+    loops: int = 8,
+    steps: int = 6,
+    max_tokens: int = 96,
+    thinking_model: str = "tiny-thinking",
+) -> dict:
+    from chat.models import load_model
+
+    leave_parallelism_to_engines()
+    runtime = in_fresh_thread(lambda: load_model(model))
+    chat, wall_chat = _serve(
+        runtime, lambda c, m: _concurrently(loops, lambda i: _chat_loop(c, m, i, steps, max_tokens))
+    )
+    responses, wall_responses = _serve(
+        runtime, lambda c, m: _concurrently(loops, lambda i: _responses_loop(c, m, i, steps, max_tokens))
+    )
+    thinker = in_fresh_thread(lambda: load_model(thinking_model))
+    thinking, _ = _serve(thinker, lambda c, m: _concurrently(loops, lambda i: _thinking_loop(c, m, i, steps)))
+    calls = Tally()
+    calls.add(chat)
+    calls.add(responses)
+    return {
+        "model": runtime.name,
+        "cpu": cpu_name(),
+        "loops": loops,
+        "steps": steps,
+        "tool_calls": calls.calls,
+        "tool_calls_valid": calls.valid / calls.calls if calls.calls else 1.0,
+        "cached_ratio_after_tool": chat.ratio(),
+        "cached_ratio_responses": responses.ratio(),
+        "cached_ratio_after_thinking": thinking.ratio(),
+        "errors": chat.errors + responses.errors + thinking.errors,
+        "wall_s_chat": wall_chat,
+        "wall_s_responses": wall_responses,
+    }
+
+
+TARGETS = {
+    "tool_calls_valid": ("==", 1.0),
+    "cached_ratio_after_tool": (">=", 0.9),
+    "cached_ratio_responses": (">=", 0.95),
+    "cached_ratio_after_thinking": (">=", 0.9),
+    "errors": ("==", 0),
+}
+
+
+def main(as_json: bool, model: str = "smollm2") -> int:
+    emit(run(model), TARGETS, as_json)
+    return 0
