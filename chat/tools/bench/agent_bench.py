@@ -6,6 +6,9 @@ Three workloads, in one process, each on its own loopback server:
 1. **Chat completions with tools** on the built-in model (its template has no tools: the generic, constrained JSON
    format): ``loops`` concurrent loops x ``steps`` requests. Each step sends the whole conversation; a reply that
    calls a tool gets a tool result back (a made-up observation), a reply that answers gets the next user question.
+   The first step of each loop requires a call (``tool_choice: "required"``: the question asks for the weather),
+   the others leave it to the model (``auto``), so every run measures calls, even on a model too small to choose
+   them itself.
 2. **The same loops through** ``/v1/responses``: each step sends only its new input with ``previous_response_id``.
 3. **A thinking model** (``tiny-thinking``, whose template drops the thinking from history, as Qwen3's does): loops
    of multi-turn chat whose replies think (opened by the grammar of ``response_format: json_object``, the thinking
@@ -100,8 +103,9 @@ def _chat_loop(client, model: str, i: int, steps: int, max_tokens: int) -> Tally
     messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _question(i, 0)}]
     for step in range(steps):
         try:
+            choice = "required" if step == 0 else "auto"
             reply = client.chat.completions.create(
-                model=model, messages=messages, tools=TOOLS, temperature=0, max_tokens=max_tokens
+                model=model, messages=messages, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=max_tokens
             )
         except Exception:
             tally.errors += 1
@@ -135,6 +139,7 @@ def _responses_loop(client, model: str, i: int, steps: int, max_tokens: int) -> 
                 input=new_input,
                 previous_response_id=previous,
                 tools=tools,
+                tool_choice="required" if step == 0 else "auto",
                 temperature=0,
                 max_output_tokens=max_tokens,
             )

@@ -4,8 +4,9 @@ from chat.tools.bench.agent_bench import TARGETS, run
 
 
 def test_agent_bench_reports_valid_calls_and_cache_ratios():
-    result = run("tiny-llama", loops=2, steps=3, max_tokens=64)
+    result = run("tiny-llama", loops=2, steps=3, max_tokens=200)
     assert set(TARGETS) <= set(result) and result["errors"] == 0
+    assert result["tool_calls"] >= 4  # the first step of each loop must call
     assert result["tool_calls_valid"] == 1.0  # every call constrained to its schema, even from random weights
     for key in ("cached_ratio_after_tool", "cached_ratio_responses", "cached_ratio_after_thinking"):
         assert 0.5 < result[key] <= 1.0, (key, result[key])
