@@ -221,7 +221,7 @@ def run(
     *,
     loops: int = 8,
     steps: int = 6,
-    max_tokens: int = 96,
+    max_tokens: int = 160,
     thinking_model: str = "tiny-thinking",
 ) -> dict:
     from chat.models import load_model
