@@ -330,6 +330,8 @@ async def complete(
             dones[i] = event
     runtime = engine.runtime
     choices = []
+    can_call = plan is not None and plan.calls_possible
+    reasoning_api.settle(engine, turns[0], markers, can_call, dones[0])  # the next turn's prompt, ahead
     for i in range(len(turns)):
         done = dones[i]
         logprobs = {"content": chat_logprobs(runtime, done.logprobs), "refusal": None}
@@ -374,10 +376,11 @@ async def stream(
     except BaseException:
         await events.aclose()
         raise
-    return _sse(engine.runtime, events, head, turns, model, plan, markers)
+    return _sse(engine, events, head, turns, model, plan, markers)
 
 
-async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str, plan, markers) -> AsyncIterator[str]:
+async def _sse(engine, events, head, turns: Sequence[TurnRequest], model: str, plan, markers) -> AsyncIterator[str]:
+    runtime = engine.runtime
     held = plan is not None and plan.calls_possible  # replies are read back whole before anything is sent
     splitters = [ReasoningSplitter(markers) if markers is not None else None for _ in turns]  # thinking apart
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -406,6 +409,8 @@ async def _sse(runtime, events, head, turns: Sequence[TurnRequest], model: str, 
                     continue
                 assert isinstance(event, Done)
                 dones[i] = event
+                if i == 0:
+                    reasoning_api.settle(engine, turns[0], markers, held, event)
                 if event.finish_reason == "error":
                     error = {"message": "generation failed; the server logged the details", "type": "server_error"}
                     yield f"data: {json.dumps({'error': error})}\n\n"

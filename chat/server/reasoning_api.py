@@ -9,13 +9,36 @@ turned off, or one that leaves no room in the context window; a grammar that can
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
 from chat.engine.events import TurnRequest
 from chat.engine.reasoning import Markers, after_thinking
+from chat.engine.sampling import SamplingParams
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
+
+_log = logging.getLogger(__name__)
+
+
+def settle(engine, turn: TurnRequest, markers: Markers | None, plan_can_call: bool, done) -> None:
+    """Once a thinking reply is out, compute in the background the conversation as the next request will render it:
+    the reply's answer without its thinking (templates drop it, and clients send back only ``content``). The next
+    turn then finds that prompt in the cache instead of computing the answer again after a cache hit that ended
+    where the thinking began (the turn computes only the answer's tokens: the earlier prompt is cached). Nothing is
+    done for replies without thinking, replies that may have called tools, or one that failed or was cut."""
+    if markers is None or plan_can_call or done.finish_reason != "stop" or turn.prompt_tokens is not None:
+        return
+    reasoning, answer = markers.split(done.text)
+    if reasoning is None:
+        return
+    params = SamplingParams(max_tokens=0)  # the prompt only: no reply, its entry stored
+    request = replace(turn, messages=[*turn.messages, {"role": "assistant", "content": answer}], params=params)
+    try:
+        engine.submit(request, lambda _event: None)
+    except Exception:  # the engine is closing, or the prompt no longer fits: the next turn computes it
+        _log.debug("could not settle a thinking reply's history", exc_info=True)
 
 
 def thinking_markers(runtime, template_kwargs: dict[str, Any] | None) -> Markers | None:

@@ -26,7 +26,7 @@ from chat.engine.events import Delta, Done, TurnRequest
 from chat.engine.reasoning import Markers, ReasoningSplitter
 from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
-from chat.server import tools_api
+from chat.server import reasoning_api, tools_api
 from chat.server.choices import run_turns
 from chat.server.errors import RequestError, validation_error
 from chat.server.openai_api import ChatCompletionRequest, first_event, refuse_unsupported
@@ -335,6 +335,7 @@ async def complete(engine, turn: TurnRequest, req, model, plan, markers, store, 
     assert done is not None
     if done.finish_reason == "error":
         raise done.error or RuntimeError("generation failed")
+    reasoning_api.settle(engine, turn, markers, plan is not None and plan.calls_possible, done)
     body = response_object(
         f"resp_{uuid.uuid4().hex}", req, model, output_items(plan, markers, done), done, int(time.time())
     )

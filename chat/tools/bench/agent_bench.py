@@ -55,6 +55,12 @@ TOOLS = [
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Tokyo", "Quito", "Perth", "Riga"]
 SYSTEM = "You are a helpful travel assistant. Use the tools when they help."
+THINKING_SYSTEM = (  # an application's instructions, as agents and apps send them (the chat loops' are the tools')
+    "You are a careful travel planner. Think about the traveller's question first: the season, the weather, local "
+    "customs, transport and money. Then answer with one JSON object holding your advice: keys 'weather', 'pack', "
+    "'tips'. Keep every value short. Never invent prices. If you are unsure, say so in 'tips'. Always consider "
+    "what the traveller said earlier in the conversation, and do not repeat advice you already gave."
+)
 
 
 def cpu_name() -> str:
@@ -161,14 +167,17 @@ def _responses_loop(client, model: str, i: int, steps: int, max_tokens: int) -> 
 
 def _thinking_loop(client, model: str, i: int, steps: int) -> Tally:
     tally = Tally()
-    messages: list[dict] = [{"role": "user", "content": _question(i, 0)}]
+    messages: list[dict] = [
+        {"role": "system", "content": THINKING_SYSTEM},
+        {"role": "user", "content": _question(i, 0)},
+    ]
     for step in range(steps):
         try:
             reply = client.chat.completions.create(
                 model=model,
                 messages=messages,
                 temperature=0,
-                max_tokens=48,
+                max_tokens=96,
                 response_format={"type": "json_object"},
                 extra_body={"thinking_budget": 16},
             )

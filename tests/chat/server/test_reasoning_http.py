@@ -89,3 +89,22 @@ def test_chat_template_kwargs_reach_the_template():
 def test_a_model_that_does_not_think_refuses_a_thinking_budget(server):
     r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": USER, "thinking_budget": 5}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_budget"
+
+
+def test_the_next_turn_finds_the_answer_without_its_thinking_in_the_cache(thinker):
+    """The template drops the thinking from history; the server computes the conversation as it will be rendered
+    once the reply is out, so the next turn reuses the answer too, not just the earlier prompt."""
+    import time
+
+    client = openai.OpenAI(base_url=f"{thinker.url}/v1", api_key="unused")
+    first = client.chat.completions.create(model="fake", messages=USER, max_tokens=200)
+    answer = first.choices[0].message.content
+    follow = [*USER, {"role": "assistant", "content": answer}, {"role": "user", "content": "and 3 + 3?"}]
+    rendered = ThinkingFake().render(follow)
+    settled = len(ThinkingFake().render(follow[:2], add_generation_prompt=False))  # the history with the answer
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{thinker.url}/health").json()["active_turns"] and time.monotonic() < deadline:
+        time.sleep(0.01)  # the settling turn runs after the reply is out
+    second = client.chat.completions.create(model="fake", messages=follow, max_tokens=200)
+    assert second.usage.prompt_tokens == len(rendered)
+    assert second.usage.prompt_tokens_details.cached_tokens >= settled > first.usage.prompt_tokens
