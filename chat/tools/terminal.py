@@ -1,5 +1,6 @@
 """`turncache chat`: a terminal chat on the engine (no server). Prints, per turn, the cached tokens, the time to
-first token and the decode speed. Commands: /regen (regenerate the last reply), /reset (new chat), /quit."""
+first token and the decode speed; a thinking model's thinking is printed dimmed, apart from its answer. Commands:
+/regen (regenerate the last reply), /reset (new chat), /quit."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import TextIO
 
 from cache import PrefixCache
 from chat.engine.events import Delta, Done, TurnRequest
+from chat.engine.reasoning import ReasoningSplitter
 from chat.engine.runtime import ModelRuntime
 from chat.engine.sampling import SamplingParams
 from chat.engine.turn import Turn
+
+DIM, PLAIN = "\x1b[2m", "\x1b[0m"  # thinking is printed dimmed
 
 
 def chat_loop(
@@ -54,12 +58,16 @@ def _turn(runtime, cache, messages, params, stdout) -> Done | None:
     from chat.engine.errors import EngineError
 
     gen = Turn(runtime, cache, TurnRequest(list(messages), params))
+    markers = getattr(runtime, "reasoning", None)
+    splitter = ReasoningSplitter(markers) if markers is not None else None
     try:
         while not gen.done:
             for event in gen.step():
                 if isinstance(event, Delta):
-                    print(event.text, end="", file=stdout, flush=True)
+                    _show(splitter.push(event.text) if splitter else ("", event.text), stdout)
                 elif isinstance(event, Done):
+                    if splitter is not None:
+                        _show(splitter.flush(), stdout)
                     u, t = event.usage, event.timings
                     print(
                         f"\n[{u.cached_tokens:,} of {u.prompt_tokens:,} prompt tokens cached · "
@@ -75,3 +83,11 @@ def _turn(runtime, cache, messages, params, stdout) -> Done | None:
         gen.stop("cancelled")
         print("\n[cancelled]", file=stdout, flush=True)
     return None
+
+
+def _show(pieces: tuple[str, str], stdout) -> None:
+    thought, text = pieces
+    if thought:
+        print(f"{DIM}{thought}{PLAIN}", end="", file=stdout, flush=True)
+    if text:
+        print(text, end="", file=stdout, flush=True)

@@ -21,3 +21,18 @@ def test_terminal_chat_prints_cached_tokens_ttft_and_speed_per_turn():
     assert cached[1] > 0  # second turn reuses the first
     assert cached[2] == prompts[2] - 1  # regenerate: the same prompt again, one token short
     assert 0 < cached[3] < prompts[3]  # after /reset only the system prompt is shared
+
+
+def test_a_thinking_models_thinking_is_printed_dimmed_apart_from_its_answer():
+    from chat.engine.reasoning import Markers
+    from chat.tools.terminal import DIM, PLAIN
+
+    class Thinker(FakeRuntime):
+        reasoning = Markers()
+
+    runtime = Thinker(script=lambda prompt: "<think>hmm, two</think>\n\nIt is two.")
+    stdout = io.StringIO()
+    chat_loop(runtime, None, SamplingParams(), system=None, stdin=io.StringIO("1+1?\n/quit\n"), stdout=stdout)
+    shown = stdout.getvalue()
+    dimmed = "".join(re.findall(re.escape(DIM) + "(.*?)" + re.escape(PLAIN), shown, flags=re.S))
+    assert dimmed == "hmm, two" and "It is two." in shown and "<think>" not in shown
