@@ -285,3 +285,19 @@ def test_controller_commits_like_the_server(page):
     )
     assert out["log"] == ["u1,a1", "u1,a1 turn.cancel:t2", "u1,a1", "u3,a4", "false bad draft"]
     assert out["series"] == 1  # the chart follows the conversation: a1 was replaced by the edit
+
+
+def test_a_replys_thinking_is_split_off_and_shown_as_plain_text(page):
+    out = page.evaluate(
+        "async () => { const r = await import('/js/reasoning.js');"
+        " const box = r.reasoningBox('<img src=x onerror=alert(1)> 2+2', false);"
+        " return {whole: r.splitThinking('<think>\\nhmm\\n</think>\\n\\nIt is **4**.'),"
+        " open: r.splitThinking('<think>still going'), opening: r.splitThinking('<thi'),"
+        " plain: r.splitThinking('No thinking here.'),"
+        " html: box.innerHTML, tags: [...box.querySelectorAll('*')].map(e => e.tagName.toLowerCase())}; }"
+    )
+    assert out["whole"] == {"reasoning": "hmm", "answer": "It is **4**.", "thinking": False}
+    assert out["open"] == {"reasoning": "still going", "answer": "", "thinking": True}
+    assert out["opening"] == {"reasoning": "", "answer": "", "thinking": True}  # may be opening the block
+    assert out["plain"] == {"reasoning": None, "answer": "No thinking here.", "thinking": False}
+    assert out["tags"] == ["summary", "div"] and "&lt;img" in out["html"]

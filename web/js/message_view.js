@@ -3,6 +3,7 @@
 
 import { renderMarkdown } from "./markdown.js";
 import { mediaElement, splitContent } from "./media.js";
+import { reasoningBox, splitThinking } from "./reasoning.js";
 import { badgeText } from "./stats.js";
 
 /**
@@ -22,7 +23,7 @@ export function messageArticle(item, on) {
     body.textContent = text;
   } else {
     body.className = "msg-body markdown";
-    body.append(renderMarkdown(text));
+    replyBody(body, text);
   }
   if (text || item.role === "assistant") el.append(body);
   if (item.role === "assistant") {
@@ -34,7 +35,7 @@ export function messageArticle(item, on) {
   if (item.role === "user") {
     actions.append(actionButton("Edit", "Edit this message", () => on.edit(item.id), "edit"));
   } else {
-    actions.append(actionButton("Copy", "Copy this reply", () => on.copy(text), "copy"));
+    actions.append(actionButton("Copy", "Copy this reply", () => on.copy(splitThinking(text).answer), "copy"));
     actions.append(actionButton("Regenerate", "Regenerate this reply", () => on.regenerate(), "regenerate"));
   }
   el.append(actions);
@@ -68,7 +69,7 @@ export function streamingArticle() {
 export function fillStreaming(el, turn) {
   const body = el.querySelector(".msg-body");
   if (turn.text) {
-    body.replaceChildren(renderMarkdown(turn.text));
+    replyBody(body, turn.text);
     return;
   }
   const dots = document.createElement("span");
@@ -127,6 +128,13 @@ export function editorArticle(item, on) {
 }
 
 // ---------------------------------------------------------------- internals
+
+/** A reply's text in `body`: its thinking folded (if any), then its answer as Markdown. */
+function replyBody(body, text) {
+  const { reasoning, answer, thinking } = splitThinking(text);
+  const parts = reasoning === null ? [] : [reasoningBox(reasoning, thinking)];
+  body.replaceChildren(...parts, renderMarkdown(answer));
+}
 
 function mediaBox(media) {
   const box = document.createElement("div");
