@@ -5,13 +5,17 @@ the turn alone from the same cache entry, as in test_batched_exactness)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cache import PrefixCache
 from chat.engine.constraints import GrammarCompiler, GrammarSpec, canonical_json
 from chat.engine.events import Done, TurnRequest
+from chat.engine.reasoning import Markers, after_thinking
 from chat.engine.sampling import SamplingParams
 from chat.engine.scheduler import BatchSettings, Scheduler
+from chat.engine.tool_calls import FORMATS, Tool, ToolChoice
 from chat.engine.turn import Turn, run_to_end
 from chat.models import load_model, native
 
@@ -73,20 +77,34 @@ def assert_same(a: Done, b: Done, exact: bool) -> None:
 def test_every_kind_of_turn_is_the_same_in_a_batch_alone_and_without_the_cache(weights):
     runtime = load_model("tiny-llama", weights=weights)
     exact = weights == "int8" and native.kernels() is not None  # the kernels are built when a model loads
+    thinking = SamplingParams(  # a thinking reply, its budget spent (the end marker written for the model), then JSON
+        max_tokens=40,
+        grammar=after_thinking(Markers(), GrammarSpec("json_object")),
+        thinking_budget=4,
+        thinking_start=tuple(runtime.encode("<think>")),
+        thinking_end=tuple(runtime.encode("</think>")),
+        logprobs=True,
+    )
+    tools = FORMATS["generic"].grammar(
+        [Tool("f", "", {"type": "object", "properties": {"a": {"enum": [1, 2]}}})], ToolChoice("required"), True
+    )
+    kinds = {**PARAMS, "thinking": thinking, "tool call": SamplingParams(max_tokens=40, grammar=tools)}
     compiler = GrammarCompiler(runtime.constraint_tokenizer())
     cache = PrefixCache()
     alone(runtime, compiler, PARAMS["plain"], conversation(99), cache)  # the system prompt is cached
-    requests = [(params, conversation(i)) for i, params in enumerate(PARAMS.values())]
+    requests = [(params, conversation(i)) for i, params in enumerate(kinds.values())]
     together = batched(runtime, compiler, requests, cache)
     assert all(d.usage.cached_tokens > 0 for d in together)
     for (params, messages), done in zip(requests, together, strict=True):
         assert_same(done, alone(runtime, compiler, params, messages, cache), exact)
         if weights == "float32" or exact:  # int8 on torch's paths: a cached prefix is close, not within 1e-4 (see
             assert_same(done, alone(runtime, compiler, params, messages, None), exact)  # test_batched_exactness)
+    reasoning, answer = Markers().split(together[len(PARAMS)].text)  # the thinking turn: budget spent, then JSON
+    assert reasoning is not None and len(runtime.encode(reasoning)) <= 6
+    if together[len(PARAMS)].finish_reason == "stop":
+        assert isinstance(json.loads(answer), dict)
     grammar_reply = together[0]
     assert grammar_reply.finish_reason == "stop"
-    import json
-
     import jsonschema
 
     jsonschema.validate(json.loads(grammar_reply.text), SCHEMA)
