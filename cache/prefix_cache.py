@@ -301,6 +301,21 @@ class PrefixCache:
             (reused if span.end <= length else to_encode)[span.kind] += 1
         return PrefixMatch(namespace, eid, length, len(token_list), reused, to_encode, self._id)
 
+    def reach(self, namespace: Namespace, tokens: Iterable[int], media: Iterable[MediaSpan] = ()) -> tuple[int, bool]:
+        """How far ``tokens`` follow some sequence cached in ``namespace`` (servable or not), and whether a cached
+        sequence goes on past that point with another token. For reporting why a lookup stopped where it did; no
+        side effects (nothing counted, no entry touched, nothing read back from disk).
+
+        Raises:
+            TokenError, SpanError: bad query.
+        """
+        token_list = check_tokens(tokens)
+        spans = check_spans(media, len(token_list))
+        index = self._indexes.get(namespace)
+        if index is None:
+            return 0, False
+        return index.reach(encode_keys(token_list, spans))
+
     def acquire(self, match: PrefixMatch, namespace: Namespace) -> Lease:
         """Restore the state of ``match`` for use by the model of ``namespace``. Release the lease when done.
 

@@ -161,6 +161,22 @@ class RadixIndex:
                 return found[0], found[2]
         return None
 
+    def reach(self, keys: array) -> tuple[int, bool]:
+        """How far ``keys`` follow some indexed sequence (the longest common prefix with any entry, servable or
+        not), and whether some entry goes on past that point with another key (False: every sequence on the path
+        ends there). No side effects."""
+        node, depth = self._root, 0
+        while depth < len(keys):
+            child = node.children.get(keys[depth])
+            if child is None:
+                return depth, bool(node.children)
+            take = min(len(child.edge), len(keys) - depth)
+            matched = _common_prefix(child.edge, keys, depth, take)
+            if matched < len(child.edge):
+                return depth + matched, depth + matched < len(keys)
+            node, depth = child, child.depth
+        return depth, False
+
     def servable(self, eid: EntryId, n: int) -> bool:
         """Whether entry ``eid`` (by its own rules, media aside) can serve length ``n``."""
         record = self._records[eid]

@@ -24,6 +24,9 @@ class Usage:
     prompt_tokens: int  # tokens in the rendered prompt
     cached_tokens: int  # of those, served from the prefix cache
     completion_tokens: int  # tokens generated
+    cache_miss_reason: str | None = None  # why reuse stopped before the prompt's last token (None: it did not);
+    # see chat.engine.turn.MISS_REASONS
+    cache_miss_at: int | None = None  # the prompt position it names
 
     @property
     def total_tokens(self) -> int:

@@ -62,6 +62,16 @@ PREFILL_CHUNK = 256  # prefill tokens per step when a turn runs alone (the sched
 DRAFT_TOKENS = 4  # most draft tokens verified per decode step (greedy replies on runtimes that can rewind)
 RESTORE_ATTEMPTS = 3  # lookups tried when the matched entry was dropped before it could be acquired
 
+MISS_REASONS = {  # why a turn's reuse of the cache stopped before its prompt's last token
+    "cold": "nothing cached in this namespace (model, dtype, tenant) starts like this prompt",
+    "end_of_cache": "everything cached was reused; the rest of the prompt is new",
+    "diverged": "a cached sequence goes on past this point with other tokens: an edited or different message, or a "
+    "template that renders the history otherwise than the model wrote it",
+    "no_restore_point": "cached further, but no entry can be restored here (inside a media item, between recurrent "
+    "snapshots, before a sliding window's start)",
+    "prompt_logprobs": "the request asked for prompt log-probabilities: the cache is not used",
+    "cache_off": "the server runs without a prefix cache",
+}
 _log = logging.getLogger(__name__)
 
 
@@ -108,8 +118,11 @@ class ReplyWriter:
     def accept(self, token: int, logprob: TokenLogprob | None = None) -> tuple[list[Event], str | None]:
         """Add a sampled token; return its events and the finish reason if the reply ends with it."""
         self.tokens.append(token)
-        if token in self._eos:
-            return [], "stop"
+        if token in self._eos:  # not text; its log-probability is reported (lm-eval reads the generated token's)
+            if logprob is None:
+                return [], "stop"
+            self.logprobs.append(logprob)
+            return [Delta("", (token,), (logprob,))], "stop"
         text, stopped = self._stops.push(self._detok.push(token))
         events: list[Event] = []
         if text or not stopped:
@@ -189,6 +202,7 @@ class Turn:
         self._cancelled = False  # set from any thread; acted on at the next step
         self._forced: list[int] = []  # tokens written next instead of sampled (a thinking budget's end marker)
         self._thinking_closed = False  # the reply has closed its thinking (or was made to)
+        self._miss: tuple[str | None, int | None] = (None, None)  # why reuse stopped where it did (set at begin)
 
     @property
     def done(self) -> bool:
@@ -238,6 +252,7 @@ class Turn:
             self.prompt_logprobs = [None]  # the first token has nothing before it
         if self.reuses_cache:
             self._restore()
+        self._miss = self._miss_reason()  # before this turn stores anything
         try:
             self._run = rt.new_run(self._lease, rendered)
         except BaseException:
@@ -333,6 +348,7 @@ class Turn:
         self.cached_tokens = match.length
         self._fed = self.prompt[: match.length]
         self._stops_at = self._prefill_stops()
+        self._miss = self._miss_reason()
         return True
 
     def _prefill_stops(self) -> list[int]:
@@ -561,12 +577,33 @@ class Turn:
         finally:
             self._release()
         self.phase = Phase.DONE
-        usage = Usage(len(self.prompt), self.cached_tokens, len(self.reply.tokens))
+        miss, miss_at = self._miss
+        usage = Usage(len(self.prompt), self.cached_tokens, len(self.reply.tokens), miss, miss_at)
         text = "".join(self.reply.text)
         timings = self.clock.timings(len(self.reply.tokens))
         logprobs, prompt_logprobs = tuple(self.reply.logprobs), tuple(self.prompt_logprobs)
         events.append(Done(text, tuple(self.reply.tokens), reason, usage, timings, error, logprobs, prompt_logprobs))
         return events
+
+    def _miss_reason(self) -> tuple[str | None, int | None]:
+        """Why the reuse of the cache stopped where it did (one of :data:`MISS_REASONS`) and at which position;
+        (None, None) when it reached the prompt's last token (which is always computed)."""
+        n = len(self.prompt)
+        if self.cache is None:
+            return "cache_off", 0
+        if not self.reuses_cache:
+            return "prompt_logprobs", 0
+        if self.cached_tokens >= n - 1:
+            return None, None
+        try:
+            common, goes_on = self.cache.reach(self.namespace, self.prompt, self.media)
+        except Exception:  # a report only: never fail a turn for it
+            return None, None
+        if common > self.cached_tokens:
+            return "no_restore_point", self.cached_tokens
+        if goes_on:
+            return "diverged", common
+        return ("cold", 0) if common == 0 else ("end_of_cache", common)
 
     def _release(self) -> None:
         if self._run is not None:

@@ -37,6 +37,8 @@ class SessionInfo(WireModel):
 
 class PromptTokensDetails(WireModel):
     cached_tokens: NonNegative  # prompt tokens served from the prefix cache (not computed again)
+    cache_miss_reason: str | None = None  # why reuse stopped before the prompt's last token (chat.engine.turn)
+    cache_miss_at: NonNegative | None = None  # the prompt position the reason names
 
 
 class Usage(WireModel):
@@ -48,8 +50,15 @@ class Usage(WireModel):
     prompt_tokens_details: PromptTokensDetails
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
-        details = PromptTokensDetails(cached_tokens=cached_tokens)
+    def of(
+        cls,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        miss_reason: str | None = None,
+        miss_at: int | None = None,
+    ) -> Usage:
+        details = PromptTokensDetails(cached_tokens=cached_tokens, cache_miss_reason=miss_reason, cache_miss_at=miss_at)
         total = prompt_tokens + completion_tokens
         return cls(
             prompt_tokens=prompt_tokens,

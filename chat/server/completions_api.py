@@ -83,7 +83,6 @@ class CompletionRequest(BaseModel):
         """
         p = self.prompt
         single = isinstance(p, str) or (p and isinstance(p[0], int))
-        single = isinstance(p, str) or (p and isinstance(p[0], int))
         listed: list[str | TokenIds] = [p] if single else list(p)  # type: ignore[list-item, arg-type]
         if not listed or len(listed) > MAX_COMPLETION_PROMPTS:
             raise RequestError(

@@ -296,7 +296,7 @@ def build_turn(
 def usage_and_timings(dones: Sequence[Done]) -> dict:
     """The request's usage (the prompt counted once, every reply's tokens) and the first reply's timings."""
     first = dones[0]
-    usage = wire_usage(first).model_dump()
+    usage = wire_usage(first).model_dump(exclude_none=True)  # cache_miss_* only when reuse stopped early
     completion = sum(d.usage.completion_tokens for d in dones)
     usage.update(completion_tokens=completion, total_tokens=usage["prompt_tokens"] + completion)
     return {"usage": usage, "timings": wire_timings(first).model_dump(exclude_none=True)}

@@ -290,7 +290,7 @@ def response_object(
         u = wire_usage(done)
         usage = {
             "input_tokens": u.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": u.prompt_tokens_details.cached_tokens},
+            "input_tokens_details": u.prompt_tokens_details.model_dump(exclude_none=True),
             "output_tokens": u.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.total_tokens,

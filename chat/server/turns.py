@@ -155,7 +155,7 @@ def engine_messages(messages: Iterable[PromptMessage], runtime: ChatRenderer) ->
 def wire_usage(done: Done) -> Usage:
     """The ``usage`` object of ``reply.done`` and of an HTTP completion (OpenAI's shape, ``cached_tokens`` always)."""
     u = done.usage
-    return Usage.of(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+    return Usage.of(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.cache_miss_reason, u.cache_miss_at)
 
 
 def wire_timings(done: Done) -> Timings:

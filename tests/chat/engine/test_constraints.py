@@ -201,3 +201,32 @@ def test_n_replies_are_seeded_one_apart():
     assert [r.params.seed for r in with_seeds(request, 3)] == [41, 42, 43]
     unseeded = TurnRequest([], SamplingParams(temperature=1.0))
     assert [r.params.seed for r in with_seeds(unseeded, 2)] == [None, None]
+
+
+def test_each_turn_says_why_its_reuse_stopped_where_it_did():
+    runtime, cache = FakeRuntime(), PrefixCache()
+
+    def ask(messages, **params):
+        turn = Turn(runtime, cache, TurnRequest(messages, SamplingParams(max_tokens=3, **params)))
+        return run_to_end(turn)[1].usage
+
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    assert ask(first).cache_miss_reason == "cold"
+    assert (ask(first).cache_miss_reason, ask(first).cache_miss_at) == (None, None)  # a full hit
+    fresh = Turn(runtime, cache, TurnRequest([{"role": "user", "content": "other"}], SamplingParams(max_tokens=1)))
+    assert run_to_end(fresh)[1].usage.cache_miss_reason == "diverged"  # cached sequences go on otherwise at 0
+    reply = run_to_end(Turn(runtime, cache, TurnRequest(first, SamplingParams(max_tokens=50))))[1].text
+    longer = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "more"}]
+    usage = ask(longer)  # the history is what the model wrote: reuse ends where the cache does
+    assert usage.cache_miss_reason == "end_of_cache" and usage.cache_miss_at == usage.cached_tokens
+    drifted = [*first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]
+    assert ask(drifted).cache_miss_reason == "diverged"  # the history says otherwise than the model wrote
+    edited = [first[0], {"role": "user", "content": "hello world"}]
+    usage = ask(edited)
+    system = len(runtime.render(first[:1], add_generation_prompt=False))
+    assert usage.cache_miss_reason == "diverged" and usage.cache_miss_at == system + 1 + len("hello ")
+    assert ask(edited, prompt_logprobs=True).cache_miss_reason == "prompt_logprobs"
+    empty_cache = Turn(FakeRuntime(), PrefixCache(), TurnRequest(first, SamplingParams(max_tokens=1)))
+    assert run_to_end(empty_cache)[1].usage.cache_miss_reason == "cold"
+    no_cache = Turn(FakeRuntime(), None, TurnRequest(first, SamplingParams(max_tokens=1)))
+    assert run_to_end(no_cache)[1].usage.cache_miss_reason == "cache_off"

@@ -86,7 +86,7 @@ def test_sampling_settings_become_the_engines_params():
 
 def test_usage_and_timings_have_one_wire_shape():
     done = Done("hi", (1, 2), "stop", Usage(10, 4, 2), Timings(12.34567, 3.0, 20.0, 50.0))
-    assert wire_usage(done).model_dump() == {
+    assert wire_usage(done).model_dump(exclude_none=True) == {
         "prompt_tokens": 10,
         "completion_tokens": 2,
         "total_tokens": 12,
