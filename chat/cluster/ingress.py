@@ -99,6 +99,7 @@ def add_cluster_routes(
             tracker,
             remote.runtime.name,
             keys=keys,
+            gate=app.state.gate,
             allowed_origins=settings.allowed_origins,
             reply_cap=settings.max_reply_tokens,
         )

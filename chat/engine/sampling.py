@@ -47,6 +47,7 @@ class SamplingParams:
     top_logprobs: int = 0  # ... and the most likely alternatives at each position (0..20)
     prompt_logprobs: bool = False  # report the log-probability of every prompt token after the first (echo)
     grammar: GrammarSpec | None = None  # the reply must match this (chat.engine.constraints)
+    priority: int | None = None  # not sampling but scheduling: lower is served sooner (chat.engine.scheduler); None: 0
 
     def generator(self) -> torch.Generator | None:
         if self.temperature == 0.0:

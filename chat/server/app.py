@@ -26,8 +26,11 @@ from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
 from chat.server.metrics_text import render_metrics, render_session_metrics
+from chat.server.policy import TenantPolicy
+from chat.server.ratelimit import Limits, RateLimitedError
 from chat.server.session_db import SqliteSessionStore
 from chat.server.settings import MiB, ServerSettings
+from chat.server.tenant_gate import TenantGate
 from chat.server.turns import SamplingFieldError
 from chat.server.ws import serve_socket
 
@@ -49,11 +52,22 @@ def key_ring(settings: ServerSettings) -> KeyRing:
     )
 
 
-def session_store(settings: ServerSettings) -> InMemorySessionStore:
-    """In memory, or written through to SQLite with ``sessions_db``."""
+def server_policy(settings: ServerSettings) -> TenantPolicy:
+    """A tenant's limits and priority where its keys file says nothing (``--tenant-*``, ``TURNCACHE_TENANT_*``)."""
+    limits = Limits(
+        concurrent_turns=settings.tenant_concurrent_turns,
+        requests_per_minute=settings.tenant_requests_per_minute,
+        tokens_per_minute=settings.tenant_tokens_per_minute,
+        open_sessions=settings.tenant_open_sessions,
+    )
+    return TenantPolicy(limits, priority=settings.tenant_priority)
+
+
+def session_store(settings: ServerSettings, quota=None) -> InMemorySessionStore:
+    """In memory, or written through to SQLite with ``sessions_db``; ``quota(owner)``: its open sessions."""
     if settings.sessions_db:
-        return SqliteSessionStore(settings.sessions_db, max_sessions=settings.max_sessions)
-    return InMemorySessionStore(max_sessions=settings.max_sessions)
+        return SqliteSessionStore(settings.sessions_db, max_sessions=settings.max_sessions, quota=quota)
+    return InMemorySessionStore(max_sessions=settings.max_sessions, quota=quota)
 
 
 def error_response(exc: BaseException) -> JSONResponse:
@@ -63,7 +77,8 @@ def error_response(exc: BaseException) -> JSONResponse:
     if status >= 500:
         log.error("request failed", exc_info=exc)
     error = {"message": reported.message, "type": reported.transport.kind, "code": reported.code.value}
-    return JSONResponse({"error": {**error, "param": reported.param}}, status_code=status)
+    headers = {"Retry-After": str(exc.refusal.retry_after)} if isinstance(exc, RateLimitedError) else None
+    return JSONResponse({"error": {**error, "param": reported.param}}, status_code=status, headers=headers)
 
 
 def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, keys: KeyRing | None = None) -> FastAPI:
@@ -78,7 +93,9 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
     app = FastAPI(title="turncache", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.settings = settings
-    store = session_store(settings)
+    gate = TenantGate(lambda tenant: keys.policy(tenant), server_policy(settings))
+    app.state.gate = gate
+    store = session_store(settings, quota=gate.open_sessions)
     app.state.sessions = store
 
     @app.middleware("http")
@@ -107,6 +124,7 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
 
     @app.exception_handler(EngineError)
     @app.exception_handler(GrammarError)
+    @app.exception_handler(RateLimitedError)
     @app.exception_handler(SamplingFieldError)
     async def engine_error(_request: Request, exc: Exception) -> JSONResponse:
         return error_response(exc)
@@ -143,10 +161,12 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
         turn = openai_api.build_turn(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
         await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(body))
         turns = with_seeds(turn, body.n or 1)
+        gate.admit(tenant.id, len(turns))
+        tenant_engine = gate.engine_for(engine, tenant.id)
         if body.stream:
-            events = await openai_api.stream(engine, turns, model_name)
+            events = await openai_api.stream(tenant_engine, turns, model_name)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await openai_api.complete(engine, turns, model_name)
+        return await openai_api.complete(tenant_engine, turns, model_name)
 
     @app.post("/v1/completions")
     async def completions(body: completions_api.CompletionRequest, request: Request):
@@ -155,10 +175,12 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
         tenant: Tenant = request.state.tenant
         turns = completions_api.build_turns(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
         await openai_api.check_grammar(engine, turns[0].params.grammar, openai_api.grammar_field(body))
+        gate.admit(tenant.id, len(turns))
+        tenant_engine = gate.engine_for(engine, tenant.id)
         if body.stream:
-            events = await completions_api.stream(engine, body, turns, model_name)
+            events = await completions_api.stream(tenant_engine, body, turns, model_name)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await completions_api.complete(engine, body, turns, model_name)
+        return await completions_api.complete(tenant_engine, body, turns, model_name)
 
     @app.post("/tokenize")
     async def tokenize(body: tokenize_api.TokenizeRequest) -> dict:
@@ -178,6 +200,7 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
             store,
             model_name,
             keys=keys,
+            gate=gate,
             allowed_origins=settings.allowed_origins,
             reply_cap=settings.max_reply_tokens,
         )

@@ -7,7 +7,7 @@ import os
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_REPLY_TOKENS
+from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_PRIORITY, MAX_REPLY_TOKENS
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -48,6 +48,21 @@ class ServerSettings(BaseSettings):
         gt=0,
         le=1,
         description="most of each prefix cache tier one tenant keeps while another tenant needs room (None: no limit)",
+    )
+    tenant_concurrent_turns: int | None = Field(
+        None, ge=1, description="turns one tenant may run at once, unless its keys file entry says (None: no limit)"
+    )
+    tenant_requests_per_minute: int | None = Field(
+        None, ge=1, description="requests one tenant may make per minute, unless its entry says (None: no limit)"
+    )
+    tenant_tokens_per_minute: int | None = Field(
+        None, ge=1, description="prompt + completion tokens per minute of one tenant, unless its entry says"
+    )
+    tenant_open_sessions: int | None = Field(
+        None, ge=1, description="sessions one tenant keeps in memory, unless its entry says (None: no limit)"
+    )
+    tenant_priority: int = Field(
+        0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="priority of a turn that gives none (lower: sooner)"
     )
     auth_token: SecretStr | None = Field(None, description="if set, every request must carry it")
     api_keys_file: str | None = Field(None, description="a file of API keys and their tenants (see docs/security.md)")

@@ -28,19 +28,22 @@ from fastapi import WebSocket, WebSocketDisconnect
 
 from chat.engine.engine import Engine, JobHandle
 from chat.engine.events import Delta, Done
-from chat.protocol.connection import Connection
-from chat.protocol.errors import ErrorCode
-from chat.protocol.parser import serialize_server_event
-from chat.protocol.server_events import ReplyDone, SessionCreated, SessionUpdated
+from chat.protocol.client_events import CompletionCreate, TurnCreate, TurnEdit, TurnRegenerate
+from chat.protocol.connection import Connection, Step
+from chat.protocol.errors import ErrorCode, ProtocolError
+from chat.protocol.parser import parse_client_event, serialize_server_event
+from chat.protocol.server_events import ErrorEvent, ReplyDone, SessionCreated, SessionUpdated
 from chat.protocol.session import TurnPlan
 from chat.protocol.store import SessionStore
 from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import chat_logprobs
 from chat.server.errors import TRANSPORT, describe
+from chat.server.tenant_gate import TenantGate
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
 log = logging.getLogger("turncache.ws")
 WRITE_WAIT_S = 1.0  # the longest an acknowledgment waits for its session's write before it is sent anyway
+STARTS_A_TURN = (TurnCreate, TurnRegenerate, TurnEdit, CompletionCreate)  # events a tenant's limits apply to
 
 
 def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
@@ -68,10 +71,13 @@ class ChatSocket:
         store: SessionStore,
         model_name: str,
         tenant: Tenant,
+        gate: TenantGate,
         reply_cap: int | None = None,
     ) -> None:
         self.ws = ws
-        self.engine = engine
+        self.engine = gate.engine_for(engine, tenant.id)  # the tenant's view: default priority, turn accounting
+        self.gate = gate  # admits the tenant's turns against its limits
+        self.tenant = tenant  # who the client is
         self.store = store  # where sessions live
         self.conn = Connection(store, models=[model_name], tenant=tenant.id)
         self.salt = tenant.salt  # the tenant's cache namespace salt
@@ -135,7 +141,7 @@ class ChatSocket:
                 return
 
     def _handle(self, frame: str | bytes) -> None:
-        step = self.conn.receive(frame)
+        step = self._receive(frame)
         changed = [e.session.id for e in step.send if isinstance(e, SessionCreated | SessionUpdated)]
         self._send(step.send, written=changed[0] if changed else None)
         for turn_id in step.cancel:
@@ -144,6 +150,23 @@ class ChatSocket:
                 job.cancel()
         if step.start is not None:
             self._start(step.start)
+
+    def _receive(self, frame: str | bytes) -> Step:
+        """``Connection.receive``, with the tenant's limits checked before an event that starts a turn reaches the
+        connection: a refused one changes nothing (no ``turn.started``, the session as it was)."""
+        try:
+            event = parse_client_event(frame)
+            if isinstance(event, STARTS_A_TURN):
+                refusal = self.gate.check(self.tenant.id)
+                if refusal is not None:
+                    error = ErrorEvent(reply_to=event.event_id, code=ErrorCode.RATE_LIMITED, message=refusal.message)
+                    return Step(send=(error,))
+            step = self.conn.handle(event)
+        except ProtocolError as exc:
+            return Step(send=(ErrorEvent.of(exc),))
+        if step.start is not None:
+            self.gate.record(self.tenant.id)
+        return step
 
     def _start(self, plan: TurnPlan) -> None:
         if plan.session_id is not None:
@@ -201,6 +224,7 @@ async def serve_socket(
     model_name: str,
     *,
     keys: KeyRing,
+    gate: TenantGate,
     allowed_origins: list[str],
     reply_cap: int | None = None,
 ) -> None:
@@ -212,4 +236,4 @@ async def serve_socket(
         await ws.close(code=TRANSPORT[ErrorCode.UNAUTHORIZED].ws_close, reason="missing or wrong token")
         return
     await ws.accept()
-    await ChatSocket(ws, engine, store, model_name, tenant, reply_cap).run()
+    await ChatSocket(ws, engine, store, model_name, tenant, gate, reply_cap).run()
