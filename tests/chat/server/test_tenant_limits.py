@@ -187,3 +187,30 @@ def test_a_priority_out_of_range_is_refused_naming_it(tmp_path):
         error = asyncio.run(scenario())
         assert error["code"] == "invalid_event" and "priority" in error["message"]
     engine.close()
+
+
+def test_priorities_reach_the_engine_from_the_request_else_the_tenants_default(tmp_path):
+    engine, srv, _ = limited_server(tmp_path, "priority=5", tenant_priority=-2)
+    seen: list[int | None] = []
+    submit = engine.submit
+    engine.submit = lambda request, sink: (seen.append(request.params.priority), submit(request, sink))[1]
+    with srv:
+        post(srv, KEY_A)
+        post(srv, KEY_A, **BODY, priority=-3)
+        post(srv, KEY_A, "/v1/completions", prompt="x", max_tokens=2, priority=9)
+        post(srv, KEY_B)  # no value in the keys file: the server's default
+
+        async def scenario() -> None:
+            async with connect(ws_url(srv), **as_(KEY_A)) as ws:
+                c = Client(ws)
+                await c.send(type="session.create", sampling={"priority": 7})
+                await c.until("session.created")
+                await c.turn("session's priority")
+                await c.send(type="turn.create", content="this turn's", sampling={"priority": -100})
+                await c.until("reply.done")
+                await c.send(type="completion.create", messages=[{"role": "user", "content": "x"}])
+                await c.until("reply.done")
+
+        asyncio.run(scenario())
+    engine.close()
+    assert seen == [5, -3, 9, -2, 7, -100, 5]
