@@ -44,6 +44,7 @@ def _settings(args: argparse.Namespace):
         "tenant_tokens_per_minute": args.tenant_tokens_per_minute,
         "tenant_open_sessions": args.tenant_open_sessions,
         "tenant_priority": args.tenant_priority,
+        "keys_poll_s": args.keys_poll_s,
     }
     try:
         return ServerSettings(**{k: v for k, v in flags.items() if v is not None})
@@ -259,8 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' on /v1/* and /metrics")
     serve.add_argument(
         "--api-keys-file",
-        help="API keys and their tenants: a JSON object {KEY: TENANT} or 'KEY TENANT' lines; each tenant sees only "
-        "its own sessions (also TURNCACHE_API_KEYS_FILE, or the keys themselves in TURNCACHE_API_KEYS)",
+        help="API keys and their tenants: a JSON object {KEY: TENANT} or 'KEY TENANT [admin]' lines, with "
+        "'tenant TENANT NAME=VALUE ...' limits; each tenant sees only its own sessions; re-read on SIGHUP and when "
+        "it changes (also TURNCACHE_API_KEYS_FILE, or the keys themselves in TURNCACHE_API_KEYS; docs/security.md)",
+    )
+    serve.add_argument(
+        "--keys-poll-s",
+        type=float,
+        metavar="S",
+        help="seconds between looks at the keys file for a change to reload (5; 0: only on SIGHUP)",
     )
     serve.add_argument("--allowed-origin", action="append", help="browser origin allowed besides the server's own")
     serve.add_argument(

@@ -25,6 +25,7 @@ from chat.server import completions_api, openai_api, tokenize_api
 from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
+from chat.server.key_store import KeyStore, watch_keys
 from chat.server.metrics_text import render_metrics, render_session_metrics
 from chat.server.policy import TenantPolicy
 from chat.server.ratelimit import Limits, RateLimitedError
@@ -63,6 +64,15 @@ def server_policy(settings: ServerSettings) -> TenantPolicy:
     return TenantPolicy(limits, priority=settings.tenant_priority)
 
 
+def key_store(settings: ServerSettings) -> KeyStore:
+    """The server's keys, read again on SIGHUP and when the keys file changes (``chat/server/key_store.py``).
+
+    Raises:
+        KeysError: a keys source is unreadable or malformed (at start: the server must not start).
+    """
+    return KeyStore(key_ring(settings), lambda: key_ring(settings), settings.api_keys_file)
+
+
 def session_store(settings: ServerSettings, quota=None) -> InMemorySessionStore:
     """In memory, or written through to SQLite with ``sessions_db``; ``quota(owner)``: its open sessions."""
     if settings.sessions_db:
@@ -81,17 +91,28 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse({"error": {**error, "param": reported.param}}, status_code=status, headers=headers)
 
 
-def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, keys: KeyRing | None = None) -> FastAPI:
-    """The app; ``keys`` defaults to ``key_ring(settings)``. The caller must ``app.state.sessions.close()`` when done
-    (it writes what is pending).
+def create_app(
+    engine: Engine, settings: ServerSettings, *, model_name: str, keys: KeyStore | KeyRing | None = None
+) -> FastAPI:
+    """The app; ``keys`` defaults to ``key_store(settings)`` (a bare KeyRing is never reloaded). The caller must
+    ``app.state.sessions.close()`` when done (it writes what is pending). Its lifespan reloads the keys on SIGHUP and
+    when the keys file changes.
 
     Raises:
         KeysError: a keys source is unreadable or malformed.
         SessionDbError: ``sessions_db`` cannot be opened, written or migrated.
     """
-    keys = keys if keys is not None else key_ring(settings)
-    app = FastAPI(title="turncache", version="0.1.0", docs_url=None, redoc_url=None)
+    keys = keys if keys is not None else key_store(settings)
+    keys = keys if isinstance(keys, KeyStore) else KeyStore(keys)
+    app = FastAPI(
+        title="turncache",
+        version="0.1.0",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lambda _app: watch_keys(keys, settings.keys_poll_s),
+    )
     app.state.engine = engine
+    app.state.keys = keys
     app.state.settings = settings
     gate = TenantGate(lambda tenant: keys.policy(tenant), server_policy(settings))
     app.state.gate = gate

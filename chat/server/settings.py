@@ -67,6 +67,9 @@ class ServerSettings(BaseSettings):
     auth_token: SecretStr | None = Field(None, description="if set, every request must carry it")
     api_keys_file: str | None = Field(None, description="a file of API keys and their tenants (see docs/security.md)")
     api_keys: SecretStr | None = Field(None, description="API keys and their tenants, in the keys file's format")
+    keys_poll_s: float = Field(
+        5.0, ge=0, description="seconds between looks at the keys file for a change to reload (0: only on SIGHUP)"
+    )
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="browser origins allowed besides the server's own (e.g. http://localhost:3000)",
