@@ -26,7 +26,7 @@ from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
 from chat.server.key_store import KeyStore, watch_keys
-from chat.server.metrics_text import render_metrics, render_session_metrics
+from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics
 from chat.server.policy import TenantPolicy
 from chat.server.ratelimit import Limits, RateLimitedError
 from chat.server.session_db import SqliteSessionStore
@@ -159,11 +159,19 @@ def create_app(
         return {"status": "ok", "model": model_name, "active_turns": engine.active_turns()}
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics() -> str:
+    async def metrics(request: Request) -> str:
+        """An admin key (``--auth-token``'s, one flagged in the keys file, anyone on an open server): the server's
+        metrics and every tenant's figures; any other key: its own tenant's figures only."""
+        tenant: Tenant = request.state.tenant
+        if not tenant.admin:
+            own = {tenant.id: gate.figures_of(tenant.id)}
+            return render_tenant_metrics(own, {tenant.id: gate.active(tenant.id)})
         text = render_metrics(engine.metrics, engine.cache_stats())
         if isinstance(store, SqliteSessionStore):
             text += render_session_metrics(store.writer.stats, store.writer.pending)
-        return text
+        tenants = set(gate.figures) | set(keys.ring.tenants())
+        figures = {t: gate.figures_of(t) for t in tenants}
+        return text + render_tenant_metrics(figures, {t: gate.active(t) for t in tenants})
 
     @app.get("/v1/models")
     async def models() -> dict:
