@@ -20,7 +20,6 @@ from chat.protocol.limits import MAX_PRIORITY
 from chat.server.ratelimit import LIMIT_NAMES, Limits
 
 POLICY_FIELDS = (*LIMIT_NAMES, "priority")  # the fields a tenant's entry may hold
-_UNSET = object()  # a field the entry leaves out (None is "no limit")
 
 
 class PolicyError(ValueError):
