@@ -39,6 +39,12 @@ def _settings(args: argparse.Namespace):
         "max_reply_tokens": args.max_reply_tokens,
         "max_n": args.max_n,
         "tenant_cache_share": args.tenant_cache_share,
+        "tenant_concurrent_turns": args.tenant_concurrent_turns,
+        "tenant_requests_per_minute": args.tenant_requests_per_minute,
+        "tenant_tokens_per_minute": args.tenant_tokens_per_minute,
+        "tenant_open_sessions": args.tenant_open_sessions,
+        "tenant_priority": args.tenant_priority,
+        "keys_poll_s": args.keys_poll_s,
     }
     try:
         return ServerSettings(**{k: v for k, v in flags.items() if v is not None})
@@ -260,8 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' on /v1/* and /metrics")
     serve.add_argument(
         "--api-keys-file",
-        help="API keys and their tenants: a JSON object {KEY: TENANT} or 'KEY TENANT' lines; each tenant sees only "
-        "its own sessions (also TURNCACHE_API_KEYS_FILE, or the keys themselves in TURNCACHE_API_KEYS)",
+        help="API keys and their tenants: a JSON object {KEY: TENANT} or 'KEY TENANT [admin]' lines, with "
+        "'tenant TENANT NAME=VALUE ...' limits; each tenant sees only its own sessions; re-read on SIGHUP and when "
+        "it changes (also TURNCACHE_API_KEYS_FILE, or the keys themselves in TURNCACHE_API_KEYS; docs/security.md)",
+    )
+    serve.add_argument(
+        "--keys-poll-s",
+        type=float,
+        metavar="S",
+        help="seconds between looks at the keys file for a change to reload (5; 0: only on SIGHUP)",
     )
     serve.add_argument("--allowed-origin", action="append", help="browser origin allowed besides the server's own")
     serve.add_argument(
@@ -289,6 +302,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="fraction in (0, 1] of each prefix cache tier one tenant keeps while another tenant needs room: over a "
         "tier's budget, tenants over their share lose entries first (default: no shares)",
+    )
+    limits = serve.add_argument_group(
+        "tenant limits",
+        "defaults for every tenant; a tenant's entry in the keys file overrides them (docs/security.md). Over a "
+        "limit: HTTP 429 with Retry-After, or a rate_limited error event on the WebSocket",
+    )
+    limits.add_argument("--tenant-concurrent-turns", type=int, metavar="N", help="turns one tenant runs at once")
+    limits.add_argument("--tenant-requests-per-minute", type=int, metavar="N", help="requests per tenant per minute")
+    limits.add_argument(
+        "--tenant-tokens-per-minute", type=int, metavar="N", help="prompt + completion tokens per tenant per minute"
+    )
+    limits.add_argument(
+        "--tenant-open-sessions",
+        type=int,
+        metavar="N",
+        help="sessions one tenant keeps in memory (its own least recently used idle one is closed beyond)",
+    )
+    limits.add_argument(
+        "--tenant-priority",
+        type=int,
+        metavar="P",
+        help="priority of turns that give none, -100..100 (0; lower: sooner)",
     )
     cluster = serve.add_argument_group(
         "cluster", "Ray Serve: N engine replicas behind one ingress (the extra turncache[cluster]; see docs/cluster.md)"

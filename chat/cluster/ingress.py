@@ -98,7 +98,8 @@ def add_cluster_routes(
             SocketEngine(remote, tracker),
             tracker,
             remote.runtime.name,
-            keys=keys,
+            keys=app.state.keys,
+            gate=app.state.gate,
             allowed_origins=settings.allowed_origins,
             reply_cap=settings.max_reply_tokens,
         )

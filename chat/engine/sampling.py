@@ -52,6 +52,7 @@ class SamplingParams:
     )
     thinking_start: tuple[int, ...] = ()  # the tokens that open the thinking (a reply that does not open it is free)
     thinking_end: tuple[int, ...] = ()  # the tokens that close it (written for the model when the budget is spent)
+    priority: int | None = None  # not sampling but scheduling: lower is served sooner (chat.engine.scheduler); None: 0
 
     def generator(self) -> torch.Generator | None:
         if self.temperature == 0.0:

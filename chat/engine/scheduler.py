@@ -5,15 +5,15 @@
 1. Cancelled turns end first (what they computed is stored; their Done goes out), so a cancel takes effect within
    one step and nothing of theirs enters the forward.
 2. Every decoding turn feeds its next token, up to ``max_batch`` turns (one seat is kept for a waiting prefill).
-   When more turns decode than fit, they take seats round-robin: each gets a token at least every
-   ``ceil(decoding / seats)`` steps.
-3. Prefilling turns share what is left of ``token_budget``, oldest first, each a chunk of its prompt (a chunk also
-   ends where a recurrent snapshot is wanted). The oldest waiting prefill always gets at least
-   :data:`MIN_PREFILL_CHUNK` tokens, even when decode tokens took the whole budget, so a long prompt keeps moving
-   and never stalls the decoding turns for more than one chunk per step.
-   A new turn whose prompt shares at least :data:`SHARE_MIN` uncached tokens (and a quarter of what it has to
-   compute) with an older turn still prefilling waits for that turn: once the older one has stored its prompt, the
-   new one looks the cache up again and computes only what is its own (see *Prefixes shared in flight*).
+   When more turns decode than fit, they take seats by rank (see *Priorities and fairness*): with equal
+   priorities round-robin, each getting a token at least every ``ceil(decoding / seats)`` steps.
+3. Prefilling turns share what is left of ``token_budget`` by rank (oldest first among equal priorities), each a
+   chunk of its prompt (a chunk also ends where a recurrent snapshot is wanted). The first waiting prefill always
+   gets at least :data:`MIN_PREFILL_CHUNK` tokens, even when decode tokens took the whole budget, so a long prompt
+   keeps moving and never stalls the decoding turns for more than one chunk per step. A new turn whose prompt
+   shares at least :data:`SHARE_MIN` uncached tokens (and a quarter of what it has to compute) with a turn ranked
+   ahead of it and still prefilling waits for that turn: once that one has stored its prompt, the new one looks the
+   cache up again and computes only what is its own (see *Prefixes shared in flight*).
 4. Speculative drafts (greedy replies on models that can rewind) ride along only in small steps: at most
    :data:`SPECULATE_UP_TO` decoding turns and no prefill. A draft token is nearly free when a forward is bound by
    reading the weights (one or two rows), and pure waste when the forward already has many rows.
@@ -25,10 +25,10 @@ docs/benchmarks.md); both are settings (``--max-batch``, ``--token-budget``).
 
 **Prefixes shared in flight.** Sessions of one application start with the same system prompt; when many arrive together,
 none finds it in the cache yet. Computing it once per turn multiplies the prefill work; instead a fresh turn (nothing
-computed but what the cache gave) follows the older prefilling turn it shares the most with (one that does not wait
-itself: followers of one leader all go on after one step), and sits out while that one prefills. Prefills are served
-oldest first, so what a follower gives up is only the budget its leader leaves over in those steps; what it saves is
-every shared token. A turn follows at most once: when its leader has stored its prompt (or ended in any way) it looks
+computed but what the cache gave) follows the prefilling turn ranked ahead of it that it shares the most with (one that
+does not wait itself: followers of one leader all go on after one step), and sits out while that one prefills. Prefills
+are served by rank, so what a follower gives up is only the budget its leader leaves over in those steps; what it saves
+is every shared token. A turn follows at most once: when its leader has stored its prompt (or ended in any way) it looks
 again (:meth:`chat.engine.turn.Turn.look_again`) and goes on from the longest prefix it finds. Only runtimes without
 recurrent layers (any prefix of a stored prompt can be restored) and only within a namespace (same weights, dtype and
 tenant), as the cache itself shares.
@@ -37,8 +37,19 @@ tenant), as the cache itself shares.
 of every constrained turn of a step are computed (in llguidance's threads, without the GIL) while the forward runs
 (:class:`chat.engine.constraints.MaskBatch`); sampling then only applies them.
 
-**Fairness.** Decoding turns rotate through the seats; prefills are served first come, first served, and new turns
-join at the next step. Nothing waits on a turn that arrived later.
+**Priorities and fairness.** Every turn has a priority (``SamplingParams.priority``, vLLM's field: an integer in
+[-100, 100], lower is served sooner; None counts as 0). Prefills are served in order of *rank*, and decoding turns
+take the seats in order of rank when more decode than fit; among equal priorities the order is first come, first
+served (prefills) and round-robin (seats), and new turns join at the next step.
+
+*Aging rule*: a waiting turn's priority improves by one every :data:`AGING_STEPS` steps. So the rank of a prefill is
+``priority * AGING_STEPS + the step it arrived at`` and the rank of a decoding turn is
+``priority * AGING_STEPS + the step it last had a seat`` (smaller goes first; ties: who came first). A turn of
+priority ``p`` therefore goes after a turn of priority ``q < p`` only if that one arrived (or last sat) less than
+``(p - q) * AGING_STEPS`` steps after it: only turns arriving within ``(p - q_min) * AGING_STEPS`` steps of it can
+overtake it, and at most 200 x 4 = 800 steps' worth of arrivals ever can. A decoding turn gets a seat at least every
+``(p - q_min) * AGING_STEPS + ceil(decoding / seats)`` steps. Nothing starves, however many turns of higher priority
+keep coming (``tests/chat/engine/test_scheduler.py``).
 
 **Failure isolation.** The runtime reports an error per feed: a feed that fails alone ends only its own turn
 (finish_reason "error", nothing stored); when a batched forward fails, the runtime rolls every run back and runs each
@@ -50,7 +61,7 @@ Not thread-safe: the engine's worker thread owns it (a turn's ``cancel`` may com
 
 from __future__ import annotations
 
-from collections import deque
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,6 +79,7 @@ DRAFT_TOKENS_RANGE = (0, 16)
 MIN_PREFILL_CHUNK = 16  # a waiting prefill gets at least this many tokens per step
 SPECULATE_UP_TO = 2  # most decoding turns in a step that still carries draft tokens
 SHARE_MIN = 16  # a fresh turn waits for an older prefilling turn only to share at least this many new tokens
+AGING_STEPS = 4  # a waiting turn's priority improves by one every this many steps (see Priorities and fairness)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +117,11 @@ class Scheduler:
     def __init__(self, runtime: ModelRuntime, settings: BatchSettings | None = None) -> None:
         self.runtime = runtime  # the model every turn runs on
         self.settings = settings or BatchSettings()
-        self._decoding: deque[Turn] = deque()  # rotation order of decoding turns
-        self._prefilling: list[Turn] = []  # prefilling turns, oldest first
+        self._decoding: list[Turn] = []  # decoding turns, in the order they joined
+        self._prefilling: list[Turn] = []  # prefilling turns, by rank (see Priorities and fairness)
+        self._rank: dict[Turn, tuple[int, int]] = {}  # every turn -> (rank, arrival number): smaller goes first
+        self._now = 0  # steps run so far: the clock of the aging rule
+        self._arrivals = itertools.count()  # breaks ties of rank: who came (or sat) first
         self._leaders: dict[Turn, Turn | None] = {}  # prefilling turn -> the older turn it waits for (None: none)
         self.last: StepReport | None = None  # what the latest step did
         self._masks: MaskBatch | None = None  # fills grammar masks during the forward (made at the first grammar)
@@ -123,11 +138,17 @@ class Scheduler:
         return [*self._prefilling, *self._decoding]
 
     def add(self, turn: Turn) -> None:
-        """Take a begun turn; it joins the next step."""
-        (self._decoding if turn.decoding else self._prefilling).append(turn)
+        """Take a begun turn; it joins the next step, placed by its priority (see Priorities and fairness)."""
+        self._stamp(turn)
+        if turn.decoding:
+            self._decoding.append(turn)
+        else:
+            self._prefilling.append(turn)
+            self._prefilling.sort(key=self._rank.__getitem__)  # stable: equal ranks keep their arrival order
 
     def step(self) -> list[tuple[Turn, list[Event]]]:
         """Run one step (see the module docstring); return each affected turn's events."""
+        self._now += 1
         results: list[tuple[Turn, list[Event]]] = []
         for turn in [t for t in self.turns() if t.cancelled]:
             self._remove(turn)
@@ -154,9 +175,10 @@ class Scheduler:
             results.append((turn, events))
             if turn.done:
                 self._remove(turn)
-            elif turn.decoding and not was_decoding:  # the prompt is absorbed: join the decoding rotation
+            elif turn.decoding and not was_decoding:  # the prompt is absorbed: join the decoding turns
                 self._prefilling.remove(turn)
                 self._leaders.pop(turn, None)
+                self._stamp(turn)
                 self._decoding.append(turn)
         return results
 
@@ -166,6 +188,7 @@ class Scheduler:
         self._decoding.clear()
         self._prefilling.clear()
         self._leaders.clear()
+        self._rank.clear()
         return out
 
     # ---------------------------------------------------------------- internals
@@ -228,14 +251,24 @@ class Scheduler:
         return best if gain >= SHARE_MIN and 4 * gain >= own else None
 
     def _take_decoders(self, seats: int) -> Sequence[Turn]:
-        """Up to ``seats`` decoding turns, continuing the rotation where the last step stopped."""
-        n = min(seats, len(self._decoding))
-        taken = [self._decoding[i] for i in range(n)]
-        self._decoding.rotate(-n)  # the next step starts after the last one taken
+        """Up to ``seats`` decoding turns, by rank; each one taken ranks again from this step (with equal
+        priorities: round-robin)."""
+        if len(self._decoding) <= seats:
+            taken = list(self._decoding)
+        else:
+            taken = sorted(self._decoding, key=self._rank.__getitem__)[:seats]
+        for turn in taken:
+            self._stamp(turn)
         return taken
+
+    def _stamp(self, turn: Turn) -> None:
+        """Rank ``turn`` from now: ``priority * AGING_STEPS + now`` (see Priorities and fairness)."""
+        priority = turn.request.params.priority or 0
+        self._rank[turn] = (priority * AGING_STEPS + self._now, next(self._arrivals))
 
     def _remove(self, turn: Turn) -> None:
         self._leaders.pop(turn, None)
+        self._rank.pop(turn, None)
         if turn in self._prefilling:
             self._prefilling.remove(turn)
         elif turn in self._decoding:

@@ -8,7 +8,8 @@ to the client as an ``error`` event (``ErrorEvent.of(exc)``) and keeps the conne
       session ....... busy, not_generating, invalid_event (edit / regenerate that does not fit), context_overflow,
                       unknown_session (closed)
       connection .... no_session, unknown_session, unknown_model; store: unknown_session, busy (full)
-      engine/server . context_overflow, invalid_media, unavailable, internal, unauthorized (never raised here)
+      engine/server . context_overflow, invalid_media, unavailable, internal, unauthorized, rate_limited
+                      (never raised here), key_revoked (the server closes the socket)
 
 Only the transport raises ``unauthorized``; the engine reports ``context_overflow``, ``invalid_media``,
 ``unavailable`` and ``internal`` through ``Session.on_error``; a turn whose grammar or sampling fields do not fit
@@ -45,6 +46,8 @@ class ErrorCode(enum.StrEnum):
     INVALID_GRAMMAR = "invalid_grammar"  # response_format / structured_outputs: a schema that is not JSON Schema, a
     # regex or grammar that does not compile, or one over a limit
     INVALID_SAMPLING = "invalid_sampling"  # a sampling field out of range for the model (`param` names it)
+    RATE_LIMITED = "rate_limited"  # the tenant is over one of its limits (HTTP 429 + Retry-After); nothing changed
+    KEY_REVOKED = "key_revoked"  # the connection's key was removed from the keys file: the WebSocket is closed
     # HTTP only:
     INVALID_REQUEST = "invalid_request"  # the request body is malformed or breaks a limit (`param` names the field)
     UNKNOWN_PARAMETER = "unknown_parameter"  # a request field that no API of ours knows (OpenAI's refusal text)

@@ -37,6 +37,7 @@ MAX_REPETITION_PENALTY = 10.0  # repetition_penalty is in (0, MAX_REPETITION_PEN
 MAX_GRAMMAR_CHARS = 65_536  # a regex or grammar of structured_outputs (a JSON schema: its canonical JSON)
 MAX_CHOICES_N = 16  # n (replies per request) is in [1, MAX_CHOICES_N] unless the server sets a lower cap
 MAX_COMPLETION_PROMPTS = 256  # prompts in one /v1/completions request
+MAX_PRIORITY = 100  # priority (vLLM's field; lower is served sooner) is in [-MAX_PRIORITY, MAX_PRIORITY]
 
 AudioFormat = Literal["wav", "mp3", "flac", "ogg", "opus", "webm", "m4a"]  # input_audio.format values
 AUDIO_FORMATS: tuple[str, ...] = get_args(AudioFormat)

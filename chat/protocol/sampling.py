@@ -20,6 +20,7 @@ from chat.protocol.base import WireModel
 from chat.protocol.limits import (
     MAX_GRAMMAR_CHARS,
     MAX_LOGIT_BIAS,
+    MAX_PRIORITY,
     MAX_REPETITION_PENALTY,
     MAX_REPLY_TOKENS,
     MAX_SEED,
@@ -116,6 +117,8 @@ class SamplingSettings(WireModel):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # ... and this many alternatives
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    # scheduling, not sampling (vLLM's field): lower is served sooner; None: the tenant's default
+    priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] | None = None
 
     @field_validator("logit_bias")
     @classmethod

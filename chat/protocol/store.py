@@ -6,6 +6,11 @@ only marks the session as recently used.
 
 Every session has an owner (an opaque tenant id, ``""`` by default): ``get`` finds a session only for its owner, and
 answers anyone else exactly as it answers an id that does not exist.
+
+An owner may have a quota of sessions in memory (``quota(owner)``, the tenant's ``open_sessions``): a new session of an
+owner at its quota first closes that owner's own least recently used idle session (never another owner's), so a
+tenant that opens many sessions pushes out only its own; when every one of its sessions is generating, the new one is
+refused with ``rate_limited``.
 """
 
 from __future__ import annotations
@@ -66,10 +71,17 @@ class SessionStore(ABC):
 class InMemorySessionStore(SessionStore):
     """Sessions in a dict, at most ``max_sessions``; beyond that the least recently used idle session is closed."""
 
-    def __init__(self, max_sessions: int = MAX_SESSIONS, new_id: IdFactory = new_id) -> None:
+    def __init__(
+        self,
+        max_sessions: int = MAX_SESSIONS,
+        new_id: IdFactory = new_id,
+        *,
+        quota: Callable[[str], int | None] | None = None,
+    ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
         self.max_sessions = max_sessions  # sessions kept at most
+        self.quota = quota  # owner -> most sessions it keeps in memory (None: no quota); see the module docstring
         self._new_id = new_id  # makes session, turn and message ids
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
 
@@ -82,8 +94,7 @@ class InMemorySessionStore(SessionStore):
     def create(
         self, model: str, system: str | None = None, sampling: SamplingSettings | None = None, *, owner: str = ""
     ) -> Session:
-        if len(self._sessions) >= self.max_sessions:
-            self._evict_one()
+        self._make_room(owner)
         session = Session(model, system=system, sampling=sampling, owner=owner, new_id=self._new_id)
         self._sessions[session.id] = session
         return session
@@ -101,6 +112,27 @@ class InMemorySessionStore(SessionStore):
             return
         self._sessions[session.id] = session
         self._sessions.move_to_end(session.id)
+
+    def _make_room(self, owner: str) -> None:
+        """Room for one more session of ``owner``: within its quota, then within ``max_sessions``.
+
+        Raises:
+            ProtocolError: ``rate_limited`` (every session of the owner at its quota is generating) or ``busy``
+                (every session in the store is generating).
+        """
+        limit = self.quota(owner) if self.quota is not None else None
+        if limit is not None:
+            own = [s for s in self._sessions.values() if s.owner == owner]  # least recently used first
+            while len(own) >= limit:
+                victim = next((s for s in own if s.state is SessionState.IDLE), None)
+                if victim is None:
+                    message = f"all {len(own)} sessions this tenant may keep are generating (open sessions is {limit})"
+                    raise ProtocolError(ErrorCode.RATE_LIMITED, message)
+                own.remove(victim)
+                victim.close()
+                del self._sessions[victim.id]
+        if len(self._sessions) >= self.max_sessions:
+            self._evict_one()
 
     def _evict_one(self) -> None:
         victim = next((s for s in self._sessions.values() if s.state is SessionState.IDLE), None)

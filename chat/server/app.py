@@ -25,10 +25,14 @@ from chat.server import completions_api, openai_api, responses_api, tokenize_api
 from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
-from chat.server.metrics_text import render_metrics, render_session_metrics
+from chat.server.key_store import KeyStore, watch_keys
+from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics
+from chat.server.policy import TenantPolicy
+from chat.server.ratelimit import Limits, RateLimitedError
 from chat.server.response_store import ResponseStore
 from chat.server.session_db import SqliteSessionStore
 from chat.server.settings import MiB, ServerSettings
+from chat.server.tenant_gate import TenantGate
 from chat.server.turns import SamplingFieldError
 from chat.server.ws import serve_socket
 
@@ -50,11 +54,31 @@ def key_ring(settings: ServerSettings) -> KeyRing:
     )
 
 
-def session_store(settings: ServerSettings) -> InMemorySessionStore:
-    """In memory, or written through to SQLite with ``sessions_db``."""
+def server_policy(settings: ServerSettings) -> TenantPolicy:
+    """A tenant's limits and priority where its keys file says nothing (``--tenant-*``, ``TURNCACHE_TENANT_*``)."""
+    limits = Limits(
+        concurrent_turns=settings.tenant_concurrent_turns,
+        requests_per_minute=settings.tenant_requests_per_minute,
+        tokens_per_minute=settings.tenant_tokens_per_minute,
+        open_sessions=settings.tenant_open_sessions,
+    )
+    return TenantPolicy(limits, priority=settings.tenant_priority)
+
+
+def key_store(settings: ServerSettings) -> KeyStore:
+    """The server's keys, read again on SIGHUP and when the keys file changes (``chat/server/key_store.py``).
+
+    Raises:
+        KeysError: a keys source is unreadable or malformed (at start: the server must not start).
+    """
+    return KeyStore(key_ring(settings), lambda: key_ring(settings), settings.api_keys_file)
+
+
+def session_store(settings: ServerSettings, quota=None) -> InMemorySessionStore:
+    """In memory, or written through to SQLite with ``sessions_db``; ``quota(owner)``: its open sessions."""
     if settings.sessions_db:
-        return SqliteSessionStore(settings.sessions_db, max_sessions=settings.max_sessions)
-    return InMemorySessionStore(max_sessions=settings.max_sessions)
+        return SqliteSessionStore(settings.sessions_db, max_sessions=settings.max_sessions, quota=quota)
+    return InMemorySessionStore(max_sessions=settings.max_sessions, quota=quota)
 
 
 def error_response(exc: BaseException) -> JSONResponse:
@@ -64,22 +88,36 @@ def error_response(exc: BaseException) -> JSONResponse:
     if status >= 500:
         log.error("request failed", exc_info=exc)
     error = {"message": reported.message, "type": reported.transport.kind, "code": reported.code.value}
-    return JSONResponse({"error": {**error, "param": reported.param}}, status_code=status)
+    headers = {"Retry-After": str(exc.refusal.retry_after)} if isinstance(exc, RateLimitedError) else None
+    return JSONResponse({"error": {**error, "param": reported.param}}, status_code=status, headers=headers)
 
 
-def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, keys: KeyRing | None = None) -> FastAPI:
-    """The app; ``keys`` defaults to ``key_ring(settings)``. The caller must ``app.state.sessions.close()`` when done
-    (it writes what is pending).
+def create_app(
+    engine: Engine, settings: ServerSettings, *, model_name: str, keys: KeyStore | KeyRing | None = None
+) -> FastAPI:
+    """The app; ``keys`` defaults to ``key_store(settings)`` (a bare KeyRing is never reloaded). The caller must
+    ``app.state.sessions.close()`` when done (it writes what is pending). Its lifespan reloads the keys on SIGHUP and
+    when the keys file changes.
 
     Raises:
         KeysError: a keys source is unreadable or malformed.
         SessionDbError: ``sessions_db`` cannot be opened, written or migrated.
     """
-    keys = keys if keys is not None else key_ring(settings)
-    app = FastAPI(title="turncache", version="0.1.0", docs_url=None, redoc_url=None)
+    keys = keys if keys is not None else key_store(settings)
+    keys = keys if isinstance(keys, KeyStore) else KeyStore(keys)
+    app = FastAPI(
+        title="turncache",
+        version="0.1.0",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lambda _app: watch_keys(keys, settings.keys_poll_s),
+    )
     app.state.engine = engine
+    app.state.keys = keys
     app.state.settings = settings
-    store = session_store(settings)
+    gate = TenantGate(lambda tenant: keys.policy(tenant), server_policy(settings))
+    app.state.gate = gate
+    store = session_store(settings, quota=gate.open_sessions)
     app.state.sessions = store
     response_store = ResponseStore()  # /v1/responses kept for previous_response_id, per tenant
     app.state.responses = response_store
@@ -110,6 +148,7 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
 
     @app.exception_handler(EngineError)
     @app.exception_handler(GrammarError)
+    @app.exception_handler(RateLimitedError)
     @app.exception_handler(SamplingFieldError)
     async def engine_error(_request: Request, exc: Exception) -> JSONResponse:
         return error_response(exc)
@@ -123,11 +162,19 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
         return {"status": "ok", "model": model_name, "active_turns": engine.active_turns()}
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics() -> str:
+    async def metrics(request: Request) -> str:
+        """An admin key (``--auth-token``'s, one flagged in the keys file, anyone on an open server): the server's
+        metrics and every tenant's figures; any other key: its own tenant's figures only."""
+        tenant: Tenant = request.state.tenant
+        if not tenant.admin:
+            own = {tenant.id: gate.figures_of(tenant.id)}
+            return render_tenant_metrics(own, {tenant.id: gate.active(tenant.id)})
         text = render_metrics(engine.metrics, engine.cache_stats())
         if isinstance(store, SqliteSessionStore):
             text += render_session_metrics(store.writer.stats, store.writer.pending)
-        return text
+        tenants = set(gate.figures) | set(keys.ring.tenants())
+        figures = {t: gate.figures_of(t) for t in tenants}
+        return text + render_tenant_metrics(figures, {t: gate.active(t) for t in tenants})
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -148,10 +195,12 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
         )
         await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(body))
         turns = with_seeds(turn, body.n or 1)
+        gate.admit(tenant.id, len(turns))
+        tenant_engine = gate.engine_for(engine, tenant.id)
         if body.stream:
-            events = await openai_api.stream(engine, turns, model_name, tools, thinking)
+            events = await openai_api.stream(tenant_engine, turns, model_name, tools, thinking)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await openai_api.complete(engine, turns, model_name, tools, thinking)
+        return await openai_api.complete(tenant_engine, turns, model_name, tools, thinking)
 
     @app.post("/v1/completions")
     async def completions(body: completions_api.CompletionRequest, request: Request):
@@ -160,10 +209,12 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
         tenant: Tenant = request.state.tenant
         turns = completions_api.build_turns(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
         await openai_api.check_grammar(engine, turns[0].params.grammar, openai_api.grammar_field(body))
+        gate.admit(tenant.id, len(turns))
+        tenant_engine = gate.engine_for(engine, tenant.id)
         if body.stream:
-            events = await completions_api.stream(engine, body, turns, model_name)
+            events = await completions_api.stream(tenant_engine, body, turns, model_name)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await completions_api.complete(engine, body, turns, model_name)
+        return await completions_api.complete(tenant_engine, body, turns, model_name)
 
     @app.post("/v1/responses")
     async def responses(body: responses_api.ResponsesRequest, request: Request):
@@ -183,7 +234,9 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
             chat, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens
         )
         await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(chat))
-        args = (engine, turn, body, model_name, tools, thinking, response_store, tenant.id, conversation)
+        gate.admit(tenant.id)
+        tenant_engine = gate.engine_for(engine, tenant.id)
+        args = (tenant_engine, turn, body, model_name, tools, thinking, response_store, tenant.id, conversation)
         if body.stream:
             return StreamingResponse(await responses_api.stream(*args), media_type="text/event-stream")
         return await responses_api.complete(*args)
@@ -219,6 +272,7 @@ def create_app(engine: Engine, settings: ServerSettings, *, model_name: str, key
             store,
             model_name,
             keys=keys,
+            gate=gate,
             allowed_origins=settings.allowed_origins,
             reply_cap=settings.max_reply_tokens,
         )

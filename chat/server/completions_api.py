@@ -62,6 +62,7 @@ class CompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None  # extension (as vLLM): the completion matches it
     structured_outputs: dict[str, Any] | None = None  # extension
+    priority: int | None = None  # extension (vLLM's): lower is served sooner; None: the tenant's default
     suffix: Any = None  # refused unless null: no infilling
     user: Any = None  # refused unless null
 

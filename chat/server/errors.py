@@ -14,13 +14,16 @@ Exceptions and their wire code::
     UnsupportedMediaError                  invalid_media   (.item names the part)
     InvalidMediaError, MediaError          invalid_media   (.item)
     EngineClosedError                      unavailable
+    RateLimitedError                       rate_limited    (HTTP 429 with Retry-After; on the WebSocket an
+                                                            `error` event, the connection stays usable)
     anything else                          internal        (CacheError, ModelError such as RunStateError, bugs:
                                                             logged by the transport, never described to the client)
 
 Wire codes and what each transport does with them (:data:`TRANSPORT`): an HTTP status and OpenAI ``type`` for
 ``{"error": {...}}`` bodies; on the WebSocket, ``None`` means an ``error`` event on an open connection, a number
 means the socket is closed with that code instead (only refusals before or outside the protocol: a bad key or
-origin, a frame over the server's size limit, which uvicorn closes with 1009 itself).
+origin, a frame over the server's size limit, which uvicorn closes with 1009 itself; a key removed from the keys
+file while its socket is open: ``key_revoked``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from chat.engine.constraints import GrammarError
 from chat.engine.errors import ContextOverflowError, EngineClosedError, InvalidMediaError, UnsupportedMediaError
 from chat.protocol.content import INVALID_MEDIA
 from chat.protocol.errors import ErrorCode, ProtocolError
+from chat.server.ratelimit import RateLimitedError
 from chat.server.turns import SamplingFieldError
 from modalities.errors import MediaError
 
@@ -71,6 +75,8 @@ TRANSPORT: dict[ErrorCode, Transport] = {
     ErrorCode.CONTEXT_OVERFLOW: _BAD,
     ErrorCode.UNAUTHORIZED: Transport(401, "invalid_request_error", ws_close=POLICY_VIOLATION),
     ErrorCode.ORIGIN_NOT_ALLOWED: Transport(403, "invalid_request_error", ws_close=POLICY_VIOLATION),
+    ErrorCode.RATE_LIMITED: Transport(429, "rate_limit_error"),
+    ErrorCode.KEY_REVOKED: Transport(401, "invalid_request_error", ws_close=POLICY_VIOLATION),
     ErrorCode.UNAVAILABLE: Transport(503, "server_error"),
     ErrorCode.INTERNAL: Transport(500, "server_error"),
 }
@@ -83,6 +89,7 @@ _BY_EXCEPTION: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (InvalidMediaError, ErrorCode.INVALID_MEDIA),
     (MediaError, ErrorCode.INVALID_MEDIA),
     (EngineClosedError, ErrorCode.UNAVAILABLE),
+    (RateLimitedError, ErrorCode.RATE_LIMITED),
 )
 
 

@@ -11,7 +11,7 @@ import uvicorn
 from cache import PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.scheduler import BatchSettings
-from chat.server.app import create_app, key_ring
+from chat.server.app import create_app, key_store
 from chat.server.settings import MiB, ServerSettings
 
 log = logging.getLogger("turncache.server")
@@ -65,7 +65,7 @@ def serve(settings: ServerSettings) -> int:
     torch.set_num_threads(1)  # this thread serves HTTP: the engine's worker alone runs torch in parallel
     signal.signal(signal.SIGTERM, _exit_cleanly)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    keys = key_ring(settings)  # a malformed keys file is refused before the model loads
+    keys = key_store(settings)  # a malformed keys file is refused before the model loads
     from chat.models.registry import parse_kv_dtype, parse_weights
 
     weights = parse_weights(settings.weights, settings.dtype, settings.model)  # the model's default when not given

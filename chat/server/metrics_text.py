@@ -1,10 +1,20 @@
-"""Prometheus text exposition of the engine's metrics and the cache's state."""
+"""Prometheus text exposition of the engine's metrics, the cache's state and each tenant's figures."""
 
 from __future__ import annotations
 
 from cache import CacheStats
 from chat.engine.metrics import TTFT_BUCKETS_S, Metrics
 from chat.server.session_writer import WriteStats
+from chat.server.tenant_gate import TenantFigures
+
+TENANT_SERIES = (  # (name, kind, help, TenantFigures field; None: turns running now)
+    ("turncache_tenant_turns_total", "counter", "Turns ended, per tenant.", "turns"),
+    ("turncache_tenant_turns_active", "gauge", "Turns running, per tenant.", None),
+    ("turncache_tenant_prompt_tokens_total", "counter", "Prompt tokens of ended turns, per tenant.", "prompt_tokens"),
+    ("turncache_tenant_cached_tokens_total", "counter", "Of those, served from the prefix cache.", "cached_tokens"),
+    ("turncache_tenant_completion_tokens_total", "counter", "Tokens generated, per tenant.", "completion_tokens"),
+    ("turncache_tenant_rate_limited_total", "counter", "Requests refused for a limit, per tenant.", "rate_limited"),
+)
 
 
 def render_metrics(m: Metrics, cache: CacheStats | None) -> str:
@@ -78,6 +88,20 @@ def render_metrics(m: Metrics, cache: CacheStats | None) -> str:
         metric("turncache_cache_hits_total", "counter", "Prefix lookups that hit.", [("", cache.hits)])
         if cache.disk_healthy is not None:
             _disk_metrics(metric, cache)
+    return "\n".join(lines) + "\n"
+
+
+def render_tenant_metrics(figures: dict[str, TenantFigures], active: dict[str, int]) -> str:
+    """Each tenant's figures, labelled ``tenant="ID"`` (tenant ids need no escaping: ``[A-Za-z0-9._-]``); the caller
+    chooses whose (an admin key: every tenant's; any other key: its own)."""
+    lines: list[str] = []
+    tenants = sorted(set(figures) | set(active))
+    for name, kind, help_text, attribute in TENANT_SERIES:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        for tenant in tenants:
+            found = figures.get(tenant, TenantFigures())
+            value = active.get(tenant, 0) if attribute is None else getattr(found, attribute)
+            lines.append(f'{name}{{tenant="{tenant}"}} {value}')
     return "\n".join(lines) + "\n"
 
 

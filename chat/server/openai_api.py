@@ -62,6 +62,7 @@ SAMPLING_FIELDS = (  # the request fields that are SamplingSettings' (same names
     "top_logprobs",
     "response_format",
     "structured_outputs",
+    "priority",  # scheduling (vLLM's field), validated with the sampling fields
 )
 SHAPE_FIELDS = ("response_format", "structured_outputs")  # a malformed one is invalid_request, not a range error
 
@@ -200,6 +201,7 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None  # extension (vLLM's name): json, regex, grammar, choice
+    priority: int | None = None  # extension (vLLM's): lower is served sooner; None: the tenant's default
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = 1

@@ -27,7 +27,11 @@ def settle(engine, turn: TurnRequest, markers: Markers | None, plan_can_call: bo
     the reply's answer without its thinking (templates drop it, and clients send back only ``content``). The next
     turn then finds that prompt in the cache instead of computing the answer again after a cache hit that ended
     where the thinking began (the turn computes only the answer's tokens: the earlier prompt is cached). Nothing is
-    done for replies without thinking, replies that may have called tools, or one that failed or was cut."""
+    done for replies without thinking, replies that may have called tools, or one that failed or was cut.
+
+    The work is the server's, not a request: a tenant's engine view (``chat.server.tenant_gate``) hands over its
+    ``unmetered`` engine, so the background turn neither counts against the tenant's concurrent turns (its next step
+    would be refused while it runs) nor is charged to its tokens per minute."""
     if markers is None or plan_can_call or done.finish_reason != "stop" or turn.prompt_tokens is not None:
         return
     reasoning, answer = markers.split(done.text)
@@ -35,6 +39,7 @@ def settle(engine, turn: TurnRequest, markers: Markers | None, plan_can_call: bo
         return
     params = SamplingParams(max_tokens=0)  # the prompt only: no reply, its entry stored
     request = replace(turn, messages=[*turn.messages, {"role": "assistant", "content": answer}], params=params)
+    engine = getattr(engine, "unmetered", engine)
     try:
         engine.submit(request, lambda _event: None)
     except Exception:  # the engine is closing, or the prompt no longer fits: the next turn computes it

@@ -43,11 +43,12 @@ class SqliteSessionStore(InMemorySessionStore):
         new_id: IdFactory = new_id,
         *,
         legacy_owner: str = DEFAULT_TENANT,
+        quota: Callable[[str], int | None] | None = None,
     ) -> None:
         """Raises:
         SessionDbError: the file cannot be opened, written or migrated.
         """
-        super().__init__(max_sessions=max_sessions, new_id=new_id)
+        super().__init__(max_sessions=max_sessions, new_id=new_id, quota=quota)
         self.path = Path(path)  # the database file
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = open_database(self.path, legacy_owner)  # reads, on the caller's thread
@@ -118,8 +119,7 @@ class SqliteSessionStore(InMemorySessionStore):
         ids = tuple(m.id for m in stored.messages)
         self.writer.submit(Known(session_id, h, stored.version, ids))
         session.interrupted_turn_id = h.turn_id if h.state == SessionState.GENERATING.value else h.interrupted_turn_id
-        if len(self) >= self.max_sessions:
-            self._evict_one()
+        self._make_room(owner)
         super().save(session)  # live again
         if session.interrupted_turn_id != h.interrupted_turn_id or h.state != SessionState.IDLE.value:
             self.writer.submit(Snapshot.of(session))  # the cut-off turn is now part of the record

@@ -7,7 +7,7 @@ import os
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_REPLY_TOKENS
+from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_PRIORITY, MAX_REPLY_TOKENS
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -49,9 +49,27 @@ class ServerSettings(BaseSettings):
         le=1,
         description="most of each prefix cache tier one tenant keeps while another tenant needs room (None: no limit)",
     )
+    tenant_concurrent_turns: int | None = Field(
+        None, ge=1, description="turns one tenant may run at once, unless its keys file entry says (None: no limit)"
+    )
+    tenant_requests_per_minute: int | None = Field(
+        None, ge=1, description="requests one tenant may make per minute, unless its entry says (None: no limit)"
+    )
+    tenant_tokens_per_minute: int | None = Field(
+        None, ge=1, description="prompt + completion tokens per minute of one tenant, unless its entry says"
+    )
+    tenant_open_sessions: int | None = Field(
+        None, ge=1, description="sessions one tenant keeps in memory, unless its entry says (None: no limit)"
+    )
+    tenant_priority: int = Field(
+        0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="priority of a turn that gives none (lower: sooner)"
+    )
     auth_token: SecretStr | None = Field(None, description="if set, every request must carry it")
     api_keys_file: str | None = Field(None, description="a file of API keys and their tenants (see docs/security.md)")
     api_keys: SecretStr | None = Field(None, description="API keys and their tenants, in the keys file's format")
+    keys_poll_s: float = Field(
+        5.0, ge=0, description="seconds between looks at the keys file for a change to reload (0: only on SIGHUP)"
+    )
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="browser origins allowed besides the server's own (e.g. http://localhost:3000)",

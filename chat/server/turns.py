@@ -94,6 +94,7 @@ def sampling_params(settings: SamplingSettings, runtime=None, *, reply_cap: int 
         logprobs=bool(settings.logprobs),
         top_logprobs=settings.top_logprobs or 0,
         grammar=grammar_spec(settings),
+        priority=settings.priority,
     )
 
 

@@ -5,7 +5,10 @@ on the engine's thread and are marshalled onto the event loop, where the connect
 ``reply.done``. All sends go through one queue, so events of one socket never interleave mid-frame.
 
 Refusals before any exchange: a browser ``Origin`` that is not allowed, or a missing or unknown key when keys are
-configured, closes with 1008 (policy violation). The key's tenant (``chat.server.auth``) owns the sessions the socket
+configured, closes with 1008 (policy violation). When a reload of the keys removes the socket's key (or gives it to
+another tenant), the socket sends a ``key_revoked`` error, closes with 1008 (reason ``key_revoked``) and cancels its
+turns. An event that would start a turn over the tenant's limits gets a ``rate_limited`` error before the
+connection sees it. The key's tenant (``chat.server.auth``) owns the sessions the socket
 creates, is the only one that can resume them, and salts the cache entries of its turns. A frame over the size limit
 closes with 1009 (uvicorn enforces ``ws_max_size``). Close codes and every error's wire code come from the one table
 in ``chat/server/errors.py``; turns are built, and their usage and timings reported, by ``chat/server/turns.py``, as
@@ -28,19 +31,23 @@ from fastapi import WebSocket, WebSocketDisconnect
 
 from chat.engine.engine import Engine, JobHandle
 from chat.engine.events import Delta, Done
-from chat.protocol.connection import Connection
-from chat.protocol.errors import ErrorCode
-from chat.protocol.parser import serialize_server_event
-from chat.protocol.server_events import ReplyDone, SessionCreated, SessionUpdated
+from chat.protocol.client_events import CompletionCreate, TurnCreate, TurnEdit, TurnRegenerate
+from chat.protocol.connection import Connection, Step
+from chat.protocol.errors import ErrorCode, ProtocolError
+from chat.protocol.parser import parse_client_event, serialize_server_event
+from chat.protocol.server_events import ErrorEvent, ReplyDone, SessionCreated, SessionUpdated
 from chat.protocol.session import TurnPlan
 from chat.protocol.store import SessionStore
 from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import chat_logprobs
 from chat.server.errors import TRANSPORT, describe
+from chat.server.key_store import KeyStore
+from chat.server.tenant_gate import TenantGate
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
 log = logging.getLogger("turncache.ws")
 WRITE_WAIT_S = 1.0  # the longest an acknowledgment waits for its session's write before it is sent anyway
+STARTS_A_TURN = (TurnCreate, TurnRegenerate, TurnEdit, CompletionCreate)  # events a tenant's limits apply to
 
 
 def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
@@ -68,17 +75,23 @@ class ChatSocket:
         store: SessionStore,
         model_name: str,
         tenant: Tenant,
+        gate: TenantGate,
         reply_cap: int | None = None,
+        credential: str | None = None,
     ) -> None:
         self.ws = ws
-        self.engine = engine
+        self.engine = gate.engine_for(engine, tenant.id)  # the tenant's view: default priority, turn accounting
+        self.gate = gate  # admits the tenant's turns against its limits
+        self.tenant = tenant  # who the client is
+        self.credential = credential  # the key it presented: checked again when the keys are reloaded
         self.store = store  # where sessions live
         self.conn = Connection(store, models=[model_name], tenant=tenant.id)
         self.salt = tenant.salt  # the tenant's cache namespace salt
         self.reply_cap = reply_cap  # reply length of a turn without max_tokens (None: the context's room)
         self.loop = asyncio.get_running_loop()
-        # serialized events, and futures the writer waits for (a session's write) before the events after them
-        self.outbox: asyncio.Queue[str | asyncio.Future | None] = asyncio.Queue()  # None ends the writer
+        # serialized events, futures the writer waits for (a session's write) before the events after them, and a
+        # close code (the writer closes the socket with it and ends)
+        self.outbox: asyncio.Queue[str | asyncio.Future | int | None] = asyncio.Queue()  # None ends the writer
         self.jobs: dict[str, JobHandle] = {}  # running turns by turn id
         self.turn_sessions: dict[str, str] = {}  # running session turns -> their session id
         self.open = True  # False once the client is gone: events are then dropped
@@ -122,8 +135,28 @@ class ChatSocket:
         for event in events:
             self.outbox.put_nowait(serialize_server_event(event))
 
+    def on_keys(self, ring: KeyRing) -> None:
+        """The keys were reloaded (any thread): close this socket if its key was removed or changed tenant."""
+        self.loop.call_soon_threadsafe(self._check_key, ring)
+
+    def _check_key(self, ring: KeyRing) -> None:
+        tenant = ring.authenticate(self.credential)
+        if tenant is not None and tenant.id == self.tenant.id:
+            self.tenant = tenant  # an admin flag may have changed; limits are looked up at each request
+            return
+        reason = "the key of this connection was removed from the server's keys"
+        self._send([ErrorEvent(code=ErrorCode.KEY_REVOKED, message=reason)])
+        code = TRANSPORT[ErrorCode.KEY_REVOKED].ws_close
+        if self.open and code is not None:
+            self.outbox.put_nowait(code)
+            self.open = False  # nothing more is sent; the reader sees the close and cancels the turns
+
     async def _write(self) -> None:
         while (frame := await self.outbox.get()) is not None:
+            if isinstance(frame, int):
+                with contextlib.suppress(Exception):
+                    await self.ws.close(code=frame, reason=ErrorCode.KEY_REVOKED.value)
+                return
             if isinstance(frame, asyncio.Future):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(frame, WRITE_WAIT_S)
@@ -135,7 +168,7 @@ class ChatSocket:
                 return
 
     def _handle(self, frame: str | bytes) -> None:
-        step = self.conn.receive(frame)
+        step = self._receive(frame)
         changed = [e.session.id for e in step.send if isinstance(e, SessionCreated | SessionUpdated)]
         self._send(step.send, written=changed[0] if changed else None)
         for turn_id in step.cancel:
@@ -144,6 +177,23 @@ class ChatSocket:
                 job.cancel()
         if step.start is not None:
             self._start(step.start)
+
+    def _receive(self, frame: str | bytes) -> Step:
+        """``Connection.receive``, with the tenant's limits checked before an event that starts a turn reaches the
+        connection: a refused one changes nothing (no ``turn.started``, the session as it was)."""
+        try:
+            event = parse_client_event(frame)
+            if isinstance(event, STARTS_A_TURN):
+                refusal = self.gate.check(self.tenant.id)
+                if refusal is not None:
+                    error = ErrorEvent(reply_to=event.event_id, code=ErrorCode.RATE_LIMITED, message=refusal.message)
+                    return Step(send=(error,))
+            step = self.conn.handle(event)
+        except ProtocolError as exc:
+            return Step(send=(ErrorEvent.of(exc),))
+        if step.start is not None:
+            self.gate.record(self.tenant.id)
+        return step
 
     def _start(self, plan: TurnPlan) -> None:
         if plan.session_id is not None:
@@ -200,16 +250,23 @@ async def serve_socket(
     store: SessionStore,
     model_name: str,
     *,
-    keys: KeyRing,
+    keys: KeyStore,
+    gate: TenantGate,
     allowed_origins: list[str],
     reply_cap: int | None = None,
 ) -> None:
     if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), allowed_origins):
         await ws.close(code=TRANSPORT[ErrorCode.ORIGIN_NOT_ALLOWED].ws_close, reason="origin not allowed")
         return
-    tenant = keys.authenticate(credential_of(ws))
+    credential = credential_of(ws)
+    tenant = keys.authenticate(credential)
     if tenant is None:
         await ws.close(code=TRANSPORT[ErrorCode.UNAUTHORIZED].ws_close, reason="missing or wrong token")
         return
     await ws.accept()
-    await ChatSocket(ws, engine, store, model_name, tenant, reply_cap).run()
+    socket = ChatSocket(ws, engine, store, model_name, tenant, gate, reply_cap, credential)
+    stop = keys.subscribe(socket.on_keys)
+    try:
+        await socket.run()
+    finally:
+        stop()

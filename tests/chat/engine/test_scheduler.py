@@ -314,3 +314,78 @@ def test_followers_follow_a_turn_that_computes_not_one_that_waits(monkeypatch):
     assert turns[2].shared_prefix(turns[1]) > turns[2].shared_prefix(turns[0]) + SHARE_MIN
     assert len(rt.steps[0]) == 1 and len(rt.steps[1]) == 3  # a alone; then a's first token, b's and c's prompts
     assert [done[i].usage.cached_tokens for i in range(3)] == [0, *(turns[i].shared_prefix(turns[0]) for i in (1, 2))]
+
+
+# ------------------------------------------------------------------ priorities and aging
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import chat.engine.scheduler as scheduler_module  # noqa: E402
+
+
+def test_a_higher_priority_prefill_goes_first_and_equal_ones_keep_their_order():
+    rt = CountingRuntime()
+    scheduler = Scheduler(rt, BatchSettings(max_batch=4, token_budget=16))
+    low, same, high = (begun(rt, None, request("p" * 40, priority=p)) for p in (5, 5, -5))
+    for turn in (low, same, high):
+        scheduler.add(turn)
+    scheduler.step()
+    assert rt.runs_per_step[0] == [id(high._run)]  # the whole budget to the higher priority, though it came last
+    assert scheduler._prefilling == [high, low, same]
+
+
+def test_higher_priority_decoders_take_the_seats_and_the_others_still_get_tokens():
+    rt = CountingRuntime(script=lambda prompt: "y" * 300)
+    scheduler = Scheduler(rt, BatchSettings(max_batch=2, token_budget=64))
+    high = [begun(rt, None, request(f"h{i}", max_tokens=250, priority=-1)) for i in range(2)]
+    low = begun(rt, None, request("low", max_tokens=250, priority=1))
+    for turn in (*high, low):
+        scheduler.add(turn)
+    while not all(t.decoding for t in (*high, low)):
+        scheduler.step()
+    before = [len(t.reply.tokens) for t in (*high, low)]
+    waits, last = [], len(low.reply.tokens)
+    for _ in range(100):
+        scheduler.step()
+        if len(low.reply.tokens) > last:
+            waits.append(0)
+            last = len(low.reply.tokens)
+        elif waits:
+            waits[-1] += 1
+    gained = [len(t.reply.tokens) - b for t, b in zip((*high, low), before, strict=True)]
+    assert gained[0] > gained[2] and gained[1] > gained[2] > 0  # higher priority decodes more, the low one goes on
+    # a seat at least every (p - q) * AGING_STEPS + ceil(decoding / seats) steps
+    assert max(waits) <= 2 * scheduler_module.AGING_STEPS + 2
+
+
+def stream_of_higher_priority(low_priority: int, high_priority: int, per_step: int, budget_steps: int) -> int | None:
+    """A turn of ``low_priority`` arrives, then ``per_step`` turns of ``high_priority`` every step, forever; return
+    the step at which the low one is done (None: not within ``budget_steps``)."""
+    rt = CountingRuntime(script=lambda prompt: "ok")
+    scheduler = Scheduler(rt, BatchSettings(max_batch=2, token_budget=16))
+    low = begun(rt, None, request("L" * 30, max_tokens=3, priority=low_priority))
+    scheduler.add(low)
+    for step in range(1, budget_steps + 1):
+        for i in range(per_step):
+            scheduler.add(begun(rt, None, request(f"H{step}.{i}" + "h" * 20, max_tokens=3, priority=high_priority)))
+        for turn, events in scheduler.step():
+            if turn is low and any(isinstance(e, Done) for e in events):
+                return step
+    return None
+
+
+@settings(max_examples=25, deadline=None)
+@given(low=st.integers(-100, 100), gap=st.integers(0, 12), per_step=st.integers(1, 2))
+def test_a_low_priority_turn_is_served_within_the_bound_however_many_higher_ones_keep_coming(low, gap, per_step):
+    high = max(-100, low - gap)
+    window = (low - high) * scheduler_module.AGING_STEPS  # only arrivals within it can overtake the low turn
+    ahead = window * per_step  # turns that may rank ahead of it, each needing a few steps of work
+    bound = 4 * ahead + window + 40
+    done_at = stream_of_higher_priority(low, high, per_step, bound)
+    assert done_at is not None and done_at <= bound, (done_at, bound)
+
+
+def test_without_aging_the_same_stream_would_starve_the_low_priority_turn(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "AGING_STEPS", 10**6)
+    assert stream_of_higher_priority(10, 0, 1, 4 * 40 + 40 + 40) is None

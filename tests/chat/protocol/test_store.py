@@ -84,3 +84,20 @@ def test_an_in_memory_store_calls_back_at_once_when_asked_about_writes():
     calls = []
     InMemorySessionStore().when_written("sess_x", lambda: calls.append(1))
     assert calls == [1]
+
+
+def test_an_owner_at_its_quota_closes_its_own_oldest_idle_session_never_anothers():
+    store = InMemorySessionStore(max_sessions=10, quota={"alice": 2}.get)
+    bob = store.create("m", owner="bob")
+    a1, a2 = store.create("m", owner="alice"), store.create("m", owner="alice")
+    store.get(a1.id, owner="alice")  # a1 is now more recent than a2
+    a3 = store.create("m", owner="alice")
+    assert a2.state is SessionState.CLOSED and a2.id not in store
+    assert all(s.id in store and s.state is SessionState.IDLE for s in (a1, a3, bob))
+    for s in (a1, a3):  # both of hers generating: a third is refused, nothing closed
+        s.create_turn(TurnCreate(content="hi"))
+    with pytest.raises(ProtocolError) as info:
+        store.create("m", owner="alice")
+    assert info.value.code is ErrorCode.RATE_LIMITED and "open sessions is 2" in info.value.message
+    assert a1.id in store and a3.id in store
+    assert store.create("m", owner="bob").owner == "bob"  # bob has no quota

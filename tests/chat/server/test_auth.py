@@ -24,7 +24,7 @@ def test_json_and_line_formats_give_the_same_keys(tmp_path):
     as_lines = tmp_path / "keys.txt"
     as_lines.write_text(f"# tenants\n\n{KEY_A} alice\n  {KEY_A2}\talice , {KEY_B} bob\n")
     expected = {KEY_A: "alice", KEY_A2: "alice", KEY_B: "bob"}
-    assert read_keys_file(str(as_json)) == read_keys_file(str(as_lines)) == expected
+    assert read_keys_file(str(as_json)).keys == read_keys_file(str(as_lines)).keys == expected
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_an_open_server_lets_everyone_in_as_one_tenant():
 
 
 def test_the_keys_parser_reports_entries_of_an_environment_value():
-    assert parse_keys(f"{KEY_A} alice,{KEY_B} bob", "env") == {KEY_A: "alice", KEY_B: "bob"}
+    assert parse_keys(f"{KEY_A} alice,{KEY_B} bob", "env").keys == {KEY_A: "alice", KEY_B: "bob"}
     with pytest.raises(KeysError, match="env: entry 2"):
         parse_keys(f"{KEY_A} alice,{KEY_B}", "env")
 
@@ -131,5 +131,73 @@ def test_the_keys_file_example_of_the_security_doc_works(tmp_path):
     assert example is not None
     script = example.group(1).replace("/etc/turncache/keys", str(tmp_path / "keys"))
     subprocess.run(["bash", "-c", script.replace("python3", sys.executable)], check=True)
-    keys = read_keys_file(str(tmp_path / "keys"))
+    keys = read_keys_file(str(tmp_path / "keys")).keys
     assert sorted(keys.values()) == ["alice", "bob"] and all(len(k) >= 40 for k in keys)
+
+
+# ------------------------------------------------------------------ tenants' limits, priorities and admin keys
+
+LIMITS_JSON = {
+    KEY_A: "alice",
+    KEY_B: {"tenant": "bob", "admin": True},
+    "tenants": {"alice": {"requests_per_minute": 60, "tokens_per_minute": None, "priority": -5}},
+}
+LIMITS_LINES = (
+    f"{KEY_A} alice\n{KEY_B} bob admin\ntenant alice requests_per_minute=60 tokens_per_minute=none priority=-5\n"
+)
+
+
+@pytest.mark.parametrize("text", [json.dumps(LIMITS_JSON), LIMITS_LINES], ids=["json", "lines"])
+def test_both_formats_carry_limits_priorities_and_admin_flags(tmp_path, text):
+    from chat.server.policy import TenantPolicy
+    from chat.server.ratelimit import Limits
+
+    path = tmp_path / "keys"
+    path.write_text(text)
+    found = read_keys_file(str(path))
+    assert found.keys == {KEY_A: "alice", KEY_B: "bob"} and found.admins == {KEY_B}
+    alice = found.policies["alice"]
+    assert (alice.limits, alice.lifted, alice.priority) == (
+        Limits(requests_per_minute=60),
+        frozenset({"tokens_per_minute"}),
+        -5,
+    )
+    ring = KeyRing.from_sources(keys_file=str(path))
+    assert ring.authenticate(KEY_B).admin and not ring.authenticate(KEY_A).admin
+    defaults = TenantPolicy(Limits(concurrent_turns=3, tokens_per_minute=1000), priority=7)
+    assert ring.policy("alice").resolve(defaults) == (Limits(concurrent_turns=3, requests_per_minute=60), -5)
+    assert ring.policy("bob").resolve(defaults) == (Limits(concurrent_turns=3, tokens_per_minute=1000), 7)
+
+
+def test_the_auth_token_and_an_open_server_are_admins():
+    assert KeyRing.from_sources(auth_token=KEY_A).authenticate(KEY_A).admin
+    assert KeyRing().authenticate(None).admin
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (f"{KEY_A} alice\ntenant alice rpm=5", "unknown field 'rpm'"),
+        (f"{KEY_A} alice\ntenant alice requests_per_minute=0", "requests_per_minute must be an integer >= 1"),
+        (f"{KEY_A} alice\ntenant alice requests_per_minute=ten", "requests_per_minute must be an integer or none"),
+        (f"{KEY_A} alice\ntenant alice priority=101", "priority must be an integer in [-100, 100]"),
+        (f"{KEY_A} alice\ntenant alice priority=none", "priority must be an integer in [-100, 100]"),
+        (f"{KEY_A} alice\ntenant alice requests_per_minute", "expected 'tenant TENANT NAME=VALUE ...'"),
+        (f"{KEY_A} alice\ntenant alcie requests_per_minute=5", "names no tenant that has a key here"),
+        (f"{KEY_A} alice\ntenant alice priority=1\ntenant alice priority=2", "given values twice"),
+        (f"{KEY_A} alice root", "expected 'KEY TENANT' or 'KEY TENANT admin'"),
+        (json.dumps({KEY_A: {"tenant": "alice", "admin": "yes"}}), "optionally 'admin' (true/false)"),
+        (json.dumps({KEY_A: {"tenant": "alice", "role": "x"}}), "optionally 'admin' (true/false)"),
+        (json.dumps({KEY_A: "alice", "tenants": {"alice": {"concurrent_turns": 1.5}}}), "must be an integer or none"),
+        (json.dumps({KEY_A: "alice", "tenants": {"alice": {"concurrent_turns": True}}}), "must be an integer or none"),
+        (json.dumps({KEY_A: "alice", "tenants": ["alice"]}), "tenants is an object"),
+    ],
+)
+def test_a_malformed_limit_or_an_unknown_field_is_refused_naming_it(tmp_path, text, says):
+    path = tmp_path / "keys"
+    path.write_text(text)
+    with pytest.raises(KeysError) as info:
+        read_keys_file(str(path))
+    message = str(info.value)
+    assert str(path) in message and says in message, message
+    assert KEY_A not in message
