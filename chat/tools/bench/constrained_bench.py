@@ -13,7 +13,11 @@ The model loads in the engine's worker (:meth:`Engine.load`); the app is served 
   properties, ``additionalProperties: false``), then the same conversations without it; the two phases alternate
   twice (constrained, plain, constrained, plain) and each reports the median over its rounds of the aggregate rate
   (completion tokens of all conversations over the phase's wall time). Every round's system message starts with a
-  tag of its own, so no phase finds another's prompts in the prefix cache.
+  tag of its own, so no phase finds another's prompts in the prefix cache. The plain phase asks each conversation
+  for at most as many tokens as its constrained reply of the same round had (the JSON answers are short, ~25
+  tokens, where free text runs to ``max_tokens``): both phases then do the same work, one prompt and about the same
+  number of reply tokens per conversation, and the ratio measures what the grammar costs, not how the prompt's
+  cost spreads over replies of other lengths.
 - *Validity*: of the constrained replies that ended by themselves (``finish_reason: "stop"``), the share whose
   content parses with ``json.loads`` and validates against the schema with ``jsonschema`` (``json_valid``); replies
   cut by ``max_tokens`` are counted apart (``json_cut_by_length``).
@@ -166,14 +170,15 @@ async def _chat(client, messages: list[dict], errors: Tally, **fields) -> Reply 
     return Reply(choice["message"]["content"] or "", choice["finish_reason"], data["usage"]["completion_tokens"])
 
 
-async def _phase(client, tag: str, n: int, max_tokens: int, errors: Tally, fmt: dict | None):
-    """``n`` concurrent conversations; (wall seconds, replies that came back)."""
+async def _phase(client, tag: str, max_tokens: list[int], errors: Tally, fmt: dict | None):
+    """One conversation per entry of ``max_tokens`` (its reply's cap), all at once; (wall seconds, each one's reply
+    or None)."""
     extra = {"response_format": fmt} if fmt is not None else {}
     start = time.perf_counter()
     replies = await asyncio.gather(
-        *(_chat(client, conversation(i, tag), errors, max_tokens=max_tokens, **extra) for i in range(n))
+        *(_chat(client, conversation(i, tag), errors, max_tokens=cap, **extra) for i, cap in enumerate(max_tokens))
     )
-    return time.perf_counter() - start, [r for r in replies if r is not None]
+    return time.perf_counter() - start, replies
 
 
 def _valid(content: str, validator) -> bool:
@@ -308,20 +313,18 @@ async def _on_server(
         tokens: dict[str, list[int]] = {"constrained": [], "plain": []}
         constrained: list[Reply] = []
         for r in range(rounds):
+            caps = [max_tokens] * conversations
             for kind in ("constrained", "plain"):
                 wall, replies = await _phase(
-                    client,
-                    f"round {r + 1} {kind}",
-                    conversations,
-                    max_tokens,
-                    errors,
-                    fmt if kind == "constrained" else None,
+                    client, f"round {r + 1} {kind}", caps, errors, fmt if kind == "constrained" else None
                 )
-                done = sum(reply.completion_tokens for reply in replies)
+                came = [reply for reply in replies if reply is not None]
+                done = sum(reply.completion_tokens for reply in came)
                 rates[kind].append(done / wall)
                 tokens[kind].append(done)
                 if kind == "constrained":
-                    constrained.extend(replies)
+                    constrained.extend(came)
+                    caps = [max(1, reply.completion_tokens) if reply else max_tokens for reply in replies]
 
         stopped = [reply for reply in constrained if reply.finish_reason == "stop"]
         valid = sum(_valid(reply.content, validator) for reply in stopped)
