@@ -45,12 +45,22 @@ def _settings(args: argparse.Namespace):
         "tenant_open_sessions": args.tenant_open_sessions,
         "tenant_priority": args.tenant_priority,
         "keys_poll_s": args.keys_poll_s,
+        "media_url_hosts": args.media_url_host or None,
+        "media_url_max_bytes": args.media_url_max_bytes,
+        "media_url_timeout_s": args.media_url_timeout_s,
+        "media_url_allow_private": True if args.media_url_allow_private else None,
+        "media_url_ca_file": args.media_url_ca_file,
     }
     try:
         return ServerSettings(**{k: v for k, v in flags.items() if v is not None})
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise SystemExit(f"turncache: --{'-'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}") from exc
+        name = str(first["loc"][0]) if first["loc"] else ""
+        flag = REPEATED_FLAGS.get(name, name.replace("_", "-"))
+        raise SystemExit(f"turncache: --{flag}: {first['msg']}") from exc
+
+
+REPEATED_FLAGS = {"allowed_origins": "allowed-origin", "media_url_hosts": "media-url-host"}  # list settings' flags
 
 
 def _load(args: argparse.Namespace):
@@ -277,6 +287,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between looks at the keys file for a change to reload (5; 0: only on SIGHUP)",
     )
     serve.add_argument("--allowed-origin", action="append", help="browser origin allowed besides the server's own")
+    media = serve.add_argument_group(
+        "media by URL",
+        "off by default: image parts of /v1/chat/completions and /v1/responses may name https:// URLs on listed hosts, "
+        "fetched once per request and hashed by their bytes (docs/security.md)",
+    )
+    media.add_argument(
+        "--media-url-host",
+        action="append",
+        metavar="HOST",
+        help="a host to fetch images from (repeat; '*.example.com' for its subdomains, 'host:port' for a port "
+        "other than 443)",
+    )
+    media.add_argument("--media-url-max-bytes", type=int, metavar="N", help="most bytes of one image (20 MiB)")
+    media.add_argument("--media-url-timeout-s", type=float, metavar="S", help="seconds one fetch may take (10)")
+    media.add_argument(
+        "--media-url-allow-private",
+        action="store_true",
+        help="allow hosts that resolve to private, loopback or link-local addresses (an image host on your network)",
+    )
+    media.add_argument("--media-url-ca-file", metavar="FILE", help="CA certificates to trust for media hosts")
     serve.add_argument(
         "--sessions-db",
         default=os.environ.get("TURNCACHE_SESSIONS_DB")

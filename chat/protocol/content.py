@@ -8,7 +8,8 @@ Parts::
     {"type": "input_audio", "input_audio": {"data": "<base64>", "format": "wav"}}
     {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,..."}}
 
-Media travels inline, base64-encoded: only ``data:`` URLs are accepted (the server never fetches a URL). Validating
+Media travels inline, base64-encoded: only ``data:`` URLs are accepted here. (A server that lists media hosts fetches
+their ``https://`` image URLs and inlines them before validation: ``chat.server.media_urls``.) Validating
 a media part reads its data URL header (:func:`modalities.identity.parse_data_url`), decodes its base64 (strict:
 the padded alphabet only) and hashes the bytes once (:func:`modalities.identity.media_digest`); the part keeps the
 digest (:class:`MediaText`), and
@@ -78,6 +79,9 @@ class MediaText(str):
 def _read_data_url(url: str, kind: str) -> tuple[str, int]:
     """Check the header of ``url``: a base64 data URL of ``kind``. Return its MIME type and where its base64 starts."""
     expected = "expected a data URL 'data:{kind}/<subtype>;base64,<data>'"
+    if url[:8].lower().startswith(("https://", "http://")):  # media_urls inlines the URLs it may fetch before this
+        message = expected + ": this server does not fetch this URL (media by URL is opt-in: --media-url-host)"
+        raise PydanticCustomError(INVALID_MEDIA, message, {"kind": kind})
     try:
         header = identity.parse_data_url(url[: url.find(",") + 1] if "," in url else url)  # the header only
     except MediaError as exc:

@@ -26,6 +26,7 @@ from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
 from chat.server.key_store import KeyStore, watch_keys
+from chat.server.media_urls import MediaURLMiddleware
 from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics
 from chat.server.policy import TenantPolicy
 from chat.server.ratelimit import Limits, RateLimitedError
@@ -34,6 +35,7 @@ from chat.server.session_db import SqliteSessionStore
 from chat.server.settings import MiB, ServerSettings
 from chat.server.tenant_gate import TenantGate
 from chat.server.turns import SamplingFieldError
+from chat.server.url_fetch import MediaURLPolicy
 from chat.server.ws import serve_socket
 
 log = logging.getLogger("turncache.server")
@@ -81,6 +83,16 @@ def session_store(settings: ServerSettings, quota=None) -> InMemorySessionStore:
     return InMemorySessionStore(max_sessions=settings.max_sessions, quota=quota)
 
 
+def media_url_policy(settings: ServerSettings) -> MediaURLPolicy:
+    return MediaURLPolicy(
+        hosts=tuple(settings.media_url_hosts),
+        max_bytes=settings.media_url_max_bytes,
+        timeout_s=settings.media_url_timeout_s,
+        allow_private=settings.media_url_allow_private,
+        ca_file=settings.media_url_ca_file,
+    )
+
+
 def error_response(exc: BaseException) -> JSONResponse:
     """OpenAI's error body for ``exc``, with the status of its code (``chat/server/errors.py``)."""
     reported = describe(exc)
@@ -121,6 +133,14 @@ def create_app(
     app.state.sessions = store
     response_store = ResponseStore()  # /v1/responses kept for previous_response_id, per tenant
     app.state.responses = response_store
+
+    if settings.media_url_hosts:  # inside the guard (added first): only requests with a valid key fetch anything
+        app.add_middleware(
+            MediaURLMiddleware,
+            policy=media_url_policy(settings),
+            max_body=settings.max_body_mib * MiB,
+            refuse=error_response,
+        )
 
     @app.middleware("http")
     async def guard(request: Request, call_next):

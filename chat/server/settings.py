@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_PRIORITY, MAX_REPLY_TOKENS
+from chat.server.url_fetch import check_hosts
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -75,6 +76,23 @@ class ServerSettings(BaseSettings):
         description="browser origins allowed besides the server's own (e.g. http://localhost:3000)",
     )
     max_body_mib: int = Field(32, ge=1, description="largest HTTP request body, MiB")
+    media_url_hosts: list[str] = Field(
+        default_factory=list,
+        description="hosts whose https:// image URLs the HTTP API fetches ('*.example.com': its subdomains, "
+        "'host:port': another port than 443); empty: media by URL is refused",
+    )
+    media_url_max_bytes: int = Field(20 * MiB, ge=1, description="most bytes of one image fetched by URL")
+    media_url_timeout_s: float = Field(10.0, gt=0, le=120, description="seconds one image fetch may take in all")
+    media_url_allow_private: bool = Field(
+        False, description="let media hosts resolve to private, loopback or link-local addresses"
+    )
+    media_url_ca_file: str | None = Field(None, description="CA certificates for media hosts instead of the system's")
+
+    @field_validator("media_url_hosts")
+    @classmethod
+    def _media_hosts(cls, hosts: list[str]) -> list[str]:
+        return list(check_hosts(hosts))
+
     max_ws_frame_mib: int = Field(MAX_FRAME_BYTES // MiB, ge=1, description="largest WebSocket message, MiB")
     max_reply_tokens: int | None = Field(
         None,

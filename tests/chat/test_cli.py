@@ -64,6 +64,8 @@ def test_bench_cache_table_without_json(capsys):
         (["--kv-dtype", "int8"], "--kv-dtype"),
         (["--tenant-cache-share", "0"], "--tenant-cache-share"),
         (["--tenant-cache-share", "1.5"], "--tenant-cache-share"),
+        (["--media-url-host", "not a host"], "--media-url-host:"),
+        (["--media-url-timeout-s", "0"], "--media-url-timeout-s"),
     ],
 )
 def test_serve_refuses_engine_settings_out_of_range_naming_the_setting(flags, named, monkeypatch, capsys):
@@ -112,3 +114,15 @@ def test_the_tenant_cache_share_flag_reaches_the_prefix_cache(monkeypatch):
     monkeypatch.setenv("TURNCACHE_TENANT_CACHE_SHARE", "0.5")
     assert build_cache(_settings(build_parser().parse_args(["serve", "--cache-dir", ""]))).stats().tenant_share == 0.5
     assert build_cache(shared.model_copy(update={"prefix_cache": False})) is None
+
+
+def test_media_url_flags_reach_the_settings():
+    from chat.cli import _settings, build_parser
+
+    off = _settings(build_parser().parse_args(["serve"]))
+    assert off.media_url_hosts == [] and not off.media_url_allow_private
+    args = ["serve", "--media-url-host", "Images.Example.com", "--media-url-host", "*.cdn.example.org:8443"]
+    args += ["--media-url-max-bytes", "1000", "--media-url-timeout-s", "2.5", "--media-url-allow-private"]
+    on = _settings(build_parser().parse_args(args))
+    assert on.media_url_hosts == ["images.example.com", "*.cdn.example.org:8443"]
+    assert (on.media_url_max_bytes, on.media_url_timeout_s, on.media_url_allow_private) == (1000, 2.5, True)
