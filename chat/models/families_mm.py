@@ -1,7 +1,8 @@
 """Which multimodal families are served, and how each takes media (placeholders, preparers, encoders, positions).
 
 Served: Qwen2-VL and Qwen2.5-VL (images, video; 3-D mRoPE), the Qwen2.5-Omni thinker (images, audio, and video with
-its audio track interleaved, as ``use_audio_in_video``; 3-D mRoPE), LLaVA (images; 1-D RoPE). Refused with a
+its audio track interleaved, as ``use_audio_in_video``; 3-D mRoPE), LLaVA (images; 1-D RoPE), SmolVLM and Idefics3
+(images split into tiles plus a global image, each written with its markers; 1-D RoPE). Refused with a
 reason: Gemma3 (its image tokens attend to each other bidirectionally, which a causal prefill over a cached prefix
 does not reproduce) and every other multimodal family.
 """
@@ -13,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from chat.models.errors import ModelLoadError, UnsupportedArchitectureError
-from chat.models.media_prep import ClipImagePreparer, QwenImagePreparer, QwenVideoPreparer, WhisperAudioPreparer
+from chat.models.media_prep import (
+    ClipImagePreparer,
+    QwenImagePreparer,
+    QwenVideoPreparer,
+    TiledImagePreparer,
+    TileMarkers,
+    WhisperAudioPreparer,
+)
 from chat.models.multimodal import (
     AUDIO_IN_VIDEO_MARKERS,
     MultimodalFamily,
@@ -21,6 +29,7 @@ from chat.models.multimodal import (
     omni_audio_rows,
     qwen_image_rows,
     qwen_video_rows,
+    tiled_image_rows,
 )
 from modalities.video import VideoOptions
 
@@ -31,6 +40,8 @@ SERVED = {
     "qwen2_5_omni_thinker": "images, audio and video, 3-D mRoPE (tiny-omni)",
     "qwen2_5_omni": "its thinker: images, audio and video, 3-D mRoPE",
     "llava": "images, 1-D RoPE (tiny-llava)",
+    "smolvlm": "images as tiles plus a global image, 1-D RoPE (tiny-smolvlm)",
+    "idefics3": "images as tiles plus a global image, 1-D RoPE",
 }
 REFUSED = {
     "gemma3": "its image tokens attend to each other bidirectionally; a causal prefill over a cached prefix would "
@@ -123,6 +134,34 @@ def llava_family(config: Any, processor: Any) -> MultimodalFamily:
     )
 
 
+def tiled_family(config: Any, processor: Any, tokenizer: Any) -> MultimodalFamily:
+    """SmolVLM / Idefics3: an image is its tiles and global image, each ``seq_len`` image tokens after the tower's
+    pixel-shuffle connector, written with :class:`TileMarkers` (the layout transformers' processor writes).
+
+    Raises:
+        ModelLoadError: the tokenizer lacks the image token or the tile markers as single tokens.
+    """
+    vision = config.vision_config
+    seq_len = (vision.image_size // vision.patch_size) ** 2 // (config.scale_factor**2)
+    markers = TileMarkers("<image>", "<fake_token_around_image>", "<global-img>", seq_len)
+    names = (markers.image, markers.around, markers.global_image)
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in names}
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    missing = [name for name, token in ids.items() if not isinstance(token, int) or token == unknown]
+    if missing or ids[markers.image] != config.image_token_id:
+        raise ModelLoadError(f"the tokenizer lacks the image markers {missing or [markers.image]} as single tokens")
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    return MultimodalFamily(
+        name=str(config.model_type),
+        placeholders={"image": config.image_token_id},
+        preparers={"image": TiledImagePreparer(processor, markers, encode)},
+        encoders={"image": tiled_image_rows},
+    )
+
+
 # ==================================================================== local directories
 
 
@@ -132,6 +171,12 @@ MODEL_CLASSES = {  # served model type -> the transformers class that loads it
     "qwen2_5_omni_thinker": "Qwen2_5OmniThinkerForConditionalGeneration",
     "qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
     "llava": "LlavaForConditionalGeneration",
+    "smolvlm": "SmolVLMForConditionalGeneration",
+    "idefics3": "Idefics3ForConditionalGeneration",
+}
+TILED_PROCESSORS = {  # tiled families: their Pil image processor (module, class)
+    "smolvlm": ("transformers.models.smolvlm.image_processing_pil_smolvlm", "SmolVLMImageProcessorPil"),
+    "idefics3": ("transformers.models.idefics3.image_processing_pil_idefics3", "Idefics3ImageProcessorPil"),
 }
 
 
@@ -146,7 +191,7 @@ def load_multimodal(path: Path, config: Any, torch_dtype: Any) -> tuple[Any, Any
     try:
         tokenizer = _tokenizer(path)
         model = _model_class(config).from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
-        family = directory_family(path, model.config)
+        family = directory_family(path, model.config, tokenizer)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the multimodal model in {path}: {exc}") from exc
     return model.eval(), tokenizer, family
@@ -164,14 +209,21 @@ def load_multimodal_text(path: Path, config: Any) -> tuple[Any, MultimodalFamily
     try:
         tokenizer = _tokenizer(path)
         model_config = _model_class(config).config_class.from_pretrained(str(path), local_files_only=True)
-        family = directory_family(path, model_config)
+        family = directory_family(path, model_config, tokenizer)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the multimodal model in {path}: {exc}") from exc
     return tokenizer, family
 
 
-def directory_family(path: Path, config: Any) -> MultimodalFamily:
-    """How the model in ``path`` takes media, from ``config`` (its model class's) and its processor files."""
+def directory_family(path: Path, config: Any, tokenizer: Any) -> MultimodalFamily:
+    """How the model in ``path`` takes media, from ``config`` (its model class's), its processor files and its
+    tokenizer."""
+    if config.model_type in TILED_PROCESSORS:
+        import importlib
+
+        module, name = TILED_PROCESSORS[config.model_type]
+        processor_class = getattr(importlib.import_module(module), name)
+        return tiled_family(config, processor_class.from_pretrained(str(path), local_files_only=True), tokenizer)
     if config.model_type == "llava":
         from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 

@@ -47,6 +47,9 @@ class PreparedMedia:
     audio_tokens: int | None = None  # a video with its audio track: the audio's tokens (its features in `inputs`)
     runs: tuple[tuple[str, int], ...] = ()  # a video with its audio track: ("video", n) / ("audio", m) token runs in
     # prompt order, between <vision_bos><audio_bos> and <audio_eos><vision_eos>; () for every other item
+    layout: tuple[int, ...] = ()  # the item's span as token ids when it is more than its placeholder repeated
+    # (SmolVLM: tile markers, row breaks and image tokens; the encoder's rows go where the placeholder stands);
+    # () for a run of `tokens` placeholders
 
     @property
     def nbytes(self) -> int:
@@ -271,3 +274,64 @@ class ClipImagePreparer:
         decoded = image_mod.decode(data, self.limits, self.options, declared=declared, item=item)
         out = self.processor(images=[decoded.image], return_tensors="pt")
         return PreparedMedia("image", tokens=self.tokens, inputs={"pixel_values": out["pixel_values"].float()})
+
+
+# ================================================================ SmolVLM / Idefics3 (tiles + a global image)
+
+_SPLIT_SETTINGS = (*_PIXEL_SETTINGS, "max_image_size", "do_image_splitting", "do_pad")
+
+
+@dataclass(frozen=True, slots=True)
+class TileMarkers:
+    """How a SmolVLM / Idefics3 image is written in the prompt: each tile as ``<fake_token_around_image>``,
+    ``<row_R_col_C>`` and ``seq_len`` image tokens, a line break after each row of tiles, then a line break and the
+    global image as ``<fake_token_around_image><global-img>``, its image tokens and ``<fake_token_around_image>``.
+    An image small enough for one tile is the global image alone. The text is tokenized as the model's tokenizer
+    does it; the markers are special tokens, so an item's tokens do not depend on the text around it."""
+
+    image: str  # the image placeholder, e.g. "<image>"
+    around: str  # "<fake_token_around_image>"
+    global_image: str  # "<global-img>"
+    seq_len: int  # image tokens per tile (the connector's output length)
+
+    def text(self, rows: int, cols: int) -> str:
+        tile = self.image * self.seq_len
+        whole = f"{self.around}{self.global_image}{tile}{self.around}"
+        if rows == 0 and cols == 0:
+            return whole
+        grid = "".join(
+            "".join(f"{self.around}<row_{r + 1}_col_{c + 1}>{tile}" for c in range(cols)) + "\n" for r in range(rows)
+        )
+        return grid + "\n" + whole
+
+
+class TiledImagePreparer:
+    """Images for SmolVLM / Idefics3: resized, split into square tiles plus a global image
+    (``SmolVLMImageProcessorPil`` / ``Idefics3ImageProcessorPil``); the item's span is :class:`TileMarkers`' text,
+    tokenized by ``encode``."""
+
+    kind = "image"
+
+    def __init__(
+        self,
+        processor: Any,
+        markers: TileMarkers,
+        encode: Any,
+        limits: ImageLimits = IMAGE_LIMITS,
+        options: ImageOptions = IMAGE_OPTIONS,
+    ):
+        self.processor = processor  # the family's Pil image processor
+        self.markers = markers  # how tiles are written
+        self.encode = encode  # text -> token ids (the model's tokenizer, no special tokens added)
+        self.limits = limits
+        self.options = options
+        settings = {**_settings(processor, _SPLIT_SETTINGS), "seq_len": markers.seq_len}
+        self.fingerprint = image_mod.fingerprint(type(processor).__name__, options, settings)
+
+    def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
+        decoded = image_mod.decode(data, self.limits, self.options, declared=declared, item=item)
+        out = self.processor(images=[[decoded.image]], return_row_col_info=True, return_tensors="pt")
+        rows, cols = int(out["rows"][0][0]), int(out["cols"][0][0])
+        layout = tuple(self.encode(self.markers.text(rows, cols)))
+        inputs = {"pixel_values": out["pixel_values"].float(), "pixel_attention_mask": out["pixel_attention_mask"]}
+        return PreparedMedia("image", tokens=len(layout), inputs=inputs, layout=layout)

@@ -145,7 +145,8 @@ class MultimodalAdapter(ModelAdapter):
         media_store_bytes: int = MEDIA_STORE_BYTES,
         **kwargs: Any,
     ) -> None:
-        language_model = model.model.language_model
+        inner = model.model
+        language_model = inner.language_model if hasattr(inner, "language_model") else inner.text_model  # SmolVLM
         stack = TextStack(language_model, model.lm_head, model.config.get_text_config(decoder=True))
         super().__init__(stack.eval(), tokenizer, **kwargs)
         self.tool_format = "generic"  # its render_prompt places media; tools go in the system message
@@ -237,6 +238,9 @@ class MultimodalAdapter(ModelAdapter):
             if prep.runs:  # a video with its audio: one item, its span from <vision_bos> to <vision_eos>
                 tokens.extend(self._interleaved_tokens(ids, at, prep, part.item))
                 start, end = start - 1, len(tokens) + 1
+            elif prep.layout:  # tiles with their markers (SmolVLM): the span is the whole layout
+                tokens.extend(prep.layout)
+                end = len(tokens)
             else:
                 tokens.extend([ids[at]] * prep.tokens)
                 end = len(tokens)
@@ -380,6 +384,8 @@ class MultimodalAdapter(ModelAdapter):
         """The rows of one item's span: its encoder's output; for a video with its audio, the four markers' token
         embeddings around the video's and the audio's rows, run by run."""
         prep = it.prepared
+        if prep.layout:
+            return self._laid_out(it)
         if not prep.runs:
             return self.family.encoders[it.span.kind.value](self._full, prep)
         video = self.family.encoders["video"](self._full, prep)  # [video tokens, hidden]
@@ -393,6 +399,19 @@ class MultimodalAdapter(ModelAdapter):
             taken[kind] += count
         pieces.append(ends[2:])
         return torch.cat(pieces)
+
+    def _laid_out(self, it: PromptItem) -> torch.Tensor:
+        """The rows of an item with a layout: the layout's token embeddings, the encoder's rows (in order) where the
+        placeholder stands, as transformers merges them."""
+        prep = it.prepared
+        features = self.family.encoders[it.span.kind.value](self._full, prep)  # [placeholders, hidden]
+        layout = torch.tensor(prep.layout, device=self.device)
+        rows = self._embed(layout).to(features.dtype).clone()  # [span, hidden]
+        at = layout == self.family.placeholders[it.span.kind.value]
+        if int(at.sum()) != features.shape[0]:
+            raise RunStateError(f"{it.item}: the encoder returned {features.shape[0]} rows for {int(at.sum())} places")
+        rows[at] = features
+        return rows
 
 
 # ==================================================================== encoders
@@ -427,5 +446,13 @@ def llava_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
         pixel_values=p.inputs["pixel_values"],
         vision_feature_layer=config.vision_feature_layer,
         vision_feature_select_strategy=config.vision_feature_select_strategy,
+    )
+    return _rows(out)
+
+
+def tiled_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    """SmolVLM / Idefics3: every tile and the global image through the tower and the pixel-shuffle connector."""
+    out = model.model.get_image_features(
+        pixel_values=p.inputs["pixel_values"], pixel_attention_mask=p.inputs["pixel_attention_mask"]
     )
     return _rows(out)

@@ -209,7 +209,7 @@ def tiny_renderer(name: str) -> TemplateRenderer:
 
     if name in TINY_MM:
         tokenizer, config = tiny_multimodal_text(name)
-        modalities = frozenset(tiny_family(name, config).preparers)
+        modalities = frozenset(tiny_family(name, config, tokenizer).preparers)
         return TemplateRenderer(tokenizer, name=f"tiny-{name}", modalities=modalities)
     tokenizer, _ = _tiny_text(name)
     return TemplateRenderer(tokenizer, name=f"tiny-{name}")

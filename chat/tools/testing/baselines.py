@@ -43,7 +43,10 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, t
     ids = torch.tensor([list(prompt.tokens)], device=adapter.device)
     out: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     images, videos, clips = by_kind["image"], by_kind["video"], by_kind["audio"]
-    if images:
+    if images and "pixel_attention_mask" in images[0].inputs:  # tiles (SmolVLM): one sample, every image's tiles
+        out["pixel_values"] = torch.cat([p.inputs["pixel_values"] for p in images], dim=1)
+        out["pixel_attention_mask"] = torch.cat([p.inputs["pixel_attention_mask"] for p in images], dim=1)
+    elif images:
         out["pixel_values"] = torch.cat([p.inputs["pixel_values"] for p in images])
         if "image_grid_thw" in images[0].inputs:
             out["image_grid_thw"] = torch.cat([p.inputs["image_grid_thw"] for p in images])

@@ -1,5 +1,6 @@
 """Tiny seeded multimodal models for tests: ``tiny-omni`` (a Qwen2.5-Omni thinker: text + image + audio + video with
-3-D mRoPE) and ``tiny-llava`` (LLaVA: a CLIP vision tower on a Llama, images, 1-D RoPE).
+3-D mRoPE), ``tiny-llava`` (LLaVA: a CLIP vision tower on a Llama, images, 1-D RoPE) and ``tiny-smolvlm`` (SmolVLM:
+images split into 32-px tiles plus a global image, a pixel-shuffle connector, a Llama).
 
 They use the committed tiny tokenizer with the family's placeholder tokens added (always in the same order, so their
 ids are fixed) and a ChatML template that renders content parts the way the real models' templates do. Weights come
@@ -31,12 +32,22 @@ OMNI_PARTS = {
     "audio": "<|audio_bos|><|AUDIO|><|audio_eos|>",
 }
 LLAVA_PARTS = {"image": "<image>\n"}
+SMOLVLM_TILES = 4  # rows and columns of tiles the tokenizer has markers for (<row_R_col_C>)
+SMOLVLM_TOKENS = [
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+    *(f"<row_{r}_col_{c}>" for r in range(1, SMOLVLM_TILES + 1) for c in range(1, SMOLVLM_TILES + 1)),
+]
+SMOLVLM_PARTS = {"image": "<image>"}
+SMOLVLM_TILE = 32  # px of a tile (the tower's input): 4x4 patches of 8 px, 4 tokens after the 2x pixel shuffle
+SMOLVLM_LONGEST = 64  # px of an image's longest edge before splitting: at most 2x2 tiles
 IMAGE_MAX_PIXELS = 112 * 112  # at most 8x8 patches of 14 px: 16 tokens per image
 VIDEO_MAX_PIXELS = 56 * 56  # per frame: 4 tokens per pair of frames
 VIDEO_FRAMES = 8
 LLAVA_IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 tokens per image
 
-TINY_MM = ("omni", "llava")
+TINY_MM = ("omni", "llava", "smolvlm")
 
 
 def chat_template(parts: dict[str, str]) -> str:
@@ -147,6 +158,30 @@ def llava_config(tokenizer: Any) -> Any:
     )
 
 
+def smolvlm_config(tokenizer: Any) -> Any:
+    from transformers import LlamaConfig, SmolVLMConfig
+
+    return SmolVLMConfig(
+        vision_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": SMOLVLM_TILE,
+            "patch_size": 8,
+        },
+        text_config=LlamaConfig(
+            **_COMMON,
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        scale_factor=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
 def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
     """``(tokenizer, config)`` of ``tiny-<name>`` (``name`` in :data:`TINY_MM`): everything but its weights."""
     if name == "omni":
@@ -155,12 +190,16 @@ def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
     if name == "llava":
         tokenizer = tiny_tokenizer(LLAVA_TOKENS, LLAVA_PARTS)
         return tokenizer, llava_config(tokenizer)
+    if name == "smolvlm":
+        tokenizer = tiny_tokenizer(SMOLVLM_TOKENS, SMOLVLM_PARTS)
+        return tokenizer, smolvlm_config(tokenizer)
     raise KeyError(name)
 
 
-def tiny_family(name: str, config: Any) -> Any:
-    """How ``tiny-<name>`` takes media (a ``chat.models.multimodal.MultimodalFamily``): its processors, no weights."""
-    from chat.models.families_mm import llava_family, qwen_family
+def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
+    """How ``tiny-<name>`` takes media (a ``chat.models.multimodal.MultimodalFamily``): its processors, no weights
+    (``tokenizer``: tiny-smolvlm's, whose markers its images are written with; made anew if None)."""
+    from chat.models.families_mm import llava_family, qwen_family, tiled_family
 
     if name == "omni":
         from transformers import WhisperFeatureExtractor
@@ -181,16 +220,31 @@ def tiny_family(name: str, config: Any) -> Any:
             crop_size={"height": LLAVA_IMAGE_SIZE, "width": LLAVA_IMAGE_SIZE},
         )
         return llava_family(config, processor)
+    if name == "smolvlm":
+        from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+        processor = SmolVLMImageProcessorPil(
+            size={"longest_edge": SMOLVLM_LONGEST}, max_image_size={"longest_edge": SMOLVLM_TILE}
+        )
+        tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(SMOLVLM_TOKENS, SMOLVLM_PARTS)
+        return tiled_family(config, processor, tokenizer)
     raise KeyError(name)
 
 
 def build_tiny_multimodal(name: str, dtype: torch.dtype) -> tuple[Any, Any, Any]:
     """``(model, tokenizer, family)`` of ``tiny-<name>`` (``name`` in :data:`TINY_MM`)."""
-    from transformers import LlavaForConditionalGeneration, Qwen2_5OmniThinkerForConditionalGeneration
+    import transformers
 
     tokenizer, config = tiny_multimodal_text(name)
-    model_class = Qwen2_5OmniThinkerForConditionalGeneration if name == "omni" else LlavaForConditionalGeneration
+    model_class = getattr(transformers, MODEL_CLASSES[name])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         model = _seeded(model_class(config), dtype)
-    return model, tokenizer, tiny_family(name, model.config)
+    return model, tokenizer, tiny_family(name, model.config, tokenizer)
+
+
+MODEL_CLASSES = {  # tiny name -> its transformers class
+    "omni": "Qwen2_5OmniThinkerForConditionalGeneration",
+    "llava": "LlavaForConditionalGeneration",
+    "smolvlm": "SmolVLMForConditionalGeneration",
+}

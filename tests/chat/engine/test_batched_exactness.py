@@ -46,6 +46,7 @@ CASES = [
     ("tiny-zamba2", "float32"),
     ("tiny-omni", "float32"),
     ("tiny-llava", "float32"),
+    ("tiny-smolvlm", "float32"),
     ("tiny-llama", "int8"),
     ("tiny-gemma3", "int8"),
     ("tiny-lfm2", "int8"),

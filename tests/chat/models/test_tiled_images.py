@@ -1,0 +1,51 @@
+"""SmolVLM / Idefics3 images: the prompt writes each image's tiles and global image exactly as transformers' own
+processor does (token for token, pixel for pixel), whatever the tile grid."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from PIL import Image
+
+from chat.models import load_model
+from tests.chat.models.mm_helpers import image, png, user
+
+
+@pytest.fixture(scope="module")
+def smolvlm():
+    torch.set_num_threads(1)
+    return load_model("tiny-smolvlm")
+
+
+@pytest.mark.parametrize("sizes", [[(60, 50), (90, 40)], [(20, 20)], [(30, 64), (64, 64), (10, 50)]])
+def test_the_prompt_is_the_processors(smolvlm, sizes):
+    from transformers import Idefics3Processor
+
+    pictures = [png(i + 1, width=w, height=h) for i, (w, h) in enumerate(sizes)]
+    pieces: list = ["Look: "]
+    for data in pictures:
+        pieces += [image(data), " and "]
+    messages = [{"role": "system", "content": "be brief"}, user(*pieces, "?")]
+    prompt = smolvlm.render_prompt(messages)
+
+    template_content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in pieces]
+    template_content.append({"type": "text", "text": "?"})
+    tokenizer = smolvlm._tokenizer
+    text = tokenizer.apply_chat_template(
+        [messages[0], {"role": "user", "content": template_content}], tokenize=False, add_generation_prompt=True
+    )
+    processor = Idefics3Processor(
+        image_processor=smolvlm.family.preparers["image"].processor, tokenizer=tokenizer, image_seq_len=4
+    )
+    decoded = [Image.open(io.BytesIO(data)).convert("RGB") for data in pictures]
+    expected = processor(text=text, images=[decoded], return_tensors="pt")
+    assert expected["input_ids"][0].tolist() == list(prompt.tokens)
+    ours = torch.cat([it.prepared.inputs["pixel_values"] for it in prompt.items], dim=1)
+    assert torch.equal(expected["pixel_values"], ours)
+    assert len(prompt.items) == len(sizes)
+    for it in prompt.items:  # a span runs from the first <fake_token_around_image> to the last
+        span = prompt.tokens[it.span.start : it.span.end]
+        around = tokenizer.convert_tokens_to_ids("<fake_token_around_image>")
+        assert span[0] == around and span[-1] == around
