@@ -31,7 +31,7 @@ or log-probabilities).
 
 Entries are stored at the end of the rendered prompt (always a prefix of the next turn, whatever the chat template
 does to the finished reply) and at the end of the reply. On models with recurrent layers the prefill also stops at
-the end of the system prompt, where a snapshot is taken.
+the end of the system prompt and at both edges of each media item, where snapshots are taken.
 
 Greedy replies on runtimes that can rewind decode speculatively when the scheduler leaves room: the next token goes
 in with up to ``draft_tokens`` draft tokens found by prompt lookup (:mod:`chat.engine.drafts`); the drafts that
@@ -352,7 +352,10 @@ class Turn:
         return True
 
     def _prefill_stops(self) -> list[int]:
-        """Where prefill stops: the end of the system prompt (recurrent models only) and the end of the prompt."""
+        """Where prefill stops: the end of the prompt; on models with recurrent layers also the end of the system
+        prompt and both edges of every media item (a recurrent state is restorable only where it was snapshotted:
+        a later turn that keeps an image but changes what follows it, or adds an image after cached history,
+        restores right there)."""
         end = len(self.prompt)
         marks = {end}
         rt, msgs = self.runtime, self.request.messages
@@ -360,6 +363,8 @@ class Turn:
             system = rt.render(msgs[:1], add_generation_prompt=False)
             if self.cached_tokens < len(system) < end and self.prompt[: len(system)] == system:
                 marks.add(len(system))
+        if rt.has_recurrent_state:
+            marks.update(edge for span in self.media for edge in (span.start, span.end) if 0 < edge < end)
         return sorted(m for m in marks if m > self.cached_tokens)
 
     # ================================================================ feeds

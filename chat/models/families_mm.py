@@ -2,7 +2,9 @@
 
 Served: Qwen2-VL and Qwen2.5-VL (images, video; 3-D mRoPE), the Qwen2.5-Omni thinker (images, audio, and video with
 its audio track interleaved, as ``use_audio_in_video``; 3-D mRoPE), LLaVA (images; 1-D RoPE), SmolVLM and Idefics3
-(images split into tiles plus a global image, each written with its markers; 1-D RoPE). Refused with a
+(images split into tiles plus a global image, each written with its markers; 1-D RoPE), Qwen3.5 with its vision
+tower (images, 3-D mRoPE, on a hybrid of gated delta-net and attention layers: recurrent snapshots at every image's
+edges, see ``chat.engine.turn``; its videos, placed frame by frame with timestamps, are not served). Refused with a
 reason: Gemma3 (its image tokens attend to each other bidirectionally, which a causal prefill over a cached prefix
 does not reproduce) and every other multimodal family.
 """
@@ -42,6 +44,7 @@ SERVED = {
     "llava": "images, 1-D RoPE (tiny-llava)",
     "smolvlm": "images as tiles plus a global image, 1-D RoPE (tiny-smolvlm)",
     "idefics3": "images as tiles plus a global image, 1-D RoPE",
+    "qwen3_5": "images, 3-D mRoPE, hybrid recurrent (gated delta-net + attention) (tiny-qwen35vl); videos refused",
 }
 REFUSED = {
     "gemma3": "its image tokens attend to each other bidirectionally; a causal prefill over a cached prefix would "
@@ -173,7 +176,9 @@ MODEL_CLASSES = {  # served model type -> the transformers class that loads it
     "llava": "LlavaForConditionalGeneration",
     "smolvlm": "SmolVLMForConditionalGeneration",
     "idefics3": "Idefics3ForConditionalGeneration",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
 }
+IMAGES_ONLY = {"qwen3_5"}  # Qwen-family models whose videos are not served (placed frame by frame with timestamps)
 TILED_PROCESSORS = {  # tiled families: their Pil image processor (module, class)
     "smolvlm": ("transformers.models.smolvlm.image_processing_pil_smolvlm", "SmolVLMImageProcessorPil"),
     "idefics3": ("transformers.models.idefics3.image_processing_pil_idefics3", "Idefics3ImageProcessorPil"),
@@ -256,6 +261,8 @@ def _qwen_family_from_files(path: Path, config: Any) -> MultimodalFamily:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     image = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)
+    if config.model_type in IMAGES_ONLY:
+        return qwen_family(config, image_processor=image)
     video_file = path / "video_preprocessor_config.json"
     video_settings = json.loads(video_file.read_text()) if video_file.is_file() else {}
     video = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)

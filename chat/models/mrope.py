@@ -48,7 +48,12 @@ __all__ = ["FAMILIES", "KINDS", "VISION_ADVANCES", "MediaGrid", "MropeSpec", "au
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen2_5_omni")
 KINDS = ("image", "video", "audio")
 VISION_ADVANCES = ("max", "spatial")
-_MODEL_TYPES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen2_5_omni_thinker": "qwen2_5_omni"}
+_MODEL_TYPES = {  # model type -> the rules it follows
+    "qwen2_vl": "qwen2_vl",
+    "qwen2_5_vl": "qwen2_5_vl",
+    "qwen2_5_omni_thinker": "qwen2_5_omni",
+    "qwen3_5": "qwen2_vl",  # its images are placed by Qwen2-VL's rule (its videos, frame by frame, are not served)
+}
 _DEFAULT_TIME_SCALE = {"qwen2_vl": 1.0, "qwen2_5_vl": 4.0, "qwen2_5_omni": 25.0}  # transformers 5.23 config defaults
 _OMNI_BOS_EOS = 2  # audio-in-video: <vision_bos><audio_bos> before the interleaved run, <audio_eos><vision_eos> after
 

@@ -4,6 +4,7 @@ multimodal models, and a multimodal prompt in the shape transformers takes it (:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -65,6 +66,11 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, t
         out["input_features"], out["feature_attention_mask"] = batch, mask
     if any(it.prepared.runs for it in prompt.items):
         out["use_audio_in_video"] = True  # type: ignore[assignment]  # transformers: every video carries its audio
+    if "mm_token_type_ids" in inspect.signature(adapter.full_model.forward).parameters:  # Qwen3.5: where media is
+        kinds = torch.zeros_like(ids)
+        for it in prompt.items:
+            kinds[0, it.span.start : it.span.end] = 1 if it.span.kind.value == "image" else 2
+        out["mm_token_type_ids"] = kinds
     return out
 
 

@@ -47,7 +47,10 @@ VIDEO_MAX_PIXELS = 56 * 56  # per frame: 4 tokens per pair of frames
 VIDEO_FRAMES = 8
 LLAVA_IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 tokens per image
 
-TINY_MM = ("omni", "llava", "smolvlm")
+QWEN35_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN35_PARTS = {"image": "<|vision_start|><|image_pad|><|vision_end|>"}
+
+TINY_MM = ("omni", "llava", "smolvlm", "qwen35vl")
 
 
 def chat_template(parts: dict[str, str]) -> str:
@@ -182,6 +185,49 @@ def smolvlm_config(tokenizer: Any) -> Any:
     )
 
 
+def qwen35vl_config(tokenizer: Any) -> Any:
+    """Qwen3.5 with its vision tower: gated delta-net (recurrent) and full attention layers, interleaved mRoPE."""
+    from transformers import Qwen3_5Config
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN35_TOKENS}
+    return Qwen3_5Config(
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,
+        },
+        text_config={
+            **_COMMON,
+            "vocab_size": len(tokenizer),
+            "head_dim": 16,
+            "layer_types": ["linear_attention", "full_attention"] * 2,
+            "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+                "mrope_interleaved": True,
+                "partial_rotary_factor": 1.0,
+            },
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
 def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
     """``(tokenizer, config)`` of ``tiny-<name>`` (``name`` in :data:`TINY_MM`): everything but its weights."""
     if name == "omni":
@@ -193,6 +239,9 @@ def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
     if name == "smolvlm":
         tokenizer = tiny_tokenizer(SMOLVLM_TOKENS, SMOLVLM_PARTS)
         return tokenizer, smolvlm_config(tokenizer)
+    if name == "qwen35vl":
+        tokenizer = tiny_tokenizer(QWEN35_TOKENS, QWEN35_PARTS)
+        return tokenizer, qwen35vl_config(tokenizer)
     raise KeyError(name)
 
 
@@ -228,6 +277,12 @@ def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
         )
         tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(SMOLVLM_TOKENS, SMOLVLM_PARTS)
         return tiled_family(config, processor, tokenizer)
+    if name == "qwen35vl":
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        return qwen_family(
+            config, image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=IMAGE_MAX_PIXELS)
+        )
     raise KeyError(name)
 
 
@@ -247,4 +302,5 @@ MODEL_CLASSES = {  # tiny name -> its transformers class
     "omni": "Qwen2_5OmniThinkerForConditionalGeneration",
     "llava": "LlavaForConditionalGeneration",
     "smolvlm": "SmolVLMForConditionalGeneration",
+    "qwen35vl": "Qwen3_5ForConditionalGeneration",
 }

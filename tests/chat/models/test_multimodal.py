@@ -31,7 +31,7 @@ TOL = 1e-4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
 
 
-@pytest.fixture(scope="module", params=["tiny-omni", "tiny-llava", "tiny-smolvlm"])
+@pytest.fixture(scope="module", params=["tiny-omni", "tiny-llava", "tiny-smolvlm", "tiny-qwen35vl"])
 def model(request):
     torch.set_num_threads(1)
     return load_model(request.param)
@@ -157,7 +157,10 @@ def test_random_conversations_with_edits_and_regenerations_stay_exact(model, see
         ref = reference_logits(model, model.render_prompt(messages))
         diff = (ref[gen.cached_tokens :] - gen.prefill_logits).abs().max().item()
         assert diff < TOL, f"step {step} ({action}): max |diff| {diff}"
-        if action == "regenerate":
+        if action == "regenerate" and model.has_recurrent_state:  # restorable at snapshots only: media edges too
+            edges = [e for span in gen.media for e in (span.start, span.end) if e < len(gen.prompt)]
+            assert gen.cached_tokens >= max(edges, default=1)
+        elif action == "regenerate":
             assert gen.cached_tokens == len(gen.prompt) - 1
         messages = [*messages, {"role": "assistant", "content": done.text}]
         cache.check_invariants()
@@ -205,4 +208,29 @@ def test_videos_with_their_audio_are_one_item_each_and_cached_prefills_stay_exac
     gen, _ = run_turn(model, cache, mixed)
     _, _, full = run_recorded(model, None, TurnRequest(mixed, GREEDY))
     assert gen.cached_tokens > 0 and (full[gen.cached_tokens :] - gen.prefill_logits).abs().max().item() < TOL
+    cache.check_invariants()
+
+
+def test_a_hybrid_recurrent_vlm_restores_at_turn_and_media_boundaries():
+    """Qwen3.5 with its vision tower (gated delta-net layers beside full attention): recurrent state restores only
+    where it was snapshotted, so prefill stops at both edges of every image. A new image after cached history hits
+    the whole history; a turn that keeps an image but changes the text after it restores at the image's end; both
+    give transformers' own logits."""
+    model = load_model("tiny-qwen35vl")
+    assert model.has_recurrent_state
+    cache = PrefixCache()
+    first = [{"role": "system", "content": "Answer."}, user("What is ", image(png(61)), " here?")]
+    _, done = run_turn(model, cache, first)
+    history = [*first, {"role": "assistant", "content": done.text}]
+    second = [*history, user("And this: ", image(png(62, width=90, height=40)), " is it the same?")]
+    gen, _ = run_turn(model, cache, second)
+    prompt = model.render_prompt(second)
+    turn_boundary = len(model.render_prompt(history[:2]).tokens)  # the first prompt, then its reply
+    assert gen.cached_tokens >= turn_boundary and gen.cached_tokens < prompt.items[-1].span.start
+    assert (reference_logits(model, prompt)[gen.cached_tokens :] - gen.prefill_logits).abs().max().item() < TOL
+    changed = [*history, user("And this: ", image(png(62, width=90, height=40)), " what colour is it?")]
+    gen3, _ = run_turn(model, cache, changed)
+    prompt3 = model.render_prompt(changed)
+    assert gen3.cached_tokens == prompt3.items[-1].span.end  # the snapshot at the image's end
+    assert (reference_logits(model, prompt3)[gen3.cached_tokens :] - gen3.prefill_logits).abs().max().item() < TOL
     cache.check_invariants()
