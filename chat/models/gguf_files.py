@@ -231,18 +231,24 @@ def served_architectures() -> tuple[str, ...]:
     """GGUF architectures that transformers reads and whose family turncache serves (judged on each family's
     default config: a file's own config is checked again before it is converted)."""
     from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
 
     from chat.models.families import check_config
 
     served = []
     to_file = {v: k for k, v in _TRANSFORMERS_ARCH.items()}
-    for name in sorted(transformers_architectures()):
-        arch = to_file.get(name, name)
-        try:
-            check_config(AutoConfig.for_model(_MODEL_TYPE.get(arch, arch)))
-        except Exception:  # unknown to AutoConfig, or refused: not served
-            continue
-        served.append(arch)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # default configs warn about their own token ids (starcoder2's)
+    try:
+        for name in sorted(transformers_architectures()):
+            arch = to_file.get(name, name)
+            try:
+                check_config(AutoConfig.for_model(_MODEL_TYPE.get(arch, arch)))
+            except Exception:  # unknown to AutoConfig, or refused: not served
+                continue
+            served.append(arch)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return tuple(served)
 
 
@@ -512,7 +518,7 @@ def _convert(gguf: Path, out: Path) -> None:
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
     config = loaded.config
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
+    for key in ("quantization_config", "_name_or_path"):  # as the first conversions did: same config, same fingerprint
         if hasattr(config, key):
             delattr(config, key)
     with torch.device("meta"):

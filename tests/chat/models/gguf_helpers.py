@@ -1,0 +1,159 @@
+"""Tiny GGUF files for the GGUF tests, written with gguf-py as llama.cpp's converter lays them out: the seeded
+tiny-llama model's weights under llama.cpp's tensor names (q/k rows permuted the way llama.cpp permutes them), and
+the tiny tokenizer as a byte-level BPE vocabulary (``tokenizer.ggml.model = "gpt2"``: tokens, token types, merges).
+No download: ~0.8 MB in F32, ~0.2 MB in Q8_0, written in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from chat.tools.testing.tiny_tokenizer import ASSET_DIR, CHAT_TEMPLATE
+
+NORMAL, CONTROL = 1, 3  # llama.cpp token types
+# transformers name inside a decoder layer -> llama.cpp's leaf name
+LAYER_NAMES = {
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+}
+TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+TOP_NAMES["lm_head.weight"] = "output.weight"
+
+
+def reference_llama() -> torch.nn.Module:
+    """The plain transformers model of tiny-llama (seeded weights, no turncache patches), float32, eval mode."""
+    from chat.models.registry import _tiny_text
+    from chat.tools.testing.tiny import build_tiny_model
+
+    _, config = _tiny_text("llama")
+    return build_tiny_model(config, torch.float32)
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name in TOP_NAMES:
+        return TOP_NAMES[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)  # model.layers.<i>.<rest>
+    return f"blk.{layer}.{LAYER_NAMES[rest]}"
+
+
+def to_llama_cpp_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp stores each head's q/k rows with the two rotary halves interleaved (GGML's rope pairs adjacent
+    values; transformers' rotates halves): row (h, i, j) of the [heads, 2, half] layout moves to (h, j, i)."""
+    half = weight.shape[0] // heads // 2
+    return weight.reshape(heads, 2, half, -1).transpose(0, 2, 1, 3).reshape(weight.shape)
+
+
+def tokenizer_fields() -> tuple[list[str], list[int], list[str]]:
+    """The tiny tokenizer as llama.cpp lists it: tokens by id, their types, and the merges."""
+    spec = json.loads((ASSET_DIR / "tokenizer.json").read_text())
+    tokens = [""] * len(spec["model"]["vocab"])
+    for token, index in spec["model"]["vocab"].items():
+        tokens[index] = token
+    special = {added["id"] for added in spec["added_tokens"]}
+    for added in spec["added_tokens"]:
+        tokens[added["id"]] = added["content"]
+    types = [CONTROL if index in special else NORMAL for index in range(len(tokens))]
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in spec["model"]["merges"]]
+    return tokens, types, merges
+
+
+def write_tiny_gguf(
+    path: Path,
+    model: torch.nn.Module,
+    *,
+    qtype: str = "F32",
+    architecture: str = "llama",
+    chat_template: str | None = CHAT_TEMPLATE,
+    extra_tensors: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """Write ``model`` (a tiny llama) as a GGUF file: 2-D weights in ``qtype`` (a gguf.GGMLQuantizationType name),
+    norms in F32, metadata under ``architecture``'s keys, the tiny tokenizer, and ``chat_template`` (None: none)."""
+    import gguf
+
+    config = model.config
+    quant = gguf.GGMLQuantizationType[qtype]
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name("tiny llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    tokens, types, merges = tokenizer_fields()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(config.eos_token_id)
+    writer.add_pad_token_id(config.pad_token_id)
+    writer.add_add_bos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    for hf_name, tensor in model.state_dict().items():
+        name, values = gguf_name(hf_name), tensor.detach().float().numpy()
+        if name.endswith("attn_q.weight"):
+            values = to_llama_cpp_rows(values, config.num_attention_heads)
+        elif name.endswith("attn_k.weight"):
+            values = to_llama_cpp_rows(values, config.num_key_value_heads)
+        if values.ndim == 2 and quant == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, values.astype(np.float16))
+        elif values.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, gguf.quants.quantize(values, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(name, np.ascontiguousarray(values))
+    for name, values in (extra_tensors or {}).items():
+        writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def decode_q8_0(raw: np.ndarray, columns: int) -> np.ndarray:
+    """Q8_0 bytes -> float32, written from ggml's block layout rather than taken from gguf-py: each block of 32
+    values is a float16 scale ``d`` then 32 int8 ``q``; value = d * q. ``raw``: [rows, columns / 32 * 34] uint8."""
+    blocks = raw.reshape(-1, 34)
+    scale = blocks[:, :2].copy().view(np.float16).astype(np.float32)  # [blocks, 1]
+    quants = blocks[:, 2:].copy().view(np.int8).astype(np.float32)  # [blocks, 32]
+    return (scale * quants).reshape(-1, columns)
+
+
+def dequantized_copy(model: torch.nn.Module, qtype: str) -> torch.nn.Module:
+    """``model`` with every 2-D weight replaced by what ``qtype`` stores of it: quantized by gguf-py, then decoded
+    by :func:`decode_q8_0` (Q8_0) or gguf-py (the other types)."""
+    import copy
+
+    import gguf
+
+    quant = gguf.GGMLQuantizationType[qtype]
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for _, param in out.named_parameters():
+            if param.dim() != 2:
+                continue
+            values = param.numpy()
+            if quant == gguf.GGMLQuantizationType.F16:
+                stored = values.astype(np.float16).astype(np.float32)
+            elif quant == gguf.GGMLQuantizationType.Q8_0:
+                stored = decode_q8_0(gguf.quants.quantize(values, quant), values.shape[1])
+            else:
+                stored = gguf.quants.dequantize(gguf.quants.quantize(values, quant), quant)
+            param.copy_(torch.from_numpy(np.ascontiguousarray(stored)).reshape(param.shape))
+    return out
