@@ -190,8 +190,8 @@ def check_header(header: GgufHeader) -> None:
     Raises:
         UnsupportedArchitectureError: transformers has no GGUF loader for the architecture, or its family is refused
             by :func:`chat.models.families.check_config` (``.supported`` lists the GGUF architectures served).
-        ModelFileError: tensors in a type transformers cannot dequantize (named, with the types it can), or no chat
-            template in the metadata, or a config transformers cannot build from the metadata.
+        ModelFileError: tensors in a type transformers cannot dequantize (named, with the types it can), one part of
+            a split file, no tensors, no chat template in the metadata, or a config transformers cannot build.
     """
     arch, path = header.architecture, header.path
     if _TRANSFORMERS_ARCH.get(arch, arch) not in transformers_architectures():
@@ -207,6 +207,15 @@ def check_header(header: GgufHeader) -> None:
             f"holds tensors of type {', '.join(map(_type_name, unreadable))} (e.g. {first}), which transformers "
             f"cannot dequantize; it reads {', '.join(sorted(map(_type_name, readable)))}",
         )
+    parts = header.metadata.get("split.count", 1)
+    if isinstance(parts, int) and parts > 1:
+        raise ModelFileError(
+            path,
+            f"is part {header.metadata.get('split.no', 0) + 1} of a GGUF split into {parts} files, which transformers "
+            "cannot load; merge the parts first (llama.cpp: llama-gguf-split --merge FIRST-PART OUT.gguf)",
+        )
+    if not header.tensors:
+        raise ModelFileError(path, "holds no tensors (a vocabulary-only GGUF?); give the model's weights file")
     template = header.metadata.get("tokenizer.chat_template")
     if not isinstance(template, str) or not template.strip():
         raise ModelFileError(

@@ -76,9 +76,12 @@ def write_tiny_gguf(
     architecture: str = "llama",
     chat_template: str | None = CHAT_TEMPLATE,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    metadata: dict[str, int] | None = None,
+    weights: bool = True,
 ) -> Path:
     """Write ``model`` (a tiny llama) as a GGUF file: 2-D weights in ``qtype`` (a gguf.GGMLQuantizationType name),
-    norms in F32, metadata under ``architecture``'s keys, the tiny tokenizer, and ``chat_template`` (None: none)."""
+    norms in F32, metadata under ``architecture``'s keys (and ``metadata``'s, as uint16), the tiny tokenizer, and
+    ``chat_template`` (None: none); ``weights=False`` leaves the tensors out (a vocabulary-only file)."""
     import gguf
 
     config = model.config
@@ -105,7 +108,9 @@ def write_tiny_gguf(
     writer.add_add_bos_token(False)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
-    for hf_name, tensor in model.state_dict().items():
+    for key, value in (metadata or {}).items():
+        writer.add_uint16(key, value)
+    for hf_name, tensor in model.state_dict().items() if weights else ():
         name, values = gguf_name(hf_name), tensor.detach().float().numpy()
         if name.endswith("attn_q.weight"):
             values = to_llama_cpp_rows(values, config.num_attention_heads)

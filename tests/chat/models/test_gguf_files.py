@@ -269,6 +269,16 @@ def test_a_file_without_a_chat_template(reference, tmp_path, monkeypatch, home):
     refused(path, ModelFileError, monkeypatch, home, "no chat template")
 
 
+def test_one_part_of_a_split_file(reference, tmp_path, monkeypatch, home):
+    path = write_tiny_gguf(tmp_path / "m-00001-of-00002.gguf", reference, metadata={"split.no": 0, "split.count": 2})
+    refused(path, ModelFileError, monkeypatch, home, "part 1 of a GGUF split into 2 files", "--merge")
+
+
+def test_a_vocabulary_only_file(reference, tmp_path, monkeypatch, home):
+    path = write_tiny_gguf(tmp_path / "vocab.gguf", reference, weights=False)
+    refused(path, ModelFileError, monkeypatch, home, "holds no tensors")
+
+
 def test_the_command_line_reports_a_bad_file_without_a_traceback(tmp_path, capsys):
     from chat.cli import main
 
