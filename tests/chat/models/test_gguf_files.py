@@ -137,6 +137,20 @@ def test_a_turn_through_the_engine_and_a_second_turn_from_the_cache(f32_model):
     assert second.usage.prompt_tokens > second.usage.cached_tokens
 
 
+@pytest.mark.parametrize("name", ["f32", "q8_0", "q4_1"])
+def test_the_header_reader_agrees_with_gguf_py(files, name):
+    from gguf import GGUFReader
+
+    header, reference = gguf_files.read_header(files[name]), GGUFReader(files[name])
+    assert header.architecture == "llama" and header.metadata["llama.block_count"] == 4
+    assert header.metadata["tokenizer.ggml.tokens"] == 384  # string arrays: their length
+    assert [(t.name, t.ggml_type, t.nbytes) for t in header.tensors] == [
+        (t.name, int(t.tensor_type), int(t.n_bytes)) for t in reference.tensors
+    ]
+    assert [header.data_start + t.offset for t in header.tensors] == [int(t.data_offset) for t in reference.tensors]
+    assert [t.shape for t in header.tensors] == [tuple(int(d) for d in t.shape) for t in reference.tensors]
+
+
 # ==================================================================== converted once per distinct file
 
 
