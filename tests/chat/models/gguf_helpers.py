@@ -1,5 +1,6 @@
-"""Tiny GGUF files for the GGUF tests, written with gguf-py as llama.cpp's converter lays them out: the seeded
-tiny-llama model's weights under llama.cpp's tensor names (q/k rows permuted the way llama.cpp permutes them), and
+"""Tiny GGUF files for the GGUF tests, written with gguf-py as llama.cpp's converter lays them out: a seeded tiny
+model's weights (tiny-llama, or a tiny Qwen3) under llama.cpp's tensor names (a llama's q/k rows permuted the way
+llama.cpp permutes them), and
 the tiny tokenizer as a byte-level BPE vocabulary (``tokenizer.ggml.model = "gpt2"``: tokens, token types, merges).
 No download: ~0.8 MB in F32, ~0.2 MB in Q8_0, written in well under a second.
 """
@@ -26,7 +27,10 @@ LAYER_NAMES = {
     "mlp.down_proj.weight": "ffn_down.weight",
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",  # Qwen3
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
+PERMUTED = {"llama", "mistral"}  # model types whose q/k rows llama.cpp interleaves for its rope
 TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
 TOP_NAMES["lm_head.weight"] = "output.weight"
 
@@ -37,6 +41,33 @@ def reference_llama() -> torch.nn.Module:
     from chat.tools.testing.tiny import build_tiny_model
 
     _, config = _tiny_text("llama")
+    return build_tiny_model(config, torch.float32)
+
+
+def reference_qwen3() -> torch.nn.Module:
+    """A tiny seeded Qwen3 (2 layers, width 64, the tiny tokenizer's vocabulary), float32, eval mode. Its head_dim
+    is 128, Qwen3's default, because transformers does not read a Qwen3 GGUF's head size (real Qwen3 models all
+    have 128)."""
+    import transformers
+
+    from chat.models.registry import _tiny_text
+    from chat.tools.testing.tiny import build_tiny_model
+
+    _, llama = _tiny_text("llama")
+    config = transformers.Qwen3Config(
+        vocab_size=llama.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=llama.eos_token_id,
+        pad_token_id=llama.pad_token_id,
+        bos_token_id=None,
+    )
     return build_tiny_model(config, torch.float32)
 
 
@@ -73,21 +104,23 @@ def write_tiny_gguf(
     model: torch.nn.Module,
     *,
     qtype: str = "F32",
-    architecture: str = "llama",
+    architecture: str | None = None,
     chat_template: str | None = CHAT_TEMPLATE,
     extra_tensors: dict[str, np.ndarray] | None = None,
     metadata: dict[str, int] | None = None,
     weights: bool = True,
 ) -> Path:
-    """Write ``model`` (a tiny llama) as a GGUF file: 2-D weights in ``qtype`` (a gguf.GGMLQuantizationType name),
-    norms in F32, metadata under ``architecture``'s keys (and ``metadata``'s, as uint16), the tiny tokenizer, and
-    ``chat_template`` (None: none); ``weights=False`` leaves the tensors out (a vocabulary-only file)."""
+    """Write ``model`` (a tiny llama or Qwen3) as a GGUF file: 2-D weights in ``qtype`` (a gguf.GGMLQuantizationType
+    name), norms in F32, metadata under ``architecture``'s keys (by default the model's own) plus ``metadata`` (as
+    uint16), the tiny tokenizer, and ``chat_template`` (None: none); ``weights=False`` leaves the tensors out (a
+    vocabulary-only file)."""
     import gguf
 
     config = model.config
     quant = gguf.GGMLQuantizationType[qtype]
-    writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_name("tiny llama")
+    permuted = config.model_type in PERMUTED
+    writer = gguf.GGUFWriter(str(path), architecture or config.model_type)
+    writer.add_name(f"tiny {config.model_type}")
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -95,6 +128,8 @@ def write_tiny_gguf(
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_rope_dimension_count(config.head_dim)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
@@ -112,9 +147,9 @@ def write_tiny_gguf(
         writer.add_uint16(key, value)
     for hf_name, tensor in model.state_dict().items() if weights else ():
         name, values = gguf_name(hf_name), tensor.detach().float().numpy()
-        if name.endswith("attn_q.weight"):
+        if permuted and name.endswith("attn_q.weight"):
             values = to_llama_cpp_rows(values, config.num_attention_heads)
-        elif name.endswith("attn_k.weight"):
+        elif permuted and name.endswith("attn_k.weight"):
             values = to_llama_cpp_rows(values, config.num_key_value_heads)
         if values.ndim == 2 and quant == gguf.GGMLQuantizationType.F16:
             writer.add_tensor(name, values.astype(np.float16))

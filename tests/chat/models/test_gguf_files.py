@@ -19,7 +19,7 @@ from chat.engine.engine import Engine
 from chat.engine.events import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.models import ModelFileError, UnsupportedArchitectureError, gguf_files, load_model, load_renderer
-from tests.chat.models.gguf_helpers import dequantized_copy, reference_llama, write_tiny_gguf
+from tests.chat.models.gguf_helpers import dequantized_copy, reference_llama, reference_qwen3, write_tiny_gguf
 from tests.chat.models.helpers import TOLERANCE, full_logits, random_tokens, tiny
 
 QUANTIZED = ["Q8_0", "Q4_0", "Q4_1", "Q5_1", "F16"]  # written by gguf-py; llama.cpp's common file types
@@ -94,6 +94,17 @@ def test_a_quantized_gguf_gives_its_dequantized_weights_logits(files, q8_model, 
     logits = full_logits(model, tokens)
     assert (logits - hf_logits(dequantized_copy(reference, qtype), tokens)).abs().max().item() <= TOLERANCE
     assert (logits - full_logits(f32_model, tokens)).abs().max().item() > TOLERANCE  # qtype did round the weights
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_a_qwen3_gguf_gives_its_models_logits(tmp_path, qtype):
+    reference = reference_qwen3()
+    model = load_model(str(write_tiny_gguf(tmp_path / f"tiny-qwen3-{qtype.lower()}.gguf", reference, qtype=qtype)))
+    assert model.vocab_size == reference.config.vocab_size and not model.has_recurrent_state
+    tokens = model.render(MESSAGES)
+    assert tokens == tiny("tiny-llama").render(MESSAGES)  # the same tokenizer and template, from the metadata
+    expected = hf_logits(reference if qtype == "F32" else dequantized_copy(reference, qtype), tokens)
+    assert (full_logits(model, tokens) - expected).abs().max().item() <= TOLERANCE
 
 
 def test_the_renderer_alone_renders_as_the_model_does(files, f32_model):
