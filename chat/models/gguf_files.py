@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import math
 import mmap
 import os
@@ -42,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from chat.models.errors import ModelFileError, ModelLoadError, UnsupportedArchitectureError
+
+_log = logging.getLogger(__name__)
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # GGUF versions read here (v1 counted in 32 bits; no file in use still has it)
@@ -67,7 +70,13 @@ _MODEL_TYPE = {
     "qwen35": "qwen3_5_text",
     "qwen35moe": "qwen3_5_moe_text",
 }
-_NOT_ARCHITECTURES = {"general", "tokenizer"}  # metadata prefixes that transformers' table lists beside the archs
+_NOT_ARCHITECTURES = {"general", "tokenizer"}
+# tensors transformers' GGUF loader skips although they change what the model computes -> what is lost (the model is
+# converted and served without them; every load logs a warning)
+IGNORED_TENSORS = {
+    "rope_freqs.weight": "Llama 3.1-style rope scaling (per-frequency factors); the converted model rotates with the "
+    "unscaled rope frequencies, so its logits differ slightly from llama.cpp's on the same file",
+}  # metadata prefixes that transformers' table lists beside the archs
 
 # GGUF metadata value types (gguf.constants.GGUFValueType) -> struct format, for the fixed-size ones
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -304,15 +313,19 @@ def ensure_converted(path: Path) -> tuple[Path, FileIdentity]:
     check_magic(path)
     identity = identify(path)
     target = converted_directory(path, identity)
-    if is_complete(target, identity.sha256):
-        return target, identity
-    check_header(read_header(path))
-    return convert_once(path, target, identity), identity
+    if not is_complete(target, identity.sha256):
+        header = read_header(path)
+        check_header(header)
+        convert_once(path, target, identity, ignored=[t.name for t in header.tensors if t.name in IGNORED_TENSORS])
+    for name in _marker(target).get("ignored_tensors", []):  # said at every load, not only the first
+        _log.warning("%s: its tensor %s is not read by transformers: %s", path, name, IGNORED_TENSORS.get(name, ""))
+    return target, identity
 
 
-def convert_once(gguf: Path, target: Path, identity: FileIdentity | None = None) -> Path:
+def convert_once(gguf: Path, target: Path, identity: FileIdentity | None = None, ignored: Iterable[str] = ()) -> Path:
     """``target``, converting ``gguf`` into it first unless a complete conversion (of the same bytes, when
-    ``identity`` is given) is already there.
+    ``identity`` is given) is already there. ``ignored`` (tensors of the file the conversion leaves out, see
+    :data:`IGNORED_TENSORS`) is recorded in DONE_FILE.
 
     Raises:
         ModelLoadError: the conversion or the write failed (the temporary directory is removed).
@@ -328,6 +341,8 @@ def convert_once(gguf: Path, target: Path, identity: FileIdentity | None = None)
         marker: dict[str, Any] = {"source": gguf.name, "version": CONVERSION_VERSION}
         if identity is not None:
             marker |= {"sha256": identity.sha256, "size": identity.size}
+        if ignored:
+            marker["ignored_tensors"] = sorted(ignored)
         marker["seconds"] = time.perf_counter() - started
         (tmp / DONE_FILE).write_text(json.dumps(marker) + "\n")
         _relax_permissions(tmp)
@@ -473,13 +488,19 @@ def _type_name(type_id: int) -> str:
 def is_complete(directory: Path, sha256: str | None = None) -> bool:
     """Whether ``directory`` holds a finished conversion of this CONVERSION_VERSION (of the file with this sha256,
     when one is given)."""
+    marker = _marker(directory)
+    if marker.get("version") != CONVERSION_VERSION:
+        return False
+    return sha256 is None or marker.get("sha256") == sha256
+
+
+def _marker(directory: Path) -> dict[str, Any]:
+    """The DONE_FILE of ``directory``; empty when there is none or it cannot be read."""
     try:
         marker = json.loads((directory / DONE_FILE).read_text())
     except (OSError, ValueError):
-        return False
-    if not isinstance(marker, dict) or marker.get("version") != CONVERSION_VERSION:
-        return False
-    return sha256 is None or marker.get("sha256") == sha256
+        return {}
+    return marker if isinstance(marker, dict) else {}
 
 
 def _identity_record(path: Path) -> Path:

@@ -205,6 +205,16 @@ def test_a_half_written_conversion_is_replaced(files, tmp_path, home):
     assert model.name == "half" and json.loads((target / gguf_files.DONE_FILE).read_text())["version"] == 1
 
 
+def test_a_tensor_transformers_skips_is_named_at_every_load(reference, tmp_path, caplog):
+    rope_freqs = {"rope_freqs.weight": np.ones(8, dtype=np.float32)}  # how llama.cpp stores Llama 3.1's rope scaling
+    path = write_tiny_gguf(tmp_path / "llama31.gguf", reference, extra_tensors=rope_freqs)
+    for _ in range(2):  # converting, then from the converted directory
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="chat.models.gguf_files"):
+            load_model(str(path))
+        assert any("rope_freqs.weight" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
+
+
 # ==================================================================== files that are refused
 
 
