@@ -70,13 +70,13 @@ _MODEL_TYPE = {
     "qwen35": "qwen3_5_text",
     "qwen35moe": "qwen3_5_moe_text",
 }
-_NOT_ARCHITECTURES = {"general", "tokenizer"}
+_NOT_ARCHITECTURES = {"general", "tokenizer"}  # metadata prefixes transformers' table lists beside the archs
 # tensors transformers' GGUF loader skips although they change what the model computes -> what is lost (the model is
 # converted and served without them; every load logs a warning)
 IGNORED_TENSORS = {
     "rope_freqs.weight": "Llama 3.1-style rope scaling (per-frequency factors); the converted model rotates with the "
     "unscaled rope frequencies, so its logits differ slightly from llama.cpp's on the same file",
-}  # metadata prefixes that transformers' table lists beside the archs
+}
 
 # GGUF metadata value types (gguf.constants.GGUFValueType) -> struct format, for the fixed-size ones
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
