@@ -1,8 +1,7 @@
 """Tiny GGUF files for the GGUF tests, written with gguf-py as llama.cpp's converter lays them out: a seeded tiny
-model's weights (tiny-llama, or a tiny Qwen3) under llama.cpp's tensor names (a llama's q/k rows permuted the way
-llama.cpp permutes them), and
-the tiny tokenizer as a byte-level BPE vocabulary (``tokenizer.ggml.model = "gpt2"``: tokens, token types, merges).
-No download: ~0.8 MB in F32, ~0.2 MB in Q8_0, written in well under a second.
+model's weights (tiny-llama, tiny-lfm2, or a tiny Qwen3) under llama.cpp's tensor names (a llama's q/k rows permuted
+the way llama.cpp permutes them), and the tiny tokenizer as a byte-level BPE vocabulary (``tokenizer.ggml.model =
+"gpt2"``: tokens, token types, merges). No download: ~0.8 MB in F32, ~0.2 MB in Q8_0, written in well under a second.
 """
 
 from __future__ import annotations
@@ -33,6 +32,24 @@ LAYER_NAMES = {
 PERMUTED = {"llama", "mistral"}  # model types whose q/k rows llama.cpp interleaves for its rope
 TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
 TOP_NAMES["lm_head.weight"] = "output.weight"
+# LFM2 (read by transformers' newer GGUF loader): its own names, the final norm named after the embedding
+LFM2_LAYER_NAMES = {
+    "conv.conv.weight": "shortconv.conv.weight",  # [channels, 1, L] in transformers, [channels, L] in the file
+    "conv.in_proj.weight": "shortconv.in_proj.weight",
+    "conv.out_proj.weight": "shortconv.out_proj.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.out_proj.weight": "attn_output.weight",
+    "self_attn.q_layernorm.weight": "attn_q_norm.weight",
+    "self_attn.k_layernorm.weight": "attn_k_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight",
+    "feed_forward.w3.weight": "ffn_up.weight",
+    "feed_forward.w2.weight": "ffn_down.weight",
+    "operator_norm.weight": "attn_norm.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+}
+LFM2_TOP_NAMES = {**TOP_NAMES, "model.embedding_norm.weight": "token_embd_norm.weight"}
 
 
 def reference_llama() -> torch.nn.Module:
@@ -41,6 +58,15 @@ def reference_llama() -> torch.nn.Module:
     from chat.tools.testing.tiny import build_tiny_model
 
     _, config = _tiny_text("llama")
+    return build_tiny_model(config, torch.float32)
+
+
+def reference_lfm2() -> torch.nn.Module:
+    """The plain transformers model of tiny-lfm2 (short convolutions + attention), float32, eval mode."""
+    from chat.models.registry import _tiny_text
+    from chat.tools.testing.tiny import build_tiny_model
+
+    _, config = _tiny_text("lfm2")
     return build_tiny_model(config, torch.float32)
 
 
@@ -71,11 +97,12 @@ def reference_qwen3() -> torch.nn.Module:
     return build_tiny_model(config, torch.float32)
 
 
-def gguf_name(hf_name: str) -> str:
-    if hf_name in TOP_NAMES:
-        return TOP_NAMES[hf_name]
+def gguf_name(hf_name: str, model_type: str = "llama") -> str:
+    top, layers = (LFM2_TOP_NAMES, LFM2_LAYER_NAMES) if model_type == "lfm2" else (TOP_NAMES, LAYER_NAMES)
+    if hf_name in top:
+        return top[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)  # model.layers.<i>.<rest>
-    return f"blk.{layer}.{LAYER_NAMES[rest]}"
+    return f"blk.{layer}.{layers[rest]}"
 
 
 def to_llama_cpp_rows(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -110,10 +137,10 @@ def write_tiny_gguf(
     metadata: dict[str, int] | None = None,
     weights: bool = True,
 ) -> Path:
-    """Write ``model`` (a tiny llama or Qwen3) as a GGUF file: 2-D weights in ``qtype`` (a gguf.GGMLQuantizationType
-    name), norms in F32, metadata under ``architecture``'s keys (by default the model's own) plus ``metadata`` (as
-    uint16), the tiny tokenizer, and ``chat_template`` (None: none); ``weights=False`` leaves the tensors out (a
-    vocabulary-only file)."""
+    """Write ``model`` (a tiny llama, Qwen3 or LFM2) as a GGUF file: 2-D weights whose rows are whole blocks in
+    ``qtype`` (a gguf.GGMLQuantizationType name), the rest in F32; metadata under ``architecture``'s keys (by
+    default the model's own) plus ``metadata`` (as uint16); the tiny tokenizer, and ``chat_template`` (None: none).
+    ``weights=False`` leaves the tensors out (a vocabulary-only file)."""
     import gguf
 
     config = model.config
@@ -124,15 +151,21 @@ def write_tiny_gguf(
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
+    if config.model_type == "lfm2":
+        writer.add_feed_forward_length(model.model.layers[0].feed_forward.w1.out_features)  # after auto-adjust
+        writer.add_head_count_kv([config.num_key_value_heads if t != "conv" else 0 for t in config.layer_types])
+        writer.add_layer_norm_rms_eps(config.norm_eps)
+        writer.add_shortconv_l_cache(config.conv_L_cache)
+    else:
+        writer.add_feed_forward_length(config.intermediate_size)
+        writer.add_head_count_kv(config.num_key_value_heads)
+        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+        writer.add_rope_dimension_count(config.head_dim)
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
     tokens, types, merges = tokenizer_fields()
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tokens)
@@ -146,14 +179,17 @@ def write_tiny_gguf(
     for key, value in (metadata or {}).items():
         writer.add_uint16(key, value)
     for hf_name, tensor in model.state_dict().items() if weights else ():
-        name, values = gguf_name(hf_name), tensor.detach().float().numpy()
+        name, values = gguf_name(hf_name, config.model_type), tensor.detach().float().numpy()
+        if name.endswith("shortconv.conv.weight"):
+            values = values.squeeze(1)
         if permuted and name.endswith("attn_q.weight"):
             values = to_llama_cpp_rows(values, config.num_attention_heads)
         elif permuted and name.endswith("attn_k.weight"):
             values = to_llama_cpp_rows(values, config.num_key_value_heads)
-        if values.ndim == 2 and quant == gguf.GGMLQuantizationType.F16:
+        blocks = values.ndim == 2 and values.shape[1] % 32 == 0  # rows of whole quantization blocks
+        if blocks and quant == gguf.GGMLQuantizationType.F16:
             writer.add_tensor(name, values.astype(np.float16))
-        elif values.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+        elif blocks and quant != gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, gguf.quants.quantize(values, quant), raw_dtype=quant)
         else:
             writer.add_tensor(name, np.ascontiguousarray(values))
@@ -186,7 +222,7 @@ def dequantized_copy(model: torch.nn.Module, qtype: str) -> torch.nn.Module:
     out = copy.deepcopy(model)
     with torch.no_grad():
         for _, param in out.named_parameters():
-            if param.dim() != 2:
+            if param.dim() != 2 or param.shape[1] % 32:
                 continue
             values = param.numpy()
             if quant == gguf.GGMLQuantizationType.F16:

@@ -19,7 +19,13 @@ from chat.engine.engine import Engine
 from chat.engine.events import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.models import ModelFileError, UnsupportedArchitectureError, gguf_files, load_model, load_renderer
-from tests.chat.models.gguf_helpers import dequantized_copy, reference_llama, reference_qwen3, write_tiny_gguf
+from tests.chat.models.gguf_helpers import (
+    dequantized_copy,
+    reference_lfm2,
+    reference_llama,
+    reference_qwen3,
+    write_tiny_gguf,
+)
 from tests.chat.models.helpers import TOLERANCE, full_logits, random_tokens, tiny
 
 QUANTIZED = ["Q8_0", "Q4_0", "Q4_1", "Q5_1", "F16"]  # written by gguf-py; llama.cpp's common file types
@@ -103,6 +109,16 @@ def test_a_qwen3_gguf_gives_its_models_logits(tmp_path, qtype):
     assert model.vocab_size == reference.config.vocab_size and not model.has_recurrent_state
     tokens = model.render(MESSAGES)
     assert tokens == tiny("tiny-llama").render(MESSAGES)  # the same tokenizer and template, from the metadata
+    expected = hf_logits(reference if qtype == "F32" else dequantized_copy(reference, qtype), tokens)
+    assert (full_logits(model, tokens) - expected).abs().max().item() <= TOLERANCE
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_an_lfm2_gguf_read_by_transformers_newer_loader_gives_its_models_logits(tmp_path, qtype):
+    reference = reference_lfm2()
+    model = load_model(str(write_tiny_gguf(tmp_path / f"tiny-lfm2-{qtype.lower()}.gguf", reference, qtype=qtype)))
+    assert model.has_recurrent_state and model.render(MESSAGES) == tiny("tiny-lfm2").render(MESSAGES)
+    tokens = random_tokens(model, 30, seed=7)
     expected = hf_logits(reference if qtype == "F32" else dequantized_copy(reference, qtype), tokens)
     assert (full_logits(model, tokens) - expected).abs().max().item() <= TOLERANCE
 
