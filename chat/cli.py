@@ -73,6 +73,7 @@ def _load(args: argparse.Namespace):
         raise SystemExit(f"turncache: {exc}") from exc
 
 
+BENCH_MODEL_HELP = "model spec, as for serve --model: a name, a model directory or a GGUF file (default: smollm2)"
 CLUSTER_FLAGS = ("ray_address", "router", "route_imbalance", "replica_cpus", "max_replicas_per_node")
 
 
@@ -136,7 +137,8 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument(
         "--model",
         default="smollm2" if defaults else None,
-        help="'smollm2' (built in), 'tiny-<name>', or a local Hugging Face model directory",
+        help="'smollm2' (built in), 'tiny-<name>', a local Hugging Face model directory, or a local GGUF file "
+        "(llama.cpp, Ollama, LM Studio; converted once into $TURNCACHE_HOME/models/gguf/)",
     )
     p.add_argument("--dtype", default="float32" if defaults else None, choices=["float32", "bfloat16"])
     p.add_argument(
@@ -437,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="all_model",
         default="smollm2",
         metavar="MODEL",
-        help="model spec for every model benchmark (%(default)s)",
+        help="model spec for every model benchmark, as for serve --model (%(default)s)",
     )
     bench.add_argument(
         "--json", dest="all_json", action="store_true", help="print the JSON object instead of the files written"
@@ -489,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         other = bench_sub.add_parser(name, help=what)
         other.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-        other.add_argument("--model", default="smollm2", help="model spec (default: the built-in smollm2)")
+        other.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
         if name == "multiturn":
             other.add_argument("--conversations", type=int, default=None, help="conversations, all concurrent (8)")
         if name == "constrained":
@@ -501,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tier, without a restart, and with the disk tier off (three server processes)",
     )
     restart.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    restart.add_argument("--model", default="smollm2", help="model spec (default: the built-in smollm2)")
+    restart.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
     restart.add_argument("--turns", type=int, default=10, help="turns before the restart (%(default)s)")
     restart.set_defaults(run=_bench_restart)
     cluster_bench = bench_sub.add_parser(
@@ -509,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the multiturn workload (stateless) on a Ray Serve cluster: prefix-affine vs round-robin routing",
     )
     cluster_bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    cluster_bench.add_argument("--model", default="smollm2", help="model spec (default: the built-in smollm2)")
+    cluster_bench.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
     cluster_bench.add_argument("--conversations", type=int, default=8, help="conversations, all concurrent (8)")
     cluster_bench.add_argument("--replicas", type=int, default=2, metavar="N", help="engine replicas (2)")
     cluster_bench.set_defaults(run=_bench_cluster)

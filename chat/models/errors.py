@@ -5,9 +5,11 @@
     ├── UnsupportedArchitectureError   a model family this adapter refuses (``.architecture`` names it)
     ├── InvalidSettingError            a setting out of range (``.field`` names it, e.g. "dtype")
     ├── ModelLoadError                 a model directory or the built-in weights could not be read or converted
+    │   └── ModelFileError             a model file (GGUF) that is missing, not GGUF, truncated or corrupt, holds
+    │                                  tensor types that cannot be read, or has no chat template (``.path``)
     └── RunStateError                  a run or lease that does not fit this model (wrong layout, nothing to export)
 
-All derive from ``ValueError`` too, except :class:`ModelLoadError` (an environment problem) and
+All derive from ``ValueError`` too, except :class:`ModelLoadError` (an environment problem or a bad file) and
 :class:`RunStateError` (a caller bug), which derive from ``RuntimeError``.
 """
 
@@ -31,8 +33,8 @@ class UnknownModelError(ModelError, ValueError):
         self.spec = spec  # what was asked for
         self.choices = tuple(choices)  # the names that are accepted
         super().__init__(
-            f"unknown model {spec!r}: use one of {', '.join(self.choices)}, or the path of a local Hugging Face "
-            "model directory (config.json, weights, tokenizer with a chat template)"
+            f"unknown model {spec!r}: use one of {', '.join(self.choices)}, the path of a local Hugging Face "
+            "model directory (config.json, weights, tokenizer with a chat template), or of a GGUF file"
         )
 
 
@@ -64,6 +66,17 @@ class ModelLoadError(ModelError, RuntimeError):
     """Files could not be read, converted or written (missing files, no chat template, a full disk)."""
 
     code = "model_load_failed"
+
+
+class ModelFileError(ModelLoadError):
+    """A model file cannot be served as it is; the message names the file and what is wrong with it."""
+
+    code = "model_file_invalid"
+
+    def __init__(self, path: object, problem: str) -> None:
+        self.path = str(path)  # the file, as given
+        self.problem = problem  # what is wrong with it, and what is accepted instead
+        super().__init__(f"{self.path}: {problem}")
 
 
 class RunStateError(ModelError, RuntimeError):

@@ -7,6 +7,8 @@ Specs::
     "tiny-<name>"      a tiny seeded random model (chat.tools.testing.tiny.TINY; tiny-omni / tiny-llava in
                        chat.tools.testing.tiny_mm), for tests
     "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer with a chat template
+    "/path/to/x.gguf"  a local GGUF file (llama.cpp, Ollama, LM Studio) of a served family with a chat template,
+                       converted once into a float32 model directory (chat.models.gguf_files)
 
 Nothing is ever downloaded: transformers runs with ``HF_HUB_OFFLINE=1`` and ``local_files_only``.
 """
@@ -55,8 +57,10 @@ def load_model(spec: str, dtype: str = "float32", weights: str | None = None, kv
     _offline()
     if spec.startswith("tiny-"):
         return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype, kv_dtype=kv_dtype)
-    path, name = _directory_of(spec)
-    return load_directory(path, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv_dtype)
+    path, name, digest = _directory_of(spec)
+    return load_directory(
+        path, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv_dtype, weights_digest=digest
+    )
 
 
 def load_renderer(spec: str) -> TemplateRenderer:
@@ -72,7 +76,7 @@ def load_renderer(spec: str) -> TemplateRenderer:
     _offline()
     if spec.startswith("tiny-"):
         return tiny_renderer(spec.removeprefix("tiny-"))
-    path, name = _directory_of(spec)
+    path, name, _ = _directory_of(spec)
     return directory_renderer(path, name=name)
 
 
@@ -122,8 +126,19 @@ def parse_kv_dtype(kv_dtype: str | None, dtype: str, weights: str) -> str:
     return kv_dtype
 
 
-def load_directory(path: Path, dtype: str, weights: str, *, name: str, torch_dtype: Any, kv_dtype: str) -> Any:
-    """A model directory -> adapter. The config is checked before any weights are read."""
+def load_directory(
+    path: Path,
+    dtype: str,
+    weights: str,
+    *,
+    name: str,
+    torch_dtype: Any,
+    kv_dtype: str,
+    weights_digest: str | None = None,
+) -> Any:
+    """A model directory -> adapter. The config is checked before any weights are read. ``weights_digest`` stands
+    for the weights in the fingerprint when their origin is known (a GGUF file's sha256), else the weight files are
+    hashed."""
     from transformers import AutoModelForCausalLM
 
     from chat.models.families_mm import is_multimodal
@@ -141,7 +156,7 @@ def load_directory(path: Path, dtype: str, weights: str, *, name: str, torch_dty
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
     model.eval()
-    digest = weight_files_digest(path)
+    digest = weights_digest or weight_files_digest(path)
     return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype)
 
 
@@ -225,16 +240,29 @@ def _clean_spec(spec: Any) -> str:
     return spec.strip()
 
 
-def _directory_of(spec: str) -> tuple[Path, str]:
-    """The model directory of ``spec`` and the name it is served under: the built-in model's (converted once) or a
-    local directory. Raises UnknownModelError when ``spec`` is neither."""
+def _directory_of(spec: str) -> tuple[Path, str, str | None]:
+    """The model directory of ``spec``, the name it is served under, and the digest that stands for its weights in
+    the fingerprint (None: hash the weight files): the built-in model's (converted once), a GGUF file's (converted
+    once per distinct file; named by its file name without ``.gguf``) or a local directory.
+
+    Raises:
+        UnknownModelError: ``spec`` is neither.
+        ModelFileError, UnsupportedArchitectureError, ModelLoadError: a GGUF file that cannot be served (see
+            :func:`chat.models.gguf_files.ensure_converted`).
+    """
     if spec == smollm2.NAME:
         _quiet()
-        return smollm2.ensure_converted(), smollm2.NAME
+        return smollm2.ensure_converted(), smollm2.NAME, None
     path = Path(spec).expanduser()
     if path.is_dir():
         _quiet()
-        return path, path.resolve().name
+        return path, path.resolve().name, None
+    if path.is_file() or path.suffix.lower() == ".gguf":  # a missing .gguf is named as a missing file
+        from chat.models import gguf_files
+
+        _quiet()
+        directory, identity = gguf_files.ensure_converted(path)
+        return directory, path.name.removesuffix(".gguf"), f"gguf-sha256:{identity.sha256}"
     raise UnknownModelError(spec, model_choices())
 
 

@@ -1,5 +1,5 @@
 """The one-time conversion of the bundled GGUF is atomic: a complete directory appears at once, or nothing does.
-(The conversion itself is exercised by test_smollm2; here it is replaced by a stub.)"""
+(The conversion itself is exercised by test_smollm2 and test_gguf_files; here it is replaced by a stub.)"""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from chat.models import ModelLoadError, smollm2
+from chat.models import ModelLoadError, gguf_files, smollm2
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def fake_convert(calls):
 
 def test_converts_once_into_place(home, monkeypatch):
     calls = []
-    monkeypatch.setattr(smollm2, "_convert", fake_convert(calls))
+    monkeypatch.setattr(gguf_files, "_convert", fake_convert(calls))
     target = smollm2.ensure_converted()
     assert target == home / smollm2.DIR_NAME
     assert (target / "config.json").is_file()
@@ -40,7 +40,7 @@ def test_a_failed_conversion_leaves_nothing(home, monkeypatch):
         (out / "half.safetensors").write_text("partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(smollm2, "_convert", broken)
+    monkeypatch.setattr(gguf_files, "_convert", broken)
     with pytest.raises(ModelLoadError, match="disk full"):
         smollm2.ensure_converted()
     assert list(home.iterdir()) == []
@@ -51,7 +51,7 @@ def test_an_incomplete_directory_is_replaced(home, monkeypatch):
     stale.mkdir(parents=True)
     (stale / "junk").write_text("x")
     calls = []
-    monkeypatch.setattr(smollm2, "_convert", fake_convert(calls))
+    monkeypatch.setattr(gguf_files, "_convert", fake_convert(calls))
     assert smollm2.ensure_converted() == stale
     assert not (stale / "junk").exists() and len(calls) == 1
 

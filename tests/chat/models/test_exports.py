@@ -17,6 +17,7 @@ def test_public_names():
         "InvalidSettingError",
         "ModelAdapter",
         "ModelError",
+        "ModelFileError",
         "ModelLoadError",
         "RunState",
         "RunStateError",
