@@ -2,7 +2,8 @@
 
 Served: Qwen2-VL and Qwen2.5-VL (images, video; 3-D mRoPE), the Qwen2.5-Omni thinker (images, audio, and video with
 its audio track interleaved, as ``use_audio_in_video``; 3-D mRoPE), LLaVA (images; 1-D RoPE), SmolVLM and Idefics3
-(images split into tiles plus a global image, each written with its markers; 1-D RoPE), Qwen3.5 with its vision
+(images split into tiles plus a global image, each written with its markers; 1-D RoPE), Mistral 3 (a Pixtral
+tower: images of any aspect ratio as rows of patches with break markers; 1-D RoPE), Qwen3.5 with its vision
 tower (images, 3-D mRoPE, on a hybrid of gated delta-net and attention layers: recurrent snapshots at every image's
 edges, see ``chat.engine.turn``; its videos, placed frame by frame with timestamps, are not served). Refused with a
 reason: Gemma3 (its image tokens attend to each other bidirectionally, which a causal prefill over a cached prefix
@@ -18,8 +19,10 @@ from typing import Any
 from chat.models.errors import ModelLoadError, UnsupportedArchitectureError
 from chat.models.media_prep import (
     ClipImagePreparer,
+    PixtralImagePreparer,
     QwenImagePreparer,
     QwenVideoPreparer,
+    RowMarkers,
     TiledImagePreparer,
     TileMarkers,
     WhisperAudioPreparer,
@@ -29,6 +32,7 @@ from chat.models.multimodal import (
     MultimodalFamily,
     llava_image_rows,
     omni_audio_rows,
+    pixtral_image_rows,
     qwen_image_rows,
     qwen_video_rows,
     tiled_image_rows,
@@ -45,6 +49,7 @@ SERVED = {
     "smolvlm": "images as tiles plus a global image, 1-D RoPE (tiny-smolvlm)",
     "idefics3": "images as tiles plus a global image, 1-D RoPE",
     "qwen3_5": "images, 3-D mRoPE, hybrid recurrent (gated delta-net + attention) (tiny-qwen35vl); videos refused",
+    "mistral3": "images (a Pixtral tower: any aspect ratio, rows of patches with breaks), 1-D RoPE (tiny-mistral3)",
 }
 REFUSED = {
     "gemma3": "its image tokens attend to each other bidirectionally; a causal prefill over a cached prefix would "
@@ -165,6 +170,28 @@ def tiled_family(config: Any, processor: Any, tokenizer: Any) -> MultimodalFamil
     )
 
 
+def pixtral_family(config: Any, processor: Any, tokenizer: Any) -> MultimodalFamily:
+    """Mistral 3 with its Pixtral tower: each image its rows of merged patches, ``[IMG_BREAK]`` after each row and
+    ``[IMG_END]`` after the last (the layout transformers' ``PixtralProcessor`` writes).
+
+    Raises:
+        ModelLoadError: the tokenizer lacks the break or end marker.
+    """
+    names = ("[IMG_BREAK]", "[IMG_END]")
+    ids = [tokenizer.convert_tokens_to_ids(name) for name in names]
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if any(not isinstance(token, int) or token == unknown for token in ids):
+        raise ModelLoadError(f"the tokenizer lacks the image markers {list(names)} as single tokens")
+    patch = config.vision_config.patch_size * config.spatial_merge_size
+    markers = RowMarkers(config.image_token_index, ids[0], ids[1], patch)
+    return MultimodalFamily(
+        name="mistral3",
+        placeholders={"image": config.image_token_index},
+        preparers={"image": PixtralImagePreparer(processor, markers)},
+        encoders={"image": pixtral_image_rows},
+    )
+
+
 # ==================================================================== local directories
 
 
@@ -177,6 +204,7 @@ MODEL_CLASSES = {  # served model type -> the transformers class that loads it
     "smolvlm": "SmolVLMForConditionalGeneration",
     "idefics3": "Idefics3ForConditionalGeneration",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "mistral3": "Mistral3ForConditionalGeneration",
 }
 IMAGES_ONLY = {"qwen3_5"}  # Qwen-family models whose videos are not served (placed frame by frame with timestamps)
 TILED_PROCESSORS = {  # tiled families: their Pil image processor (module, class)
@@ -229,6 +257,13 @@ def directory_family(path: Path, config: Any, tokenizer: Any) -> MultimodalFamil
         module, name = TILED_PROCESSORS[config.model_type]
         processor_class = getattr(importlib.import_module(module), name)
         return tiled_family(config, processor_class.from_pretrained(str(path), local_files_only=True), tokenizer)
+    if config.model_type == "mistral3":
+        from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+        processor = PixtralImageProcessorPil.from_pretrained(str(path), local_files_only=True)
+        merged = config.vision_config.patch_size * config.spatial_merge_size
+        processor.patch_size = {"height": merged, "width": merged}  # what PixtralProcessor hands it
+        return pixtral_family(config, processor, tokenizer)
     if config.model_type == "llava":
         from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 

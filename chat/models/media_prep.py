@@ -335,3 +335,55 @@ class TiledImagePreparer:
         layout = tuple(self.encode(self.markers.text(rows, cols)))
         inputs = {"pixel_values": out["pixel_values"].float(), "pixel_attention_mask": out["pixel_attention_mask"]}
         return PreparedMedia("image", tokens=len(layout), inputs=inputs, layout=layout)
+
+
+# ================================================================ Pixtral (Mistral 3): rows of patches with breaks
+
+_PIXTRAL_SETTINGS = (*_PIXEL_SETTINGS, "patch_size", "do_pad")
+
+
+@dataclass(frozen=True, slots=True)
+class RowMarkers:
+    """How a Pixtral image is written in the prompt (Mistral 3): its rows of merged patches, each row's image tokens
+    followed by ``[IMG_BREAK]``, the last row's by ``[IMG_END]`` instead. Token ids, no text."""
+
+    image: int  # [IMG]
+    row_break: int  # [IMG_BREAK]
+    end: int  # [IMG_END]
+    patch: int  # pixels per prompt token along each side (the tower's patch times the merge size)
+
+    def layout(self, height: int, width: int) -> tuple[int, ...]:
+        rows, cols = height // self.patch, width // self.patch
+        tokens = ([self.image] * cols + [self.row_break]) * rows
+        tokens[-1] = self.end
+        return tuple(tokens)
+
+
+class PixtralImagePreparer:
+    """Images for a Pixtral tower (Mistral 3): resized to fit ``size`` in multiples of the merged patch
+    (``PixtralImageProcessorPil``), any aspect ratio; the item's span is :class:`RowMarkers`' layout."""
+
+    kind = "image"
+
+    def __init__(
+        self,
+        processor: Any,
+        markers: RowMarkers,
+        limits: ImageLimits = IMAGE_LIMITS,
+        options: ImageOptions = IMAGE_OPTIONS,
+    ):
+        self.processor = processor  # a PixtralImageProcessorPil, its patch_size the merged patch
+        self.markers = markers  # how rows are written
+        self.limits = limits
+        self.options = options
+        self.fingerprint = image_mod.fingerprint(
+            type(processor).__name__, options, _settings(processor, _PIXTRAL_SETTINGS)
+        )
+
+    def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
+        decoded = image_mod.decode(data, self.limits, self.options, declared=declared, item=item)
+        out = self.processor(images=[decoded.image], return_tensors="pt")
+        height, width = (int(v) for v in out["image_sizes"][0])
+        layout = self.markers.layout(height, width)
+        inputs = {"pixel_values": out["pixel_values"].float(), "image_sizes": out["image_sizes"]}
+        return PreparedMedia("image", tokens=len(layout), inputs=inputs, layout=layout)

@@ -456,3 +456,13 @@ def tiled_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
         pixel_values=p.inputs["pixel_values"], pixel_attention_mask=p.inputs["pixel_attention_mask"]
     )
     return _rows(out)
+
+
+def pixtral_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    """Mistral 3: the Pixtral tower's chosen layer, through the patch-merging projector."""
+    out = model.model.get_image_features(
+        pixel_values=p.inputs["pixel_values"],
+        image_sizes=p.inputs["image_sizes"],
+        vision_feature_layer=model.config.vision_feature_layer,
+    )
+    return _rows(out)

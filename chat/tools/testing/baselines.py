@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from chat.models.adapter import ModelAdapter
 from chat.models.multimodal import MultimodalAdapter, RenderedPrompt
@@ -47,6 +48,11 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, t
     if images and "pixel_attention_mask" in images[0].inputs:  # tiles (SmolVLM): one sample, every image's tiles
         out["pixel_values"] = torch.cat([p.inputs["pixel_values"] for p in images], dim=1)
         out["pixel_attention_mask"] = torch.cat([p.inputs["pixel_attention_mask"] for p in images], dim=1)
+    elif images and "image_sizes" in images[0].inputs:  # any aspect ratio (Pixtral): padded to the largest, sizes kept
+        pixels = [p.inputs["pixel_values"] for p in images]  # [1, 3, h, w] each
+        height, width = max(x.shape[-2] for x in pixels), max(x.shape[-1] for x in pixels)
+        out["pixel_values"] = torch.cat([F.pad(x, (0, width - x.shape[-1], 0, height - x.shape[-2])) for x in pixels])
+        out["image_sizes"] = torch.cat([p.inputs["image_sizes"] for p in images])
     elif images:
         out["pixel_values"] = torch.cat([p.inputs["pixel_values"] for p in images])
         if "image_grid_thw" in images[0].inputs:

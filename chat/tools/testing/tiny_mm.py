@@ -50,7 +50,12 @@ LLAVA_IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 tokens per image
 QWEN35_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 QWEN35_PARTS = {"image": "<|vision_start|><|image_pad|><|vision_end|>"}
 
-TINY_MM = ("omni", "llava", "smolvlm", "qwen35vl")
+MISTRAL3_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+MISTRAL3_PARTS = {"image": "[IMG]"}
+MISTRAL3_PATCH = 8  # px of the tower's patch; merged 2x2, one prompt token per 16 px square
+MISTRAL3_LONGEST = 64  # px of an image's longest edge: at most 4x4 prompt tokens
+
+TINY_MM = ("omni", "llava", "smolvlm", "qwen35vl", "mistral3")
 
 
 def chat_template(parts: dict[str, str]) -> str:
@@ -228,6 +233,32 @@ def qwen35vl_config(tokenizer: Any) -> Any:
     )
 
 
+def mistral3_config(tokenizer: Any) -> Any:
+    from transformers import Mistral3Config, MistralConfig, PixtralVisionConfig
+
+    return Mistral3Config(
+        vision_config=PixtralVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            head_dim=16,
+            image_size=MISTRAL3_LONGEST,
+            patch_size=MISTRAL3_PATCH,
+        ),
+        text_config=MistralConfig(
+            **_COMMON,
+            vocab_size=len(tokenizer),
+            sliding_window=None,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"),
+        spatial_merge_size=2,
+        vision_feature_layer=-1,
+    )
+
+
 def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
     """``(tokenizer, config)`` of ``tiny-<name>`` (``name`` in :data:`TINY_MM`): everything but its weights."""
     if name == "omni":
@@ -242,13 +273,16 @@ def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
     if name == "qwen35vl":
         tokenizer = tiny_tokenizer(QWEN35_TOKENS, QWEN35_PARTS)
         return tokenizer, qwen35vl_config(tokenizer)
+    if name == "mistral3":
+        tokenizer = tiny_tokenizer(MISTRAL3_TOKENS, MISTRAL3_PARTS)
+        return tokenizer, mistral3_config(tokenizer)
     raise KeyError(name)
 
 
 def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
     """How ``tiny-<name>`` takes media (a ``chat.models.multimodal.MultimodalFamily``): its processors, no weights
     (``tokenizer``: tiny-smolvlm's, whose markers its images are written with; made anew if None)."""
-    from chat.models.families_mm import llava_family, qwen_family, tiled_family
+    from chat.models.families_mm import llava_family, pixtral_family, qwen_family, tiled_family
 
     if name == "omni":
         from transformers import WhisperFeatureExtractor
@@ -283,6 +317,15 @@ def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
         return qwen_family(
             config, image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=IMAGE_MAX_PIXELS)
         )
+    if name == "mistral3":
+        from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+        merged = MISTRAL3_PATCH * 2
+        processor = PixtralImageProcessorPil(
+            size={"longest_edge": MISTRAL3_LONGEST}, patch_size={"height": merged, "width": merged}
+        )
+        tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(MISTRAL3_TOKENS, MISTRAL3_PARTS)
+        return pixtral_family(config, processor, tokenizer)
     raise KeyError(name)
 
 
@@ -303,4 +346,5 @@ MODEL_CLASSES = {  # tiny name -> its transformers class
     "llava": "LlavaForConditionalGeneration",
     "smolvlm": "SmolVLMForConditionalGeneration",
     "qwen35vl": "Qwen3_5ForConditionalGeneration",
+    "mistral3": "Mistral3ForConditionalGeneration",
 }

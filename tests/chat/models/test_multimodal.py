@@ -31,7 +31,7 @@ TOL = 1e-4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
 
 
-@pytest.fixture(scope="module", params=["tiny-omni", "tiny-llava", "tiny-smolvlm", "tiny-qwen35vl"])
+@pytest.fixture(scope="module", params=["tiny-omni", "tiny-llava", "tiny-smolvlm", "tiny-qwen35vl", "tiny-mistral3"])
 def model(request):
     torch.set_num_threads(1)
     return load_model(request.param)

@@ -10,7 +10,7 @@ from chat.models import UnsupportedArchitectureError, load_model
 from tests.chat.models.mm_helpers import image, png, save_tiny, user
 
 
-@pytest.mark.parametrize("name", ["omni", "llava", "smolvlm", "qwen35vl"])
+@pytest.mark.parametrize("name", ["omni", "llava", "smolvlm", "qwen35vl", "mistral3"])
 def test_a_saved_directory_serves_the_same_prompts_and_logits(tmp_path, name):
     torch.set_num_threads(1)
     save_tiny(name, tmp_path)

@@ -49,3 +49,22 @@ def test_the_prompt_is_the_processors(smolvlm, sizes):
         span = prompt.tokens[it.span.start : it.span.end]
         around = tokenizer.convert_tokens_to_ids("<fake_token_around_image>")
         assert span[0] == around and span[-1] == around
+
+
+@pytest.mark.parametrize(
+    ("size", "written"),
+    [
+        ((16, 16), "[IMG][IMG_END]"),
+        ((32, 16), "[IMG][IMG][IMG_END]"),  # width x height in pixels: two tokens in one row
+        ((16, 32), "[IMG][IMG_BREAK][IMG][IMG_END]"),  # two rows
+        ((48, 32), "[IMG][IMG][IMG][IMG_BREAK][IMG][IMG][IMG][IMG_END]"),
+    ],
+)
+def test_a_pixtral_image_is_written_in_rows_with_breaks(size, written):
+    """Mistral 3 (transformers' PixtralProcessor.replace_image_token, which cannot be imported here without
+    torchvision): each row of 16-px squares is [IMG] tokens and [IMG_BREAK], the last [IMG_BREAK] becomes [IMG_END]."""
+    model = load_model("tiny-mistral3")
+    prompt = model.render_prompt([user("Look: ", image(png(7, width=size[0], height=size[1])), "?")])
+    (item,) = prompt.items
+    tokenizer = model._tokenizer
+    assert tokenizer.decode(prompt.tokens[item.span.start : item.span.end]) == written
