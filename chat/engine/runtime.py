@@ -89,6 +89,7 @@ class ModelRuntime(ChatRenderer, Protocol):
     eos_token_ids: frozenset[int] | set[int]  # tokens that end a reply
     has_recurrent_state: bool  # some layer is recurrent: snapshots only where taken, prefill split at boundaries
     can_rewind: bool  # rewind() works (no recurrent layers): greedy replies may decode speculatively
+    whole_media_spans: bool  # a media item's tokens attend to each other both ways: a prefill chunk never cuts one
 
     def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
         """The prompt of ``messages`` (text, or text and ``modalities.parts.MediaInput`` s).

@@ -378,7 +378,7 @@ class Turn:
             if self.clock.prefill_start is None:
                 self.clock.prefill_start = time.perf_counter()
             start = len(self._fed)
-            end = min(self._stops_at[0], start + budget)
+            end = self._chunk_end(start, min(self._stops_at[0], start + budget))
             chunk = self.prompt[start:end]
             wanted = len(chunk) if self.request.params.prompt_logprobs else 1 if end == len(self.prompt) else 0
             feed = Feed(self._run, chunk, wanted)
@@ -389,6 +389,17 @@ class Turn:
             feed = Feed(self._run, tokens, len(tokens))
         self._pending = feed
         return feed
+
+    def _chunk_end(self, start: int, end: int) -> int:
+        """``end``, moved so that the chunk ``[start, end)`` does not cut a media item on a model whose items are
+        computed whole (:attr:`ModelRuntime.whole_media_spans`): back to the item's start, or, when the chunk
+        begins there, on to its end (over the budget: an item is one step's work, like a long draft)."""
+        if not self.runtime.whole_media_spans:
+            return end
+        for span in self.media:
+            if span.start < end < span.end:
+                return span.start if span.start > start else span.end
+        return end
 
     def pending_constraint(self) -> Constraint | None:
         """The grammar whose mask the pending feed's result will need (its last row is sampled), if any: a

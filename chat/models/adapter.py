@@ -98,6 +98,7 @@ class ModelAdapter:
         stored = getattr(torch, kv_dtype) if kv_dtype not in (None, dtype) else None  # None: as computed
         self._layout = CacheLayout(model.config, max_rows=context_window, margin=rotating_margin, kv_dtype=stored)
         self.has_recurrent_state = self._layout.has_recurrent  # snapshot boundaries matter
+        self.whole_media_spans = False  # text models: no media (multimodal adapters may say otherwise)
         params = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
         if self.has_recurrent_state:
@@ -333,6 +334,11 @@ class ModelAdapter:
         positions = torch.arange(run.length, run.length + q, device=self.device).unsqueeze(0)  # [1, q]
         return {"input_ids": ids, "position_ids": positions}
 
+    def _blocks(self, run: RunState, q: int) -> tuple[tuple[int, int], ...]:
+        """Ranges of the next ``q`` tokens of ``run`` (offsets into them, before ``run.length`` grows) whose tokens
+        attend to each other both ways (:attr:`ragged.Slot.blocks`): none for text models."""
+        return ()
+
     def _check_feed(self, feed: Any) -> tuple[RunState, torch.Tensor]:
         """The feed's run and its token ids ``[1, q]``, once both are known to fit."""
         run = feed.run
@@ -354,7 +360,7 @@ class ModelAdapter:
         slots, keep, start = [], [], 0
         for _, run, logits, inputs in items:
             q = _token_count(inputs)
-            slots.append(ragged.Slot(0, start, start + q, run.state))
+            slots.append(ragged.Slot(0, start, start + q, run.state, self._blocks(run, q)))
             keep.extend(range(start + q - logits, start + q))
             start += q
         merged = {
@@ -410,7 +416,7 @@ class ModelAdapter:
         """One forward for one run, on its own cache (recurrent layers included); a failure breaks the run."""
         _, run, n, inputs = item
         q = _token_count(inputs)
-        pack = ragged.Pack([ragged.Slot(0, 0, q, run.state)])
+        pack = ragged.Pack([ragged.Slot(0, 0, q, run.state, self._blocks(run, q))])
         try:
             logits = self._run_model(inputs, run.state, pack, list(range(q - n, q)))
         except BaseException:

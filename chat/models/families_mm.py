@@ -5,9 +5,12 @@ its audio track interleaved, as ``use_audio_in_video``; 3-D mRoPE), LLaVA (image
 (images split into tiles plus a global image, each written with its markers; 1-D RoPE), Mistral 3 (a Pixtral
 tower: images of any aspect ratio as rows of patches with break markers; 1-D RoPE), Qwen3.5 with its vision
 tower (images, 3-D mRoPE, on a hybrid of gated delta-net and attention layers: recurrent snapshots at every image's
-edges, see ``chat.engine.turn``; its videos, placed frame by frame with timestamps, are not served). Refused with a
-reason: Gemma3 (its image tokens attend to each other bidirectionally, which a causal prefill over a cached prefix
-does not reproduce) and every other multimodal family.
+edges, see ``chat.engine.turn``; its videos, placed frame by frame with timestamps, are not served), Gemma 3
+(images; sliding window + full attention). Every other multimodal family is refused with a reason.
+
+Gemma 3's image tokens attend to each other both ways; it is served by computing each item whole: the
+adapter marks the item's tokens as a block of the packed forward (:attr:`chat.models.ragged.Slot.blocks`), and the
+engine never cuts an item between prefill chunks (``ModelRuntime.whole_media_spans``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from chat.models.media_prep import (
 from chat.models.multimodal import (
     AUDIO_IN_VIDEO_MARKERS,
     MultimodalFamily,
+    gemma3_image_rows,
     llava_image_rows,
     omni_audio_rows,
     pixtral_image_rows,
@@ -50,11 +54,10 @@ SERVED = {
     "idefics3": "images as tiles plus a global image, 1-D RoPE",
     "qwen3_5": "images, 3-D mRoPE, hybrid recurrent (gated delta-net + attention) (tiny-qwen35vl); videos refused",
     "mistral3": "images (a Pixtral tower: any aspect ratio, rows of patches with breaks), 1-D RoPE (tiny-mistral3)",
+    "gemma3": "images, each computed whole (its tokens attend to each other both ways), sliding window + full "
+    "attention (tiny-gemma3mm)",
 }
-REFUSED = {
-    "gemma3": "its image tokens attend to each other bidirectionally; a causal prefill over a cached prefix would "
-    "change its answers",
-}
+REFUSED: dict[str, str] = {}  # model type -> why it is refused (none at present; unknown families are refused too)
 DEFAULT_VIDEO_FRAMES = 16
 
 
@@ -192,6 +195,29 @@ def pixtral_family(config: Any, processor: Any, tokenizer: Any) -> MultimodalFam
     )
 
 
+def gemma3_family(config: Any, processor: Any, tokenizer: Any) -> MultimodalFamily:
+    """Gemma 3: the template writes ``<start_of_image>``; the processor writes a blank line, that marker,
+    ``mm_tokens_per_image`` image tokens, ``<end_of_image>`` and a blank line. The image tokens attend to each other
+    both ways (``bidirectional``): a prefill chunk never cuts them, and a cached prefix never ends inside them (as
+    for every item).
+
+    Raises:
+        ModelLoadError: the tokenizer lacks the image markers.
+    """
+    ids = {"boi": config.boi_token_index, "eoi": config.eoi_token_index, "image": config.image_token_index}
+    names = {key: tokenizer.convert_ids_to_tokens(token) for key, token in ids.items()}
+    if any(not isinstance(name, str) or not name for name in names.values()):
+        raise ModelLoadError(f"the tokenizer lacks the image markers {ids}")
+    return MultimodalFamily(
+        name="gemma3",
+        placeholders={"image": ids["image"]},
+        preparers={"image": ClipImagePreparer(processor, config.mm_tokens_per_image)},
+        encoders={"image": gemma3_image_rows},
+        template_text={names["boi"]: f"\n\n{names['boi']}{names['image']}{names['eoi']}\n\n"},
+        bidirectional=True,
+    )
+
+
 # ==================================================================== local directories
 
 
@@ -205,6 +231,7 @@ MODEL_CLASSES = {  # served model type -> the transformers class that loads it
     "idefics3": "Idefics3ForConditionalGeneration",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "mistral3": "Mistral3ForConditionalGeneration",
+    "gemma3": "Gemma3ForConditionalGeneration",
 }
 IMAGES_ONLY = {"qwen3_5"}  # Qwen-family models whose videos are not served (placed frame by frame with timestamps)
 TILED_PROCESSORS = {  # tiled families: their Pil image processor (module, class)
@@ -257,6 +284,12 @@ def directory_family(path: Path, config: Any, tokenizer: Any) -> MultimodalFamil
         module, name = TILED_PROCESSORS[config.model_type]
         processor_class = getattr(importlib.import_module(module), name)
         return tiled_family(config, processor_class.from_pretrained(str(path), local_files_only=True), tokenizer)
+    if config.model_type == "gemma3":
+        from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+        processor = Gemma3ImageProcessorPil.from_pretrained(str(path), local_files_only=True)
+        processor.do_pan_and_scan = False  # crops would be further images the template never wrote
+        return gemma3_family(config, processor, tokenizer)
     if config.model_type == "mistral3":
         from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 

@@ -78,6 +78,9 @@ class MultimodalFamily:
     mrope: Any = None  # chat.models.mrope.MropeSpec for 3-D positions, None for 1-D
     markers: Mapping[str, int] = field(default_factory=dict)  # Omni videos with audio: "vision_start", "audio_start",
     # "audio_end", "vision_end" -> token ids (the four markers framing an interleaved item); empty otherwise
+    template_text: Mapping[str, str] = field(default_factory=dict)  # text the chat template writes -> what the
+    # model's processor writes instead, before tokenizing (Gemma 3: the newlines and markers around an image)
+    bidirectional: bool = False  # an item's tokens attend to each other both ways (Gemma 3): computed whole
 
 
 @dataclass(slots=True, eq=False)
@@ -154,6 +157,7 @@ class MultimodalAdapter(ModelAdapter):
         self._full = model  # the whole HF model: its encoders run on media
         self.family = family
         self.modalities = frozenset(family.preparers)  # kinds this model takes
+        self.whole_media_spans = family.bidirectional  # a prefill chunk never cuts an item
         self.media_store = MediaStore(media_store_bytes)  # prepared inputs and encoder outputs by content hash
         self._embed = stack.get_input_embeddings()
         self._kind_of = {token: kind for kind, token in family.placeholders.items()}
@@ -196,6 +200,8 @@ class MultimodalAdapter(ModelAdapter):
             template_messages.append({"role": message["role"], "content": pieces})
         prepared = self._prepare_all(parts)  # decode errors surface here, before any compute
         text = self._tokenizer.apply_chat_template(template_messages, tokenize=False, add_generation_prompt=True)
+        for written, meant in self.family.template_text.items():
+            text = text.replace(written, meant)
         ids = list(self._tokenizer.encode(text, add_special_tokens=False))
         rendered = self._expand(ids, parts, prepared)
         for key, value in prepared:  # only a prompt that renders leaves its items in the store
@@ -317,6 +323,24 @@ class MultimodalAdapter(ModelAdapter):
         run.media = RunMedia(items=items, base=base, positions=positions, delta=delta, steps=steps)
         self.media_counters["items"] += len(prompt.items) if prompt is not None else 0
         return run
+
+    def _blocks(self, run: RunState, q: int) -> tuple[tuple[int, int], ...]:
+        """Bidirectional families: the items inside the next ``q`` tokens, as offsets into them.
+
+        Raises:
+            RunStateError: the tokens cut an item (the engine never feeds such a chunk).
+        """
+        if not self.family.bidirectional or q < 2:
+            return ()
+        plan, start, out = self._plan(run), run.length, []
+        for it in plan.items:
+            lo, hi = it.span.start, it.span.end
+            if hi <= start or lo >= start + q:
+                continue
+            if lo < start or hi > start + q:
+                raise RunStateError(f"{it.item}: a chunk of [{start}, {start + q}) cuts the item at [{lo}, {hi})")
+            out.append((lo - start, hi - start))
+        return tuple(out)
 
     def extras(self, run: RunState) -> tuple[tuple[int, int], ...]:
         """The extras of an entry stored at ``run.length``: (length, next position - length) steps (mRoPE only)."""
@@ -466,3 +490,8 @@ def pixtral_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
         vision_feature_layer=model.config.vision_feature_layer,
     )
     return _rows(out)
+
+
+def gemma3_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    """Gemma 3: the SigLIP tower, pooled and projected to ``mm_tokens_per_image`` rows."""
+    return _rows(model.model.get_image_features(pixel_values=p.inputs["pixel_values"]))

@@ -70,6 +70,8 @@ class Slot:
     start: int  # first token of the run in that row
     end: int  # one past its last token
     cache: Any  # the run's own cache (chat.models.hf_cache.RunCache): its attention layers own its K/V rows
+    blocks: tuple[tuple[int, int], ...] = ()  # [a, b) offsets into the slot's tokens that attend to each other both
+    # ways (Gemma 3's image tokens), besides the causal mask; a sliding window still bounds what lies behind
 
 
 @dataclass(slots=True, eq=False)
@@ -313,6 +315,8 @@ def ragged_attention(
             torch.bmm(torch.softmax(scores, dim=-1), v, out=token_outputs[at].view(hk, g, dv))
             continue
         mask = pack.mask(q, kv, window, query.device)  # [q, kv]
+        if slot.blocks:
+            mask = _with_blocks(mask, slot.blocks)
         qs = scaled[slot.row : slot.row + 1, :, slot.start : slot.end]  # [1, H, q, D]
         if q <= MATMUL_QUERY or softcap:
             qg = qs.reshape(hk, g * q, d)
@@ -326,6 +330,18 @@ def ragged_attention(
             o = F.scaled_dot_product_attention(qs, k[None], v[None], attn_mask=mask, scale=1.0, enable_gqa=g > 1)[0]
         out[slot.row, slot.start : slot.end].copy_(o.transpose(0, 1))
     return out, None
+
+
+def _with_blocks(causal: torch.Tensor, blocks: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """``causal`` ``[q, kv]`` (its queries the last ``q`` positions, a sliding window already applied) with each
+    block's queries also seeing the block's tokens ahead of them: what transformers builds for Gemma 3, OR(causal,
+    block) AND the window, whose bound only limits how far back a query sees."""
+    q, kv = causal.shape
+    mask = causal.clone()
+    for a, b in blocks:
+        ahead = torch.ones(b - a, b - a, dtype=torch.bool, device=mask.device).triu(1)  # [i, j]: j after i
+        mask[a:b, kv - q + a : kv - q + b] |= ahead  # behind stays as the causal mask (and window) has it
+    return mask
 
 
 def _native_attention(
@@ -351,6 +367,8 @@ def _native_attention(
     b, h, s, d = scaled.shape
     picked, table = [], []  # a table row's last two fields: query tokens, first token in the flat [B * S]
     for i, (slot, view) in enumerate(zip(pack.slots, views, strict=True)):
+        if slot.blocks and not isinstance(view, Reserved):  # the kernel's masks are causal: torch computes these
+            continue
         if isinstance(view, Reserved):
             table.append(view.entry)
         else:

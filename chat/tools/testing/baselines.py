@@ -72,6 +72,11 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, t
         out["input_features"], out["feature_attention_mask"] = batch, mask
     if any(it.prepared.runs for it in prompt.items):
         out["use_audio_in_video"] = True  # type: ignore[assignment]  # transformers: every video carries its audio
+    if adapter.family.bidirectional:  # Gemma 3: its image tokens, whose blocks attend both ways (token_type_ids)
+        kinds = torch.zeros_like(ids)
+        for it in prompt.items:
+            kinds[0, it.span.start : it.span.end] = 1
+        out["token_type_ids"] = kinds
     if "mm_token_type_ids" in inspect.signature(adapter.full_model.forward).parameters:  # Qwen3.5: where media is
         kinds = torch.zeros_like(ids)
         for it in prompt.items:

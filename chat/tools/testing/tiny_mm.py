@@ -55,7 +55,11 @@ MISTRAL3_PARTS = {"image": "[IMG]"}
 MISTRAL3_PATCH = 8  # px of the tower's patch; merged 2x2, one prompt token per 16 px square
 MISTRAL3_LONGEST = 64  # px of an image's longest edge: at most 4x4 prompt tokens
 
-TINY_MM = ("omni", "llava", "smolvlm", "qwen35vl", "mistral3")
+GEMMA3_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+GEMMA3_PARTS = {"image": "<start_of_image>"}
+GEMMA3_IMAGE = 32  # px of the tower's square input: 4x4 patches of 8 px, pooled to 2x2 = 4 image tokens
+
+TINY_MM = ("omni", "llava", "smolvlm", "qwen35vl", "mistral3", "gemma3mm")
 
 
 def chat_template(parts: dict[str, str]) -> str:
@@ -259,6 +263,38 @@ def mistral3_config(tokenizer: Any) -> Any:
     )
 
 
+def gemma3mm_config(tokenizer: Any) -> Any:
+    """Gemma 3 with its vision tower: sliding-window and full-attention layers; image tokens attend both ways."""
+    from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
+
+    from chat.tools.testing.tiny import WINDOW
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GEMMA3_TOKENS}
+    return Gemma3Config(
+        text_config=Gemma3TextConfig(
+            **_COMMON,
+            vocab_size=len(tokenizer),
+            sliding_window=WINDOW,
+            head_dim=16,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+        vision_config=SiglipVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=GEMMA3_IMAGE,
+            patch_size=8,
+        ),
+        mm_tokens_per_image=4,
+        boi_token_index=ids["<start_of_image>"],
+        eoi_token_index=ids["<end_of_image>"],
+        image_token_index=ids["<image_soft_token>"],
+    )
+
+
 def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
     """``(tokenizer, config)`` of ``tiny-<name>`` (``name`` in :data:`TINY_MM`): everything but its weights."""
     if name == "omni":
@@ -276,13 +312,16 @@ def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
     if name == "mistral3":
         tokenizer = tiny_tokenizer(MISTRAL3_TOKENS, MISTRAL3_PARTS)
         return tokenizer, mistral3_config(tokenizer)
+    if name == "gemma3mm":
+        tokenizer = tiny_tokenizer(GEMMA3_TOKENS, GEMMA3_PARTS)
+        return tokenizer, gemma3mm_config(tokenizer)
     raise KeyError(name)
 
 
 def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
     """How ``tiny-<name>`` takes media (a ``chat.models.multimodal.MultimodalFamily``): its processors, no weights
     (``tokenizer``: tiny-smolvlm's, whose markers its images are written with; made anew if None)."""
-    from chat.models.families_mm import llava_family, pixtral_family, qwen_family, tiled_family
+    from chat.models.families_mm import gemma3_family, llava_family, pixtral_family, qwen_family, tiled_family
 
     if name == "omni":
         from transformers import WhisperFeatureExtractor
@@ -326,6 +365,12 @@ def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
         )
         tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(MISTRAL3_TOKENS, MISTRAL3_PARTS)
         return pixtral_family(config, processor, tokenizer)
+    if name == "gemma3mm":
+        from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+        processor = Gemma3ImageProcessorPil(size={"height": GEMMA3_IMAGE, "width": GEMMA3_IMAGE}, do_pan_and_scan=False)
+        tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(GEMMA3_TOKENS, GEMMA3_PARTS)
+        return gemma3_family(config, processor, tokenizer)
     raise KeyError(name)
 
 
@@ -347,4 +392,5 @@ MODEL_CLASSES = {  # tiny name -> its transformers class
     "smolvlm": "SmolVLMForConditionalGeneration",
     "qwen35vl": "Qwen3_5ForConditionalGeneration",
     "mistral3": "Mistral3ForConditionalGeneration",
+    "gemma3mm": "Gemma3ForConditionalGeneration",
 }

@@ -113,6 +113,7 @@ class FakeRuntime:
         self.kind = kind
         self.fingerprint = f"fake-{kind}"
         self.has_recurrent_state = kind == "recurrent"
+        self.whole_media_spans = False  # its media items are causal like text
         self.context_window = context_window
         self.script = script
         self.drift = drift

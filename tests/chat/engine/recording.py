@@ -12,16 +12,16 @@ from chat.engine.turn import PREFILL_CHUNK, Turn
 
 
 def run_recorded(
-    runtime: ModelRuntime, cache: PrefixCache | None, request: TurnRequest, **turn_options
+    runtime: ModelRuntime, cache: PrefixCache | None, request: TurnRequest, budget: int = PREFILL_CHUNK, **turn_options
 ) -> tuple[Turn, Done, torch.Tensor]:
-    """Run ``request`` to its end; return the turn, its Done, and the logits ``[suffix, vocab]`` of the prompt
-    tokens computed (those after the cached prefix)."""
+    """Run ``request`` to its end, prefill chunks of at most ``budget`` tokens; return the turn, its Done, and the
+    logits ``[suffix, vocab]`` of the prompt tokens computed (those after the cached prefix)."""
     turn = Turn(runtime, cache, request, **turn_options)
     turn.begin()
     rows: list[torch.Tensor] = []
     while True:
         prefill = not turn.decoding
-        feed = turn.next_feed(PREFILL_CHUNK)
+        feed = turn.next_feed(budget)
         (out,) = runtime.forward_batch([Feed(feed.run, feed.tokens, len(feed.tokens)) if prefill else feed])
         if isinstance(out, Exception):
             events = turn.fail(out)

@@ -49,6 +49,7 @@ CASES = [
     ("tiny-smolvlm", "float32"),
     ("tiny-qwen35vl", "float32"),
     ("tiny-mistral3", "float32"),
+    ("tiny-gemma3mm", "float32"),
     ("tiny-llama", "int8"),
     ("tiny-gemma3", "int8"),
     ("tiny-lfm2", "int8"),

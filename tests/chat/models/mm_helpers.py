@@ -77,8 +77,9 @@ def user(*parts) -> dict:
 
 def reference_logits(adapter, prompt) -> torch.Tensor:
     """Logits ``[len(prompt.tokens), vocab]`` of the whole prompt through the transformers model (no cache), with
-    the model's own media merging and position ids."""
-    with torch.inference_mode():
+    the model's own media merging, position ids and attention masks (the stock model: transformers' own attention,
+    e.g. Gemma 3's blocks of image tokens that attend both ways)."""
+    with adapter.stock_model(), torch.inference_mode():
         out = adapter.full_model(**hf_inputs(adapter, prompt))
     return out.logits[0].float()
 

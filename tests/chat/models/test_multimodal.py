@@ -31,7 +31,10 @@ TOL = 1e-4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
 
 
-@pytest.fixture(scope="module", params=["tiny-omni", "tiny-llava", "tiny-smolvlm", "tiny-qwen35vl", "tiny-mistral3"])
+@pytest.fixture(
+    scope="module",
+    params=["tiny-omni", "tiny-llava", "tiny-smolvlm", "tiny-qwen35vl", "tiny-mistral3", "tiny-gemma3mm"],
+)
 def model(request):
     torch.set_num_threads(1)
     return load_model(request.param)
@@ -234,3 +237,33 @@ def test_a_hybrid_recurrent_vlm_restores_at_turn_and_media_boundaries():
     assert gen3.cached_tokens == prompt3.items[-1].span.end  # the snapshot at the image's end
     assert (reference_logits(model, prompt3)[gen3.cached_tokens :] - gen3.prefill_logits).abs().max().item() < TOL
     cache.check_invariants()
+
+
+def test_gemma3_images_are_computed_whole_whatever_the_chunk_budget():
+    """Gemma 3's image tokens attend to each other both ways: a prefill chunk never cuts an image (it stops before
+    one, or takes it whole even over the budget), and every prefill gives transformers' own logits, whose masks make
+    the image tokens' blocks bidirectional (without the blocks the logits differ: the check can fail)."""
+    from chat.tools.testing.baselines import hf_inputs
+
+    model = load_model("tiny-gemma3mm")
+    messages = [
+        {"role": "system", "content": "Answer."},
+        user("What is ", image(png(71)), " and ", image(png(72, width=90, height=40)), "?"),
+    ]
+    prompt = model.render_prompt(messages)
+    ref = reference_logits(model, prompt)
+    causal_inputs = {k: v for k, v in hf_inputs(model, prompt).items() if k != "token_type_ids"}
+    with model.stock_model(), torch.inference_mode():
+        causal = model.full_model(**causal_inputs).logits[0].float()
+    assert (ref - causal).abs().max().item() > 1e-3
+    cache = PrefixCache()
+    for budget in (1, 3, 6):
+        gen, done, logits = run_recorded(model, cache if budget == 6 else None, TurnRequest(messages, GREEDY), budget)
+        assert done.finish_reason in ("stop", "length"), done.error
+        assert (ref[gen.cached_tokens :] - logits).abs().max().item() < TOL, budget
+    history = [*messages, {"role": "assistant", "content": done.text}]
+    follow = [*history, user("and ", image(png(73)), " this?")]
+    gen, _, logits = run_recorded(model, cache, TurnRequest(follow, GREEDY), 2)
+    prompt2 = model.render_prompt(follow)
+    assert gen.cached_tokens > prompt.items[-1].span.end  # the history, images included, came from the cache
+    assert (reference_logits(model, prompt2)[gen.cached_tokens :] - logits).abs().max().item() < TOL

@@ -10,7 +10,7 @@ from chat.models import UnsupportedArchitectureError, load_model
 from tests.chat.models.mm_helpers import image, png, save_tiny, user
 
 
-@pytest.mark.parametrize("name", ["omni", "llava", "smolvlm", "qwen35vl", "mistral3"])
+@pytest.mark.parametrize("name", ["omni", "llava", "smolvlm", "qwen35vl", "mistral3", "gemma3mm"])
 def test_a_saved_directory_serves_the_same_prompts_and_logits(tmp_path, name):
     torch.set_num_threads(1)
     save_tiny(name, tmp_path)
@@ -26,9 +26,12 @@ def test_a_saved_directory_serves_the_same_prompts_and_logits(tmp_path, name):
     assert torch.allclose(tiny.forward(run_a, a.tokens), local.forward(run_b, b.tokens), atol=1e-5)
 
 
-def test_gemma3_multimodal_is_refused_with_its_reason(tmp_path):
-    from transformers import Gemma3Config
+def test_a_multimodal_family_that_is_not_served_is_refused_with_its_reason(tmp_path):
+    from transformers import PaliGemmaConfig
 
-    Gemma3Config(text_config={"num_hidden_layers": 1}, vision_config={"num_hidden_layers": 1}).save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedArchitectureError, match="bidirectional"):
+    PaliGemmaConfig(text_config={"num_hidden_layers": 1}, vision_config={"num_hidden_layers": 1}).save_pretrained(
+        tmp_path
+    )
+    with pytest.raises(UnsupportedArchitectureError, match="not served") as refused:
         load_model(str(tmp_path))
+    assert "gemma3" in str(refused.value)  # the served families are listed
