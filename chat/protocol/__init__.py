@@ -4,8 +4,8 @@ No sockets, no asyncio, no web framework: a transport (``chat/server``) feeds fr
 engine results back to it, and sends the events it returns. See ``docs/protocol.md`` for the wire format.
 
 Modules: ``limits`` (every limit), ``errors`` (``ProtocolError``, ``ErrorCode``), ``content`` (message parts),
-``sampling``, ``client_events``, ``server_events``, ``parser``, ``session`` (``Session``, ``TurnPlan``), ``store``,
-``connection``.
+``sampling``, ``tools``, ``client_events``, ``server_events``, ``parser``, ``session`` (``Session``,
+``TurnPlan``), ``store``, ``connection``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from chat.protocol.client_events import (
     SessionCreate,
     SessionResume,
     SessionUpdate,
+    ToolResult,
+    ToolResults,
     TurnCancel,
     TurnCreate,
     TurnEdit,
@@ -53,6 +55,7 @@ from chat.protocol.server_events import (
     PromptTokensDetails,
     ReplyDelta,
     ReplyDone,
+    ReplyToolCall,
     ServerEvent,
     SessionCreated,
     SessionInfo,
@@ -94,6 +97,7 @@ __all__ = [
     "ProtocolError",
     "ReplyDelta",
     "ReplyDone",
+    "ReplyToolCall",
     "SamplingSettings",
     "ServerEvent",
     "Session",
@@ -109,6 +113,8 @@ __all__ = [
     "Step",
     "TextPart",
     "Timings",
+    "ToolResult",
+    "ToolResults",
     "TurnCancel",
     "TurnCreate",
     "TurnEdit",

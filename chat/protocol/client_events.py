@@ -21,6 +21,7 @@ from chat.protocol.limits import (
     MAX_TEXT_CHARS,
 )
 from chat.protocol.sampling import SamplingSettings
+from chat.protocol.tools import MAX_TOOL_CALLS, MAX_TOOLS, ToolChoiceWire, ToolDef
 
 Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]
 EventId = Annotated[str, Field(min_length=1, max_length=MAX_EVENT_ID_CHARS)]
@@ -30,6 +31,17 @@ SystemPrompt = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 class _ClientEvent(WireModel):
     event_id: EventId | None = None  # chosen by the client; echoed as `reply_to` by the events that answer this one
+
+
+class _OffersTools(WireModel):
+    """The tools a turn may call, as in OpenAI's chat completions (``chat.protocol.tools``): for this turn only (send
+    them again with each turn that may call them). The server checks them before the turn starts: a schema that is not
+    JSON Schema is ``invalid_grammar``, a ``tool_choice`` naming no function or given without tools ``invalid_event``,
+    each naming the field."""
+
+    tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoiceWire | None = None  # None: "auto" with tools, "none" without
+    parallel_tool_calls: bool | None = None  # None: true (several calls in one reply)
 
 
 class SessionCreate(_ClientEvent):
@@ -59,7 +71,7 @@ class SessionUpdate(_ClientEvent):
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
 
 
-class TurnCreate(_ClientEvent):
+class TurnCreate(_ClientEvent, _OffersTools):
     """Append a user message and generate a reply. Answered by ``turn.started``, ``reply.delta``*, ``reply.done``."""
 
     type: Literal["turn.create"] = "turn.create"
@@ -74,14 +86,14 @@ class TurnCancel(_ClientEvent):
     turn_id: Id | None = None  # None: whatever this connection is generating
 
 
-class TurnRegenerate(_ClientEvent):
+class TurnRegenerate(_ClientEvent, _OffersTools):
     """Drop the last reply and generate it again from the same prompt. Answered like ``turn.create``."""
 
     type: Literal["turn.regenerate"] = "turn.regenerate"
     sampling: SamplingSettings | None = None  # for this turn only, over the session's settings
 
 
-class TurnEdit(_ClientEvent):
+class TurnEdit(_ClientEvent, _OffersTools):
     """Replace an earlier user message and generate from there; every later message is dropped (a new branch).
 
     Name the message by ``index`` (0-based position in the ``conversation`` event's ``messages``) or by
@@ -99,6 +111,25 @@ class TurnEdit(_ClientEvent):
         if (self.index is None) == (self.message_id is None):
             raise PydanticCustomError("edit_target", "give exactly one of index and message_id")
         return self
+
+
+class ToolResult(WireModel):
+    """What one call of the last reply returned."""
+
+    tool_call_id: Id  # the `id` of a call in the last reply's `tool_calls`
+    content: Annotated[str, Field(max_length=MAX_TEXT_CHARS)]  # the result, as text (often JSON)
+
+
+class ToolResults(_ClientEvent, _OffersTools):
+    """Answer the last reply's tool calls and generate the reply that follows the results. The results (one ``tool``
+    message each, in the order given) join the conversation together with that reply, when it is done.
+
+    Refused (``invalid_event``, naming ``results.<i>.tool_call_id``) when the last message is not a reply with tool
+    calls, or a result names no call of it or the same call twice. Answered like ``turn.create``."""
+
+    type: Literal["tool.results"] = "tool.results"
+    results: Annotated[list[ToolResult], Field(min_length=1, max_length=MAX_TOOL_CALLS)]
+    sampling: SamplingSettings | None = None  # for this turn only, over the session's settings
 
 
 class ConversationGet(_ClientEvent):
@@ -143,6 +174,7 @@ ClientEvent = Annotated[
     | TurnCancel
     | TurnRegenerate
     | TurnEdit
+    | ToolResults
     | ConversationGet
     | CompletionCreate
     | Ping,
@@ -158,6 +190,7 @@ CLIENT_EVENT_TYPES: tuple[str, ...] = (
     "turn.cancel",
     "turn.regenerate",
     "turn.edit",
+    "tool.results",
     "conversation.get",
     "completion.create",
     "ping",

@@ -8,7 +8,8 @@ A transport is a thin loop around it::
         send(step.send)                              # serialize_server_event(e) for each
         for turn_id in step.cancel: engine.cancel(turn_id)
         if step.start: engine.start(step.start)      # then, as the engine reports:
-            # send(conn.on_delta(turn_id, text)) ... send(conn.on_done(turn_id, text, reason, usage, timings))
+            # send(conn.on_delta(turn_id, text)) ... [send(conn.on_tool_call(turn_id, i, call)) ...]
+            # send(conn.on_done(turn_id, text, reason, usage, timings, tool_calls))
     for turn_id in conn.close(): engine.cancel(turn_id)   # and keep feeding on_done for them
 
 The connection acts for one tenant (``tenant``, from the transport's authentication): it creates sessions owned by
@@ -31,6 +32,7 @@ from chat.protocol.client_events import (
     SessionCreate,
     SessionResume,
     SessionUpdate,
+    ToolResults,
     TurnCancel,
     TurnCreate,
     TurnEdit,
@@ -44,6 +46,7 @@ from chat.protocol.server_events import (
     ErrorEvent,
     Pong,
     ReplyDelta,
+    ReplyToolCall,
     ServerEvent,
     SessionCreated,
     SessionResumed,
@@ -52,6 +55,7 @@ from chat.protocol.server_events import (
 )
 from chat.protocol.session import Session, TurnPlan, plan_completion
 from chat.protocol.store import SessionStore
+from chat.protocol.tools import AssistantToolCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +118,25 @@ class Connection:
             return self._stateless_plan(turn_id).delta(text, token_ids, logprobs)
         return session.on_delta(turn_id, text, token_ids, logprobs)
 
+    def on_tool_call(self, turn_id: str, index: int, call: AssistantToolCall) -> ReplyToolCall:
+        """The ``reply.tool_call`` to send for one call of a turn's reply, before its ``on_done``.
+
+        Raises:
+            ValueError: ``turn_id`` is not running here (a caller bug).
+        """
+        session = self._owner(turn_id)
+        if session is None:
+            return self._stateless_plan(turn_id).tool_call(index, call)
+        return session.on_tool_call(turn_id, index, call)
+
     def on_done(
-        self, turn_id: str, text: str, finish_reason: FinishReason, usage: Usage, timings: Timings
+        self,
+        turn_id: str,
+        text: str,
+        finish_reason: FinishReason,
+        usage: Usage,
+        timings: Timings,
+        tool_calls: list[AssistantToolCall] | None = None,
     ) -> list[ServerEvent]:
         """End a turn (see ``Session.on_done``); return the events to send.
 
@@ -124,7 +145,7 @@ class Connection:
         """
         session = self._owner(turn_id)
         if session is not None:
-            events = session.on_done(turn_id, text, finish_reason, usage, timings)
+            events = session.on_done(turn_id, text, finish_reason, usage, timings, tool_calls)
             self.store.save(session)
         else:
             plan = self._stateless_plan(turn_id)
@@ -132,7 +153,7 @@ class Connection:
             if finish_reason == "error":
                 events = plan.failed(ErrorCode.INTERNAL, "the model failed while generating", usage, timings)
             else:
-                events = [plan.done(text, finish_reason, usage, timings)]
+                events = [plan.done(text, finish_reason, usage, timings, tool_calls=tool_calls)]
         del self._turns[turn_id]
         return events
 
@@ -187,6 +208,8 @@ class Connection:
                 return self._started(session, session.regenerate(event))
             case TurnEdit():
                 return self._started(session, session.edit(event))
+            case ToolResults():
+                return self._started(session, session.tool_results(event))
             case SessionUpdate():
                 step = Step(send=(session.update(event),))
                 self.store.save(session)

@@ -34,6 +34,7 @@ from chat.protocol.limits import (
     MAX_TEXT_CHARS,
     AudioFormat,
 )
+from chat.protocol.tools import AssistantToolCall
 from modalities import identity
 from modalities.errors import MediaError
 from modalities.identity import MediaDigest
@@ -41,8 +42,9 @@ from modalities.parts import Base64Text, MediaInput
 
 INVALID_MEDIA = "invalid_media"  # the pydantic error type that the transports report as ErrorCode.INVALID_MEDIA
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
 Role = Literal["system", "user", "assistant"]
+PromptRole = Literal["system", "user", "assistant", "tool"]
 
 
 class MediaText(str):
@@ -248,9 +250,12 @@ class ConversationMessage(WireModel):
     """One message of a session's conversation, as the ``conversation`` event lists it."""
 
     id: str  # "msg_..."; turn.edit may name it
-    role: Literal["user", "assistant"]
-    content: StoredContent  # user messages: as sent; replies: a string
-    finish_reason: FinishReason | None = None  # assistant messages: why the reply ended ("stop", "length", "cancelled")
+    role: Literal["user", "assistant", "tool"]
+    content: StoredContent  # user messages: as sent; replies: a string (the text besides their calls); tool results
+    finish_reason: FinishReason | None = None  # assistant messages: why the reply ended ("stop", "length",
+    # "tool_calls", "cancelled")
+    tool_calls: list[AssistantToolCall] | None = None  # assistant messages: the calls the reply made
+    tool_call_id: str | None = None  # tool messages: the call this result answers
 
 
 def to_wire(content: str | list[Any]) -> str | list[dict[str, Any]]:
@@ -266,5 +271,7 @@ class PromptMessage:
     (see the module docstring). A :class:`~chat.protocol.session.TurnPlan` holds these; the transports turn them
     into the engine's messages (``chat.server.turns.engine_messages``)."""
 
-    role: Role  # "system", "user" or "assistant"
+    role: PromptRole  # "system", "user", "assistant" or "tool"
     content: str | list[Any]  # a string, or TextPart / media parts as validated
+    tool_calls: tuple[AssistantToolCall, ...] = ()  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message's call

@@ -2,7 +2,8 @@
 
 ``reply_to`` is the ``event_id`` of the client event being answered (absent when the client sent none). Every
 ``turn.started`` is followed by zero or more ``reply.delta`` and exactly one ``reply.done`` with the same
-``turn_id`` (a failed turn also gets an ``error`` just before its ``reply.done``).
+``turn_id`` (a failed turn also gets an ``error`` just before its ``reply.done``). A reply that calls tools sends one
+``reply.tool_call`` per call just before its ``reply.done`` (``finish_reason: "tool_calls"``).
 Send them with ``serialize_server_event``; clients read them with ``parse_server_event``.
 """
 
@@ -17,6 +18,7 @@ from chat.protocol.base import WireModel
 from chat.protocol.content import ConversationMessage, FinishReason
 from chat.protocol.errors import ErrorCode, ProtocolError
 from chat.protocol.sampling import SamplingSettings
+from chat.protocol.tools import AssistantToolCall
 
 NonNegative = Annotated[int, Field(ge=0)]
 Millis = Annotated[float, Field(ge=0.0)]
@@ -113,7 +115,7 @@ class TurnStarted(_ServerEvent):
     type: Literal["turn.started"] = "turn.started"
     turn_id: str  # "turn_..."
     session_id: str | None = None  # None in stateless mode (completion.create)
-    kind: Literal["create", "regenerate", "edit", "completion"]  # which client event started it
+    kind: Literal["create", "regenerate", "edit", "tool_results", "completion"]  # which client event started it
     user_message_id: str | None = None  # the id of the user message being answered (None in stateless mode)
 
 
@@ -139,14 +141,25 @@ class ReplyDelta(_ServerEvent):
     logprobs: list[TokenLogprob] | None = None  # of those tokens, when the turn asked for `logprobs`
 
 
+class ReplyToolCall(_ServerEvent):
+    """One call of a reply that calls tools, whole (a reply that may call tools is read back once it is done, so its
+    text comes as one ``reply.delta`` and its calls as these, in order, before ``reply.done``)."""
+
+    type: Literal["reply.tool_call"] = "reply.tool_call"
+    turn_id: str
+    index: NonNegative  # its place among the reply's calls
+    call: AssistantToolCall  # answer it with tool.results naming call.id
+
+
 class ReplyDone(_ServerEvent):
     """The turn ended. If ``message_id`` is set the reply is now the conversation's last message."""
 
     type: Literal["reply.done"] = "reply.done"
     turn_id: str
     message_id: str | None = None  # the stored assistant message; None when nothing was stored
-    text: str  # the whole reply (partial when cancelled)
-    finish_reason: FinishReason
+    text: str  # the whole reply (partial when cancelled); with tool calls, the text besides them
+    finish_reason: FinishReason  # "tool_calls" when the reply called tools
+    tool_calls: list[AssistantToolCall] | None = None  # the reply's calls (also sent as reply.tool_call events)
     usage: Usage
     timings: Timings
 
@@ -185,6 +198,7 @@ ServerEvent = Annotated[
     | SessionUpdated
     | TurnStarted
     | ReplyDelta
+    | ReplyToolCall
     | ReplyDone
     | Conversation
     | ErrorEvent
@@ -199,6 +213,7 @@ SERVER_EVENT_TYPES: tuple[str, ...] = (
     "session.updated",
     "turn.started",
     "reply.delta",
+    "reply.tool_call",
     "reply.done",
     "conversation",
     "error",

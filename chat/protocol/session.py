@@ -6,13 +6,16 @@ States::
     IDLE, GENERATING --close()--> CLOSED  (a turn in progress can still be cancelled, and reports through
                                            on_done / on_error)
 
-The conversation (``messages``) alternates user, assistant, user, assistant ... and is only changed when a turn
-ends: a turn is planned on a *copy* (the history the reply will follow) and committed by ``on_done``. So a failed
-turn leaves the conversation exactly as it was, and ``conversation.get`` during a turn shows the old state.
+The conversation (``messages``) alternates user, assistant, user, assistant ... except that a reply with tool calls
+may be followed by ``tool`` messages (the results of its calls, from ``tool.results``) and then the next reply. It is
+only changed when a turn ends: a turn is planned on a *copy* (the history the reply will follow) and committed by
+``on_done``. So a failed turn leaves the conversation exactly as it was (tool results included: send them again),
+and ``conversation.get`` during a turn shows the old state.
 
 What ``on_done`` commits:
 
-- ``stop`` / ``length``: the history plus the reply (a ``length`` reply is kept, truncated).
+- ``stop`` / ``length`` / ``tool_calls``: the history plus the reply (a ``length`` reply is kept, truncated; a
+  ``tool_calls`` reply keeps its calls).
 - ``cancelled``: the history plus the partial reply if it holds any non-blank text; otherwise nothing changes
   (a cancelled turn.create leaves no unanswered user message; a cancelled regenerate keeps the old reply).
 - ``error`` (or ``on_error``): nothing changes.
@@ -28,6 +31,7 @@ from chat.protocol.client_events import (
     CompletionCreate,
     ConversationGet,
     SessionUpdate,
+    ToolResults,
     TurnCancel,
     TurnCreate,
     TurnEdit,
@@ -44,6 +48,7 @@ from chat.protocol.server_events import (
     ErrorEvent,
     ReplyDelta,
     ReplyDone,
+    ReplyToolCall,
     ServerEvent,
     SessionInfo,
     SessionUpdated,
@@ -51,8 +56,10 @@ from chat.protocol.server_events import (
     TurnStarted,
     Usage,
 )
+from chat.protocol.tools import AssistantToolCall, ToolChoiceWire, ToolDef
 
-TurnKind = Literal["create", "regenerate", "edit", "completion"]
+TurnKind = Literal["create", "regenerate", "edit", "tool_results", "completion"]
+TurnEvent = TurnCreate | TurnRegenerate | TurnEdit | ToolResults  # client events that start a session turn
 
 
 class SessionState(enum.Enum):
@@ -77,6 +84,9 @@ class TurnPlan:
     session_id: str | None  # None in stateless mode
     user_message_id: str | None  # the id of the last message (None in stateless mode)
     reply_to: str | None  # the event_id of the client event that asked for the turn
+    tools: tuple[ToolDef, ...] = ()  # functions the reply may call (checked by the transport before it starts)
+    tool_choice: ToolChoiceWire | None = None  # as sent (None: the default)
+    parallel_tool_calls: bool | None = None  # as sent (None: the default, true)
 
     def started(self) -> TurnStarted:
         """The ``turn.started`` event to send before the first delta."""
@@ -94,8 +104,18 @@ class TurnPlan:
             reply_to=self.reply_to, turn_id=self.turn_id, delta=text, token_ids=token_ids, logprobs=logprobs
         )
 
+    def tool_call(self, index: int, call: AssistantToolCall) -> ReplyToolCall:
+        """The ``reply.tool_call`` event for one call of this turn's reply."""
+        return ReplyToolCall(reply_to=self.reply_to, turn_id=self.turn_id, index=index, call=call)
+
     def done(
-        self, text: str, finish_reason: FinishReason, usage: Usage, timings: Timings, message_id: str | None = None
+        self,
+        text: str,
+        finish_reason: FinishReason,
+        usage: Usage,
+        timings: Timings,
+        message_id: str | None = None,
+        tool_calls: list[AssistantToolCall] | None = None,
     ) -> ReplyDone:
         """The ``reply.done`` event that ends this turn."""
         return ReplyDone(
@@ -106,6 +126,7 @@ class TurnPlan:
             finish_reason=finish_reason,
             usage=usage,
             timings=timings,
+            tool_calls=tool_calls or None,
         )
 
     def failed(self, code: ErrorCode, message: str, usage: Usage | None, timings: Timings | None) -> list[ServerEvent]:
@@ -185,7 +206,7 @@ class Session:
         """
         self._require_idle(event.event_id)
         user = ConversationMessage(id=self._new_id("msg"), role="user", content=event.content)
-        return self._begin("create", [*self.messages, user], event.event_id, event.sampling)
+        return self._begin("create", [*self.messages, user], event)
 
     def regenerate(self, event: TurnRegenerate) -> TurnPlan:
         """Plan a new answer to the last user message; the old reply is replaced when the new one is done.
@@ -196,7 +217,7 @@ class Session:
         self._require_idle(event.event_id)
         if not self.messages:
             raise ProtocolError(ErrorCode.INVALID_EVENT, "there is no reply to regenerate", event.event_id)
-        return self._begin("regenerate", self.messages[:-1], event.event_id, event.sampling)
+        return self._begin("regenerate", self.messages[:-1], event)
 
     def edit(self, event: TurnEdit) -> TurnPlan:
         """Plan a reply to an edited user message; it and everything after it are replaced when the reply is done.
@@ -210,7 +231,36 @@ class Session:
         self._require_idle(event.event_id)
         at = self._edit_target(event)
         user = ConversationMessage(id=self._new_id("msg"), role="user", content=event.content)
-        return self._begin("edit", [*self.messages[:at], user], event.event_id, event.sampling)
+        return self._begin("edit", [*self.messages[:at], user], event)
+
+    def tool_results(self, event: ToolResults) -> TurnPlan:
+        """Plan the reply that follows the results of the last reply's tool calls; the results join the conversation
+        with that reply, when it is done.
+
+        Raises:
+            ProtocolError: ``busy``; ``invalid_event`` naming ``results.<i>.tool_call_id`` when the last message is
+                not a reply with tool calls, or a result names no call of it, or one already answered;
+                ``context_overflow``; ``unknown_session``.
+        """
+        self._require_idle(event.event_id)
+        last = self.messages[-1] if self.messages else None
+        calls = {c.id for c in last.tool_calls or ()} if last is not None and last.role == "assistant" else set()
+        results = []
+        for i, result in enumerate(event.results):
+            field = f"results.{i}.tool_call_id"
+            if not calls:
+                message = f"{field}: the last message is not a reply with tool calls; there is nothing to answer"
+                raise ProtocolError(ErrorCode.INVALID_EVENT, message, event.event_id)
+            if result.tool_call_id not in calls:
+                message = f"{field}: {result.tool_call_id!r} answers no call of the last reply (or an answered one)"
+                raise ProtocolError(ErrorCode.INVALID_EVENT, message, event.event_id)
+            calls.discard(result.tool_call_id)
+            results.append(
+                ConversationMessage(
+                    id=self._new_id("msg"), role="tool", content=result.content, tool_call_id=result.tool_call_id
+                )
+            )
+        return self._begin("tool_results", [*self.messages, *results], event)
 
     def cancel(self, event: TurnCancel) -> str:
         """Accept a cancel request; return the turn id the caller must cancel in the engine.
@@ -261,10 +311,25 @@ class Session:
         """
         return self._current(turn_id).plan.delta(text, token_ids, logprobs)
 
+    def on_tool_call(self, turn_id: str, index: int, call: AssistantToolCall) -> ReplyToolCall:
+        """The ``reply.tool_call`` event to send for one call of the reply (before ``on_done``).
+
+        Raises:
+            ValueError: ``turn_id`` is not the turn in progress (a caller bug).
+        """
+        return self._current(turn_id).plan.tool_call(index, call)
+
     def on_done(
-        self, turn_id: str, text: str, finish_reason: FinishReason, usage: Usage, timings: Timings
+        self,
+        turn_id: str,
+        text: str,
+        finish_reason: FinishReason,
+        usage: Usage,
+        timings: Timings,
+        tool_calls: list[AssistantToolCall] | None = None,
     ) -> list[ServerEvent]:
-        """End the turn: commit the reply (see the module docstring); return the events to send.
+        """End the turn: commit the reply (``text``: what it says besides its ``tool_calls``; see the module
+        docstring); return the events to send.
 
         ``finish_reason`` ``error`` is handled as ``on_error`` with code ``internal``.
 
@@ -275,11 +340,17 @@ class Session:
         if finish_reason == "error":
             return self.on_error(turn_id, ErrorCode.INTERNAL, "the model failed while generating", usage, timings)
         self._end_turn()
-        if finish_reason == "cancelled" and not text.strip():
+        if finish_reason == "cancelled" and not text.strip() and not tool_calls:
             return [turn.plan.done(text, finish_reason, usage, timings)]
-        reply = ConversationMessage(id=self._new_id("msg"), role="assistant", content=text, finish_reason=finish_reason)
+        reply = ConversationMessage(
+            id=self._new_id("msg"),
+            role="assistant",
+            content=text,
+            finish_reason=finish_reason,
+            tool_calls=list(tool_calls) if tool_calls else None,
+        )
         self.messages = [*turn.history, reply]
-        return [turn.plan.done(text, finish_reason, usage, timings, message_id=reply.id)]
+        return [turn.plan.done(text, finish_reason, usage, timings, message_id=reply.id, tool_calls=tool_calls)]
 
     def on_error(
         self, turn_id: str, code: ErrorCode, message: str, usage: Usage | None = None, timings: Timings | None = None
@@ -298,12 +369,13 @@ class Session:
 
     def check_invariants(self) -> None:
         """Assert the state machine's invariants."""
-        roles = [m.role for m in self.messages]
-        assert roles == ["user", "assistant"] * (len(roles) // 2), roles
+        check_order(self.messages)
+        assert not self.messages or self.messages[-1].role == "assistant", "a conversation ends with a reply"
         assert len({m.id for m in self.messages}) == len(self.messages), "message ids are unique"
         assert (self.state is SessionState.GENERATING) == (self._turn is not None) or self.state is SessionState.CLOSED
         if self._turn is not None:
-            assert self._turn.history and self._turn.history[-1].role == "user"
+            assert self._turn.history and self._turn.history[-1].role in ("user", "tool")
+            check_order(self._turn.history)
 
     # ---------------------------------------------------------------- internals
 
@@ -336,13 +408,8 @@ class Session:
             )
         return at
 
-    def _begin(
-        self,
-        kind: TurnKind,
-        history: list[ConversationMessage],
-        event_id: str | None,
-        sampling: SamplingSettings | None = None,
-    ) -> TurnPlan:
+    def _begin(self, kind: TurnKind, history: list[ConversationMessage], event: TurnEvent) -> TurnPlan:
+        event_id, sampling = event.event_id, event.sampling
         check_conversation_limits(
             len(history) + 1 + (self.system is not None), sum(len(media_parts(m.content)) for m in history), event_id
         )
@@ -355,6 +422,9 @@ class Session:
             session_id=self.id,
             user_message_id=history[-1].id,
             reply_to=event_id,
+            tools=tuple(event.tools or ()),
+            tool_choice=event.tool_choice,
+            parallel_tool_calls=event.parallel_tool_calls,
         )
         self._turn = _Turn(plan, history)
         self.state = SessionState.GENERATING
@@ -375,7 +445,24 @@ class Session:
 def render(system: str | None, history: list[ConversationMessage]) -> tuple[PromptMessage, ...]:
     """The prompt's messages: the system prompt (if any), then the history, as stored (media keep their digests)."""
     head = (PromptMessage("system", system),) if system is not None else ()
-    return head + tuple(PromptMessage(m.role, m.content) for m in history)
+    return head + tuple(PromptMessage(m.role, m.content, tuple(m.tool_calls or ()), m.tool_call_id) for m in history)
+
+
+def check_order(messages: list[ConversationMessage]) -> None:
+    """Assert the conversation's order: it starts with a user message; a reply follows a user message or tool
+    results; a tool result follows a reply with calls (or another result) and answers one of that reply's calls."""
+    calls: set[str] = set()  # the calls of the last reply, not yet answered
+    previous = None
+    for m in messages:
+        if m.role == "user":
+            assert previous in (None, "assistant"), [x.role for x in messages]
+        elif m.role == "assistant":
+            assert previous in ("user", "tool"), [x.role for x in messages]
+            calls = {c.id for c in m.tool_calls or ()}
+        else:
+            assert previous in ("assistant", "tool") and m.tool_call_id in calls, [x.role for x in messages]
+            calls.discard(m.tool_call_id)
+        previous = m.role
 
 
 def check_conversation_limits(messages: int, media: int, event_id: str | None) -> None:

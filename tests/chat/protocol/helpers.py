@@ -16,6 +16,7 @@ from chat.protocol import (
     Pong,
     ReplyDelta,
     ReplyDone,
+    ReplyToolCall,
     SamplingSettings,
     ServerEvent,
     SessionCreate,
@@ -26,6 +27,7 @@ from chat.protocol import (
     SessionUpdate,
     SessionUpdated,
     Timings,
+    ToolResults,
     TurnCancel,
     TurnCreate,
     TurnEdit,
@@ -35,6 +37,7 @@ from chat.protocol import (
 )
 from chat.protocol.content import to_wire
 from chat.protocol.ids import IdFactory
+from chat.protocol.tools import AssistantToolCall
 
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 IMAGE_PART = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_B64}"}}
@@ -58,6 +61,14 @@ SAMPLING = SamplingSettings(temperature=0.7, top_p=0.9, top_k=40, seed=7, max_to
 USAGE = Usage.of(prompt_tokens=120, completion_tokens=8, cached_tokens=96)
 TIMINGS = Timings(ttft_ms=41.5, decode_tokens_per_s=21.3, total_ms=370.0, prefill_ms=30.1)
 INFO = SessionInfo(id="sess_1", model="m", system="Be brief.", sampling=SAMPLING, messages=2, state="idle")
+
+TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+CALL = AssistantToolCall.model_validate(
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+)
 
 CLIENT_EXAMPLES: list[ClientEvent] = [
     SessionCreate(event_id="e1", model="m", system="Be brief.", sampling=SAMPLING),
@@ -86,6 +97,10 @@ CLIENT_EXAMPLES: list[ClientEvent] = [
         }
     ),
     Ping(event_id="e10"),
+    TurnCreate.model_validate({"event_id": "e11", "content": "Weather?", "tools": [TOOL], "tool_choice": "required"}),
+    ToolResults.model_validate(
+        {"event_id": "e12", "results": [{"tool_call_id": "call_1", "content": "sunny"}], "tools": [TOOL]}
+    ),
 ]
 
 SERVER_EXAMPLES: list[ServerEvent] = [
@@ -118,4 +133,15 @@ SERVER_EXAMPLES: list[ServerEvent] = [
     ErrorEvent(reply_to="e4", code=ErrorCode.BUSY, message="session sess_1 is generating turn turn_2"),
     ErrorEvent(code=ErrorCode.CONTEXT_OVERFLOW, message="too long", turn_id="turn_2"),
     Pong(reply_to="e10"),
+    ReplyToolCall(reply_to="e11", turn_id="turn_3", index=0, call=CALL),
+    ReplyDone(
+        reply_to="e11",
+        turn_id="turn_3",
+        message_id="msg_6",
+        text="",
+        finish_reason="tool_calls",
+        usage=USAGE,
+        timings=TIMINGS,
+        tool_calls=[CALL],
+    ),
 ]

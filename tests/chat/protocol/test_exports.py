@@ -10,11 +10,11 @@ import chat.protocol
 PUBLIC = {
     # wire types: client events and their union
     "ClientEvent", "CLIENT_EVENT_TYPES", "SessionCreate", "SessionResume", "SessionUpdate", "TurnCreate", "TurnCancel",
-    "TurnRegenerate", "TurnEdit", "ConversationGet", "CompletionCreate", "Ping",
+    "TurnRegenerate", "TurnEdit", "ConversationGet", "CompletionCreate", "Ping", "ToolResults", "ToolResult",
     # wire types: server events and their union
     "ServerEvent", "SERVER_EVENT_TYPES", "SessionCreated", "SessionResumed", "SessionUpdated", "SessionInfo",
     "TurnStarted", "ReplyDelta", "ReplyDone", "Usage", "PromptTokensDetails", "Timings", "Conversation", "ErrorEvent",
-    "Pong",
+    "Pong", "ReplyToolCall",
     # content and settings
     "Content", "ContentPart", "TextPart", "ImageURLPart", "ImageURL", "InputAudioPart", "InputAudio", "VideoURLPart",
     "VideoURL", "ChatMessage", "ConversationMessage", "FinishReason", "SamplingSettings", "MediaContentPart",

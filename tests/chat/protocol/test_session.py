@@ -15,6 +15,7 @@ from chat.protocol import (
     SessionState,
     SessionUpdate,
     Timings,
+    ToolResults,
     TurnCancel,
     TurnCreate,
     TurnEdit,
@@ -22,6 +23,7 @@ from chat.protocol import (
     Usage,
 )
 from chat.protocol import limits as L
+from chat.protocol.tools import AssistantToolCall
 from tests.chat.protocol.helpers import IMAGE_PART, counter_ids, plan_json
 
 USAGE = Usage.of(10, 2, cached_tokens=4)
@@ -339,3 +341,71 @@ def test_a_reply_longer_than_a_client_message_is_stored(session):
     [done] = session.on_done(plan.turn_id, long_reply, "length", USAGE, TIMINGS)
     assert session.messages[-1].content == long_reply and done.text == long_reply
     assert session.conversation().messages[-1].content == long_reply
+
+
+# ---------------------------------------------------------------- tool calls and their results
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def _call(call_id: str) -> AssistantToolCall:
+    return AssistantToolCall.model_validate(
+        {"id": call_id, "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+    )
+
+
+def _called(session: Session, *call_ids: str) -> None:
+    plan = session.create_turn(TurnCreate.model_validate({"content": "Weather?", "tools": [TOOL]}))
+    assert plan.tools[0].function.name == "get_weather" and plan.tool_choice is None
+    (done,) = session.on_done(plan.turn_id, "", "tool_calls", USAGE, TIMINGS, [_call(c) for c in call_ids])
+    assert done.finish_reason == "tool_calls" and [c.id for c in done.tool_calls] == list(call_ids)
+    session.check_invariants()
+
+
+def _results(*pairs: tuple[str, str], event_id: str | None = None) -> ToolResults:
+    results = [{"tool_call_id": c, "content": text} for c, text in pairs]
+    return ToolResults.model_validate({"results": results, "event_id": event_id, "tools": [TOOL]})
+
+
+def test_tool_results_follow_a_reply_with_calls_and_join_the_conversation_with_the_next_reply(session):
+    _called(session, "call_a", "call_b")
+    plan = session.tool_results(_results(("call_a", "sunny"), ("call_b", "windy")))
+    assert plan.kind == "tool_results" and plan.tools and len(session.messages) == 2  # nothing committed yet
+    assert [(m.role, m.tool_call_id) for m in plan.messages[-2:]] == [("tool", "call_a"), ("tool", "call_b")]
+    assert [c.id for c in plan.messages[2].tool_calls] == ["call_a", "call_b"]
+    session.check_invariants()
+    session.on_done(plan.turn_id, "Sunny and windy.", "stop", USAGE, TIMINGS)
+    session.check_invariants()
+    assert [m.role for m in session.messages] == ["user", "assistant", "tool", "tool", "assistant"]
+
+
+def test_a_failed_turn_after_tool_results_leaves_them_out(session):
+    _called(session, "call_a")
+    plan = session.tool_results(_results(("call_a", "sunny")))
+    session.on_error(plan.turn_id, ErrorCode.INTERNAL, "boom")
+    assert [m.role for m in session.messages] == ["user", "assistant"]
+    session.tool_results(_results(("call_a", "sunny")))  # may be sent again
+    session.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("pairs", "field"),
+    [
+        ((("call_x", "?"),), "results.0.tool_call_id"),
+        ((("call_a", "1"), ("call_a", "2")), "results.1.tool_call_id"),
+    ],
+)
+def test_a_result_that_answers_no_call_is_refused_by_name(session, pairs, field):
+    _called(session, "call_a")
+    exc = refused(session.tool_results, _results(*pairs, event_id="r1"))
+    assert exc.code is ErrorCode.INVALID_EVENT and exc.message.startswith(f"{field}:") and exc.event_id == "r1"
+    assert session.state is SessionState.IDLE and len(session.messages) == 2
+    turn(session, "still usable", "yes")
+
+
+def test_tool_results_without_a_preceding_call_are_refused(session):
+    exc = refused(session.tool_results, _results(("call_a", "sunny")))
+    assert exc.code is ErrorCode.INVALID_EVENT and exc.message.startswith("results.0.tool_call_id:")
+    turn(session, "Hi", "Hello")
+    exc = refused(session.tool_results, _results(("call_a", "sunny")))
+    assert "not a reply with tool calls" in exc.message
