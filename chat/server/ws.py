@@ -4,6 +4,11 @@ Frames in -> ``Connection.receive`` -> events out, turns to the engine, cancels 
 on the engine's thread and are marshalled onto the event loop, where the connection turns them into ``reply.delta`` /
 ``reply.done``. All sends go through one queue, so events of one socket never interleave mid-frame.
 
+A turn that offers tools is built as ``/v1/chat/completions`` builds one (``chat.server.tools_api``: the same checks,
+call formats and grammars; the tools are checked before the event reaches the session, so a refused one changes
+nothing); its reply is held back until it is done, then sent as its text, its ``reply.tool_call`` events and its
+``reply.done`` (:class:`ReplyReader`).
+
 Refusals before any exchange: a browser ``Origin`` that is not allowed, or a missing or unknown key when keys are
 configured, closes with 1008 (policy violation). When a reload of the keys removes the socket's key (or gives it to
 another tenant), the socket sends a ``key_revoked`` error, closes with 1008 (reason ``key_revoked``) and cancels its
@@ -25,29 +30,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from fastapi import WebSocket, WebSocketDisconnect
 
 from chat.engine.engine import Engine, JobHandle
-from chat.engine.events import Delta, Done
-from chat.protocol.client_events import CompletionCreate, TurnCreate, TurnEdit, TurnRegenerate
+from chat.engine.events import Delta, Done, TurnRequest
+from chat.engine.reasoning import Markers
+from chat.protocol.client_events import CompletionCreate, ToolResults, TurnCreate, TurnEdit, TurnRegenerate
 from chat.protocol.connection import Connection, Step
 from chat.protocol.errors import ErrorCode, ProtocolError
 from chat.protocol.parser import parse_client_event, serialize_server_event
 from chat.protocol.server_events import ErrorEvent, ReplyDone, SessionCreated, SessionUpdated
 from chat.protocol.session import TurnPlan
 from chat.protocol.store import SessionStore
+from chat.protocol.tools import AssistantToolCall
+from chat.server import reasoning_api, tools_api
 from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import chat_logprobs
-from chat.server.errors import TRANSPORT, describe
+from chat.server.errors import TRANSPORT, RequestError, describe
 from chat.server.key_store import KeyStore
 from chat.server.tenant_gate import TenantGate
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
 log = logging.getLogger("turncache.ws")
 WRITE_WAIT_S = 1.0  # the longest an acknowledgment waits for its session's write before it is sent anyway
-STARTS_A_TURN = (TurnCreate, TurnRegenerate, TurnEdit, CompletionCreate)  # events a tenant's limits apply to
+STARTS_A_TURN = (TurnCreate, TurnRegenerate, TurnEdit, ToolResults, CompletionCreate)  # a tenant's limits apply
+OFFERS_TOOLS = (TurnCreate, TurnRegenerate, TurnEdit, ToolResults)  # events whose tools are checked before anything
 
 
 def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
@@ -94,6 +104,7 @@ class ChatSocket:
         self.outbox: asyncio.Queue[str | asyncio.Future | int | None] = asyncio.Queue()  # None ends the writer
         self.jobs: dict[str, JobHandle] = {}  # running turns by turn id
         self.turn_sessions: dict[str, str] = {}  # running session turns -> their session id
+        self.readers: dict[str, ReplyReader] = {}  # running turns -> how their reply is read back (tools, thinking)
         self.open = True  # False once the client is gone: events are then dropped
 
     async def run(self) -> None:
@@ -183,6 +194,8 @@ class ChatSocket:
         connection: a refused one changes nothing (no ``turn.started``, the session as it was)."""
         try:
             event = parse_client_event(frame)
+            if isinstance(event, OFFERS_TOOLS):
+                check_tools(event, self.engine.runtime)
             if isinstance(event, STARTS_A_TURN):
                 refusal = self.gate.check(self.tenant.id)
                 if refusal is not None:
@@ -199,25 +212,32 @@ class ChatSocket:
         if plan.session_id is not None:
             self.turn_sessions[plan.turn_id] = plan.session_id
         try:
-            runtime, cap = self.engine.runtime, self.reply_cap
-            request = turn_request(plan.messages, plan.sampling, salt=self.salt, runtime=runtime, reply_cap=cap)
+            request, reader = build_turn(plan, self.salt, self.engine.runtime, self.reply_cap)
+            self.readers[plan.turn_id] = reader
             self.jobs[plan.turn_id] = self.engine.submit(
                 request, lambda event: self.loop.call_soon_threadsafe(self._on_event, plan.turn_id, event)
             )
         except Exception as exc:  # media the model does not take, a closed engine, a bug: this turn fails alone
             self.turn_sessions.pop(plan.turn_id, None)
+            self.readers.pop(plan.turn_id, None)
             self._send(self._failed(plan.turn_id, exc))
 
     def _on_event(self, turn_id: str, event) -> None:
         """An engine result for one turn, on the event loop."""
+        reader = self.readers.get(turn_id)
         if isinstance(event, Delta):
-            if event.text or event.logprobs:
+            if (event.text or event.logprobs) and not (reader is not None and reader.held):
                 logprobs = chat_logprobs(self.engine.runtime, event.logprobs) if event.logprobs else None
                 self._send([self.conn.on_delta(turn_id, event.text, list(event.token_ids), logprobs)])
             return
         self.jobs.pop(turn_id, None)
+        self.readers.pop(turn_id, None)
         session_id = self.turn_sessions.pop(turn_id, None)
-        if isinstance(event, Done):
+        if isinstance(event, Done) and event.finish_reason != "error" and reader is not None:
+            reader.settle(self.engine, event)
+        if isinstance(event, Done) and event.finish_reason != "error" and reader is not None and reader.held:
+            events = self._read_back(turn_id, reader, event)
+        elif isinstance(event, Done):
             if event.finish_reason == "error":
                 log.error("turn %s failed", turn_id, exc_info=event.error)
                 events = self.conn.on_error(
@@ -236,12 +256,79 @@ class ChatSocket:
         committed = any(isinstance(e, ReplyDone) and e.message_id is not None for e in events)
         self._send(events, written=session_id if committed else None)
 
+    def _read_back(self, turn_id: str, reader: ReplyReader, done: Done) -> list:
+        """The events that end a turn whose reply was held back: its text as one delta, its calls, its reply.done."""
+        content, calls, finish = reader.read(done)
+        events: list = []
+        if content or done.logprobs:
+            logprobs = chat_logprobs(self.engine.runtime, done.logprobs) if done.logprobs else None
+            events.append(self.conn.on_delta(turn_id, content, list(done.token_ids), logprobs))
+        events += [self.conn.on_tool_call(turn_id, i, call) for i, call in enumerate(calls)]
+        finish = "cancelled" if done.finish_reason == "cancelled" else finish
+        return events + self.conn.on_done(turn_id, content, finish, wire_usage(done), wire_timings(done), calls)
+
     def _failed(self, turn_id: str, exc: BaseException) -> list:
         """The events that end a turn that failed with ``exc`` before or instead of a Done."""
         reported = describe(exc)
         if reported.code is ErrorCode.INTERNAL:
             log.error("turn %s failed", turn_id, exc_info=exc)
         return self.conn.on_error(turn_id, reported.code, reported.message)
+
+
+class ReplyReader:
+    """How one turn's reply is read back: its thinking apart (``chat.server.reasoning_api``) and, when it may call
+    tools, its calls (``chat.server.tools_api``, as over HTTP). A reply that may call tools is ``held``: nothing of it
+    is sent before it is done."""
+
+    def __init__(self, request: TurnRequest, plan: tools_api.ToolPlan, markers: Markers | None) -> None:
+        self.request = request  # what the engine was asked (settle renders the next prompt from it)
+        self.plan = plan  # the turn's tools, their format and choice
+        self.markers = markers  # the thinking markers, when the model thinks
+        self.held = plan.calls_possible  # the reply is read back whole before anything is sent
+
+    def read(self, done: Done) -> tuple[str, list[AssistantToolCall], str]:
+        """The reply's text besides its calls (its thinking kept in front, as a reply without calls keeps it), its
+        calls (fresh ids), and its finish reason (``tool_calls`` when it made calls)."""
+        text = done.text
+        answer = self.markers.split(text)[1] if self.markers is not None else text
+        parsed, finish = tools_api.read_reply(self.plan, replace(done, text=answer))
+        content = text[: len(text) - len(answer)] + (parsed.content or "")
+        calls = [AssistantToolCall.model_validate(c) for c in tools_api.wire_calls(parsed.calls)]
+        return content, calls, finish
+
+    def settle(self, engine, done: Done) -> None:
+        """Compute the next prompt's history ahead when the reply thought (see ``reasoning_api.settle``)."""
+        reasoning_api.settle(engine, self.request, self.markers, self.held, done)
+
+
+def build_turn(plan: TurnPlan, salt: str, runtime, reply_cap: int | None = None) -> tuple[TurnRequest, ReplyReader]:
+    """The engine's request for a session or stateless turn, with its tools rendered in the model's call format and
+    its history's calls and results, exactly as ``/v1/chat/completions`` builds it; and how to read its reply.
+
+    Raises:
+        UnsupportedMediaError, RequestError, SamplingFieldError.
+    """
+    tools = tools_api.plan_tools(plan.tools, plan.tool_choice, plan.parallel_tool_calls, runtime)
+    fields = tools_api.history_calls(plan.messages)
+    request = turn_request(plan.messages, plan.sampling, salt=salt, runtime=runtime, reply_cap=reply_cap)
+    request = tools_api.apply(tools, request, fields)
+    request = reasoning_api.apply(request, runtime, None, None)
+    return request, ReplyReader(request, tools, reasoning_api.thinking_markers(runtime, None))
+
+
+def check_tools(event: TurnCreate | TurnRegenerate | TurnEdit | ToolResults, runtime) -> None:
+    """Refuse an event whose tools cannot be offered, before it reaches the session (which is then unchanged).
+
+    Raises:
+        ProtocolError: ``invalid_grammar`` for a schema that is not JSON Schema, ``invalid_event`` for the rest
+            (``tool_choice`` naming no function or without tools, two functions of one name); the message starts
+            with the field.
+    """
+    try:
+        tools_api.plan_tools(event.tools, event.tool_choice, event.parallel_tool_calls, runtime)
+    except RequestError as exc:
+        code = ErrorCode.INVALID_GRAMMAR if exc.code is ErrorCode.INVALID_GRAMMAR else ErrorCode.INVALID_EVENT
+        raise ProtocolError(code, str(exc), event.event_id) from None
 
 
 async def serve_socket(
