@@ -128,9 +128,29 @@ def _chat(args: argparse.Namespace) -> int:
         flag = str(first["loc"][0]).replace("_", "-")
         raise SystemExit(f"turncache: --{flag}: {first['msg']}") from exc
     params = sampling_params(settings)
+    tools = _tools_file(args.tools) if args.tools else None
     runtime = _load(args)
     cache = None if args.no_prefix_cache else PrefixCache()
-    return chat_loop(runtime, cache, params, system=args.system)
+    from chat.server.errors import RequestError
+
+    try:
+        return chat_loop(runtime, cache, params, system=args.system, tools=tools)
+    except (RequestError, ValidationError) as exc:
+        raise SystemExit(f"turncache: --tools {args.tools}: {exc}") from exc
+
+
+def _tools_file(path: str) -> list:
+    """The function definitions of ``--tools``: a JSON list of ``{"type": "function", "function": {...}}``."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tools = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"turncache: --tools {path}: {exc}") from exc
+    if not isinstance(tools, list):
+        raise SystemExit(f"turncache: --tools {path}: must hold a JSON list of function definitions")
+    return tools
 
 
 def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -394,6 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     chat.add_argument("--max-tokens", type=int, default=256)
     chat.add_argument("--system", help="system prompt")
+    chat.add_argument(
+        "--tools",
+        metavar="FILE",
+        help='functions the model may call: a JSON list of OpenAI tool definitions ({"type": "function", '
+        '"function": {"name", "description", "parameters"}}); the terminal asks for each call\'s result',
+    )
     chat.set_defaults(run=_chat)
 
     evaluate = sub.add_parser(

@@ -58,6 +58,7 @@ from chat.tools.client.media import to_content
 from chat.tools.client.reply import Reply
 
 Sampling = Mapping[str, Any] | SamplingSettings
+Tools = Iterable[Mapping[str, Any]] | None  # OpenAI function definitions: {"type": "function", "function": {...}}
 _KEEP: Any = object()  # update_session(system=...) default: leave the system prompt as it is
 
 
@@ -181,24 +182,48 @@ class AsyncChatClient:
 
     # ---------------------------------------------------------------- turns
 
-    def send(self, *content: Any) -> ReplyStream:
+    def send(self, *content: Any, tools: Tools = None, tool_choice: Any = None) -> ReplyStream:
         """A new user turn (``turn.create``). ``content``: one string, or several items (text, paths, bytes, PIL
         images, :class:`~chat.tools.client.media.Audio` ...) that become content parts; see
-        :mod:`chat.tools.client.media`.
+        :mod:`chat.tools.client.media`. ``tools`` (OpenAI function definitions) and ``tool_choice`` offer this turn
+        tools: a reply that calls them ends with ``finish_reason == "tool_calls"`` and its calls in
+        :attr:`Reply.tool_calls`; answer them with :meth:`send_tool_results`.
 
         Nothing is sent until the stream is awaited or iterated.
         """
-        return ReplyStream(self, lambda: _event("turn.create", content=_content(content)))
+        offered = _tools(tools, tool_choice)
+        return ReplyStream(self, lambda: _event("turn.create", content=_content(content), **offered))
 
-    def regenerate(self) -> ReplyStream:
+    def send_tool_results(
+        self, results: Mapping[str, str] | Iterable[tuple[str, str]], *, tools: Tools = None, tool_choice: Any = None
+    ) -> ReplyStream:
+        """Answer the last reply's tool calls (``tool.results``): ``results`` maps each call's id to what it returned
+        (text, often JSON); the reply that follows them streams as :meth:`send`'s. Offer ``tools`` again if the reply
+        may call them again."""
+        pairs = list(results.items()) if isinstance(results, Mapping) else list(results)
+        wire = [{"tool_call_id": call_id, "content": content} for call_id, content in pairs]
+        offered = _tools(tools, tool_choice)
+        return ReplyStream(self, lambda: _event("tool.results", results=wire, **offered))
+
+    def regenerate(self, *, tools: Tools = None, tool_choice: Any = None) -> ReplyStream:
         """Generate the last reply again (``turn.regenerate``); the old one is replaced when the new one is done."""
-        return ReplyStream(self, lambda: _event("turn.regenerate"))
+        offered = _tools(tools, tool_choice)
+        return ReplyStream(self, lambda: _event("turn.regenerate", **offered))
 
-    def edit(self, *content: Any, index: int | None = None, message_id: str | None = None) -> ReplyStream:
+    def edit(
+        self,
+        *content: Any,
+        index: int | None = None,
+        message_id: str | None = None,
+        tools: Tools = None,
+        tool_choice: Any = None,
+    ) -> ReplyStream:
         """Replace an earlier user message (by ``index`` in the conversation, or ``message_id``) and generate from
         there (``turn.edit``); every later message is dropped."""
+        offered = _tools(tools, tool_choice)
         return ReplyStream(
-            self, lambda: _event("turn.edit", index=index, message_id=message_id, content=_content(content))
+            self,
+            lambda: _event("turn.edit", index=index, message_id=message_id, content=_content(content), **offered),
         )
 
     def complete(
@@ -417,6 +442,10 @@ def _sampling(sampling: Sampling | None) -> dict[str, Any] | None:
     if isinstance(sampling, SamplingSettings):
         return sampling.model_dump(exclude_unset=True)
     return dict(sampling)
+
+
+def _tools(tools: Tools, tool_choice: Any) -> dict[str, Any]:
+    return {"tools": [dict(t) for t in tools] if tools is not None else None, "tool_choice": tool_choice}
 
 
 def _content(items: tuple[Any, ...]) -> Any:

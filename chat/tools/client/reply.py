@@ -6,22 +6,25 @@ from dataclasses import dataclass
 
 from chat.protocol.content import FinishReason
 from chat.protocol.server_events import ReplyDone, Timings, Usage
+from chat.protocol.tools import AssistantToolCall
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
     """One finished turn: the whole reply text, why it ended, token counts and timings."""
 
-    text: str  # the whole reply (partial when cancelled, empty when the turn failed)
-    finish_reason: FinishReason  # "stop", "length", "cancelled" or "error"
+    text: str  # the whole reply (partial when cancelled, empty when the turn failed); with calls, the text besides
+    finish_reason: FinishReason  # "stop", "length", "tool_calls", "cancelled" or "error"
     turn_id: str  # the server's id of the turn
     message_id: str | None  # the stored assistant message (None in stateless mode or when nothing was stored)
     usage: Usage  # prompt / completion / total tokens, and cached prompt tokens
     timings: Timings  # ttft_ms, decode_tokens_per_s, total_ms, prefill_ms
+    tool_calls: tuple[AssistantToolCall, ...] = ()  # the calls the reply made (finish_reason "tool_calls")
 
     @classmethod
     def of(cls, done: ReplyDone) -> Reply:
-        return cls(done.text, done.finish_reason, done.turn_id, done.message_id, done.usage, done.timings)
+        calls = tuple(done.tool_calls or ())
+        return cls(done.text, done.finish_reason, done.turn_id, done.message_id, done.usage, done.timings, calls)
 
     @property
     def prompt_tokens(self) -> int:

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mappin
 from typing import Any, TypeVar
 
 from chat.protocol.server_events import Conversation, SessionInfo
-from chat.tools.client.async_client import _KEEP, AsyncChatClient, ReplyStream, Sampling
+from chat.tools.client.async_client import _KEEP, AsyncChatClient, ReplyStream, Sampling, Tools
 from chat.tools.client.reply import Reply
 
 T = TypeVar("T")
@@ -87,17 +87,35 @@ class ChatClient:
     def ping(self) -> None:
         self._call(self._client.ping())
 
-    def send(self, *content: Any, on_delta: OnDelta = None) -> Reply:
-        """A new user turn; returns the finished reply. See :meth:`AsyncChatClient.send` for ``content``."""
-        return self._run(self._client.send(*content), on_delta)
+    def send(self, *content: Any, tools: Tools = None, tool_choice: Any = None, on_delta: OnDelta = None) -> Reply:
+        """A new user turn; returns the finished reply. See :meth:`AsyncChatClient.send` for ``content`` and tools."""
+        return self._run(self._client.send(*content, tools=tools, tool_choice=tool_choice), on_delta)
 
-    def regenerate(self, *, on_delta: OnDelta = None) -> Reply:
-        return self._run(self._client.regenerate(), on_delta)
+    def send_tool_results(
+        self,
+        results: Mapping[str, str] | Iterable[tuple[str, str]],
+        *,
+        tools: Tools = None,
+        tool_choice: Any = None,
+        on_delta: OnDelta = None,
+    ) -> Reply:
+        """Answer the last reply's tool calls (call id -> result); returns the reply that follows them."""
+        return self._run(self._client.send_tool_results(results, tools=tools, tool_choice=tool_choice), on_delta)
+
+    def regenerate(self, *, tools: Tools = None, tool_choice: Any = None, on_delta: OnDelta = None) -> Reply:
+        return self._run(self._client.regenerate(tools=tools, tool_choice=tool_choice), on_delta)
 
     def edit(
-        self, *content: Any, index: int | None = None, message_id: str | None = None, on_delta: OnDelta = None
+        self,
+        *content: Any,
+        index: int | None = None,
+        message_id: str | None = None,
+        tools: Tools = None,
+        tool_choice: Any = None,
+        on_delta: OnDelta = None,
     ) -> Reply:
-        return self._run(self._client.edit(*content, index=index, message_id=message_id), on_delta)
+        stream = self._client.edit(*content, index=index, message_id=message_id, tools=tools, tool_choice=tool_choice)
+        return self._run(stream, on_delta)
 
     def complete(
         self,

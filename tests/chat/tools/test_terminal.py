@@ -36,3 +36,21 @@ def test_a_thinking_models_thinking_is_printed_dimmed_apart_from_its_answer():
     shown = stdout.getvalue()
     dimmed = "".join(re.findall(re.escape(DIM) + "(.*?)" + re.escape(PLAIN), shown, flags=re.S))
     assert dimmed == "hmm, two" and "It is two." in shown and "<think>" not in shown
+
+
+def test_tool_calls_are_printed_apart_and_their_results_asked_for():
+    from chat.tools.terminal import CALL, PLAIN
+    from tests.chat.server.test_tools import TOOLS, agent_script
+
+    stdin = io.StringIO("What is the weather in Oslo?\nsunny\n/quit\n")
+    stdout = io.StringIO()
+    runtime = FakeRuntime(script=agent_script)
+    chat_loop(runtime, PrefixCache(), SamplingParams(), system=None, stdin=stdin, stdout=stdout, tools=TOOLS)
+    shown = stdout.getvalue()
+    calls = re.findall(re.escape(CALL) + r"⚙ (\w+)\((.*?)\) \[call_\w+\]" + re.escape(PLAIN), shown)
+    assert calls == [("get_weather", '{"city":"Oslo"}')]
+    assert '{"tool_calls"' not in shown  # the call's raw JSON is not printed as text
+    assert re.search(re.escape(CALL) + r"result of get_weather \[call_\w+\]>", shown)
+    assert "It is sunny in Oslo." in shown and '{"response"' not in shown
+    cached = [int(c.replace(",", "")) for c in re.findall(r"\[([\d,]+) of [\d,]+ prompt tokens cached", shown)]
+    assert len(cached) == 2 and cached[1] > 0  # the answer after the result reuses the call

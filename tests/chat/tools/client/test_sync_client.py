@@ -58,3 +58,23 @@ def test_connect_failure_and_lost_connection_are_typed_and_leave_no_thread():
         client.close()  # twice is fine
         with pytest.raises(RuntimeError, match="closed"):
             client.ping()
+
+
+def test_tools_and_tool_results_round_trip_through_the_blocking_client():
+    from tests.chat.server.test_tools import TOOLS, agent_script
+
+    with fake_server() as (engine, url), ChatClient(url) as client:
+        engine.runtime.script = agent_script
+        client.create_session()
+        deltas: list[str] = []
+        called = client.send("What is the weather in Oslo?", tools=TOOLS, on_delta=deltas.append)
+        assert called.finish_reason == "tool_calls" and called.text == "" and deltas == []
+        (call,) = called.tool_calls
+        assert call.function.name == "get_weather" and call.function.arguments == '{"city":"Oslo"}'
+        answer = client.send_tool_results({call.id: "sunny"}, tools=TOOLS)
+        assert answer.text == "It is sunny in Oslo." and answer.tool_calls == ()
+        assert answer.cached_tokens == called.prompt_tokens + called.completion_tokens - 1
+        roles = [m.role for m in client.conversation().messages]
+        assert roles == ["user", "assistant", "tool", "assistant"]
+        with pytest.raises(InvalidRequestError, match=r"results\.0\.tool_call_id"):
+            client.send_tool_results({"call_unknown": "x"})
