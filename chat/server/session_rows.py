@@ -1,11 +1,14 @@
 """The sessions database's format: one row per session, one row per message, media stored once by content hash.
 
-Tables (format 2, ``PRAGMA user_version``)::
+Tables (format 3, ``PRAGMA user_version``)::
 
     sessions       one row per session: owner, model, settings, state, and `version` (+1 on every write)
     messages       one row per message, by (session_id, position); media payloads replaced by "@sha256:<hex>"
     media          one row per distinct payload (a data URL, or base64 for audio), by its SHA-256
     message_media  which message refers to which payload: a payload no message refers to is deleted
+
+Format 3 added ``messages.tools`` (an assistant message's ``tool_calls``, a tool message's ``tool_call_id``, as
+JSON); a format 2 file gets the column (NULL: no tool fields) on open.
 
 A turn's write is O(its new messages): rows past the first changed position are deleted and the new ones inserted,
 media already stored are referenced, not written again. Format 1 (one JSON value per session, the store before
@@ -32,7 +35,7 @@ from chat.protocol.content import ConversationMessage, to_wire
 
 log = logging.getLogger("turncache.sessions")
 
-FORMAT = 2  # PRAGMA user_version of this format
+FORMAT = 3  # PRAGMA user_version of this format
 MEDIA_REF = "@sha256:"  # a stored payload's reference: never the start of a data URL or of base64
 MEDIA_FIELDS = {
     "image_url": ("image_url", "url"),
@@ -60,6 +63,7 @@ SCHEMA = [
         role TEXT NOT NULL,
         content TEXT NOT NULL,          -- JSON; each media payload replaced by "@sha256:<hex>"
         finish_reason TEXT,
+        tools TEXT,                     -- JSON {"tool_calls": [...]} or {"tool_call_id": ...}; NULL: neither
         PRIMARY KEY (session_id, position)
     ) WITHOUT ROWID""",
     """CREATE TABLE media (
@@ -153,6 +157,10 @@ def _migrate(db: sqlite3.Connection, path: Path, legacy_owner: str) -> None:
         return
     if version > FORMAT:
         raise SessionDbError(f"--sessions-db {path}: written by a newer turncache (format {version})")
+    if version == 2:  # format 3 only adds the messages' tool fields
+        db.execute("ALTER TABLE messages ADD COLUMN tools TEXT")
+        db.execute(f"PRAGMA user_version = {FORMAT}")
+        return
     columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
     if columns and "messages" not in columns:
         raise SessionDbError(f"--sessions-db {path}: a 'sessions' table of an unknown format")
@@ -208,6 +216,12 @@ def pack(message: ConversationMessage) -> tuple[str, dict[str, str]]:
     return json.dumps(content), media
 
 
+def pack_tools(message: ConversationMessage) -> str | None:
+    """The stored JSON of a message's tool fields (None when it has none)."""
+    fields = message.model_dump(include={"tool_calls", "tool_call_id"}, exclude_none=True)
+    return json.dumps(fields) if fields else None
+
+
 def unpack(content: str, media: dict[str, str]) -> Any:
     """Stored content JSON with its media payloads put back.
 
@@ -258,8 +272,8 @@ def insert_messages(db: sqlite3.Connection, sid: str, start: int, messages: list
     work = Work()
     for position, message in enumerate(messages, start):
         content, media = pack(message)
-        values = (message.id, message.role, content, message.finish_reason)
-        db.execute("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?)", (sid, position, *values))
+        values = (message.id, message.role, content, message.finish_reason, pack_tools(message))
+        db.execute("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)", (sid, position, *values))
         work.rows += 1
         work.bytes += _size(values) + len(sid) + 8
         for digest, payload in media.items():
@@ -317,7 +331,8 @@ def read_session(db: sqlite3.Connection, sid: str, owner: str) -> StoredSession 
             return None
         *fields, version = row
         rows = db.execute(
-            "SELECT position, id, role, content, finish_reason FROM messages WHERE session_id = ? ORDER BY position",
+            "SELECT position, id, role, content, finish_reason, tools FROM messages WHERE session_id = ? "
+            "ORDER BY position",
             (sid,),
         ).fetchall()
         media = dict(
@@ -329,7 +344,7 @@ def read_session(db: sqlite3.Connection, sid: str, owner: str) -> StoredSession 
     finally:
         db.execute("COMMIT")
     stored = StoredSession(Header(owner, *fields), version)
-    for expected, (position, mid, role, content, finish_reason) in enumerate(rows):
+    for expected, (position, mid, role, content, finish_reason, tools) in enumerate(rows):
         if position != expected:
             raise ValueError(f"message {expected} of session {sid} is missing")
         try:
@@ -338,7 +353,7 @@ def read_session(db: sqlite3.Connection, sid: str, owner: str) -> StoredSession 
             raise ValueError(f"a media payload of session {sid} is missing") from exc
         stored.messages.append(
             ConversationMessage.model_validate(
-                {"id": mid, "role": role, "content": value, "finish_reason": finish_reason}
+                {"id": mid, "role": role, "content": value, "finish_reason": finish_reason, **json.loads(tools or "{}")}
             )
         )
     return stored

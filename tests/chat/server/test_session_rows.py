@@ -354,3 +354,39 @@ def test_a_reply_is_acknowledged_once_it_is_on_disk(tmp_path, monkeypatch):
 
         assert asyncio.run(scenario()) == [(1, 0), (1, 2)]
     engine.close()
+
+
+def _tool_round(session: Session) -> None:
+    from chat.protocol.client_events import ToolResults
+    from chat.protocol.tools import AssistantToolCall
+
+    plan = session.create_turn(TurnCreate(content="weather?"))
+    call = AssistantToolCall.model_validate({"id": "call_1", "function": {"name": "f", "arguments": '{"a":1}'}})
+    session.on_done(plan.turn_id, "", "tool_calls", Usage.of(5, 2), Timings(), [call])
+    results = ToolResults.model_validate({"results": [{"tool_call_id": "call_1", "content": "sunny"}]})
+    plan = session.tool_results(results)
+    session.on_done(plan.turn_id, "It is sunny.", "stop", Usage.of(9, 2), Timings())
+
+
+def test_tool_calls_and_results_are_kept_and_a_format_2_file_gets_their_column(tmp_path):
+    path = tmp_path / "sessions.sqlite3"
+    store = SqliteSessionStore(path)
+    plain = store.create("fake", owner="t")
+    one_turn(plain, "hello", "hi")
+    store.save(plain)
+    store.close()
+    with sqlite3.connect(path) as db:  # as format 2 wrote it: no tools column
+        db.execute("ALTER TABLE messages DROP COLUMN tools")
+        db.execute("PRAGMA user_version = 2")
+    store = SqliteSessionStore(path)
+    assert [m.content for m in store.get(plain.id, owner="t").messages] == ["hello", "hi"]
+    session = store.create("fake", owner="t")
+    _tool_round(session)
+    store.save(session)
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT == 3
+    back = SqliteSessionStore(path).get(session.id, owner="t")
+    assert back.messages == session.messages
+    assert back.messages[1].tool_calls[0].id == "call_1" and back.messages[2].tool_call_id == "call_1"
+    back.check_invariants()
