@@ -55,6 +55,7 @@ from cache.disk import DiskRecord, DiskTier
 from cache.disk_format import DEFAULT_CHUNK_TOKENS, DiskFormatError, namespace_digest, signatures_digest
 from cache.entry_rules import Extras, check_extras, exact_media_cut, extra_at, servable, servable_limits
 from cache.errors import CacheError, LayoutError, LeaseError, LengthError, NamespaceError
+from cache.evictions import EvictionRecord
 from cache.layers import (
     LayerState,
     NormalKV,
@@ -160,6 +161,7 @@ class PrefixCache:
         self._share: float | None = None if tenant_share is None else float(tenant_share)  # fraction of a tier's
         # budget a tenant keeps while another holds bytes there; None: shares off
         self._tenants = TenantBytes()  # entries and bytes per tenant (salt) and tier
+        self._evicted = EvictionRecord()  # key prefixes of recently evicted entries (see `evicted_reach`)
         self._ns_digests: dict[Namespace, str] = {}  # namespace -> the digest its files carry; a namespace is in
         # here once it adopted the files of earlier runs
         self._ids = itertools.count(1)  # entry ids
@@ -316,6 +318,18 @@ class PrefixCache:
             return 0, False
         return index.reach(encode_keys(token_list, spans))
 
+    def evicted_reach(self, namespace: Namespace, tokens: Iterable[int], media: Iterable[MediaSpan] = ()) -> int:
+        """How far ``tokens`` (in whole blocks of ``cache.evictions.BLOCK``) follow an entry of ``namespace`` that was
+        evicted recently (a bounded record, oldest forgotten first). For reporting that a longer match was held and
+        evicted; no side effects.
+
+        Raises:
+            TokenError, SpanError: bad query.
+        """
+        token_list = check_tokens(tokens)
+        spans = check_spans(media, len(token_list))
+        return self._evicted.reach(namespace, encode_keys(token_list, spans))
+
     def acquire(self, match: PrefixMatch, namespace: Namespace) -> Lease:
         """Restore the state of ``match`` for use by the model of ``namespace``. Release the lease when done.
 
@@ -401,8 +415,7 @@ class PrefixCache:
             entry = self._entries[eid]
             if entry.users or (namespace is not None and entry.namespace != namespace):
                 continue
-            self._drop(entry)
-            self._counters["evictions"] += 1
+            self._evict(entry)
             dropped += 1
         return dropped
 
@@ -504,6 +517,7 @@ class PrefixCache:
             assert self._tier_bytes[tier] == sum(b for _, b in expected[tier].refs.values())
         assert self._tier_bytes[DISK] == disk_bytes, "disk accounting drifted"
         assert tenants == self._tenants, "per-tenant accounting drifted"
+        self._evicted.check()
 
     # ================================================================ helpers: entries
 
@@ -567,6 +581,12 @@ class PrefixCache:
         entry.layers = tuple(moved(state, lambda t: t.to(target)) for state in entry.layers)
         entry.tier = tier
         self._account(entry, +1)
+
+    def _evict(self, entry: _Entry) -> None:
+        """Drop ``entry`` for room (or a lost file), remembering its key prefix (``evicted_reach``)."""
+        self._evicted.record(entry.namespace, self._indexes[entry.namespace].path_keys(entry.eid))
+        self._drop(entry)
+        self._counters["evictions"] += 1
 
     def _drop(self, entry: _Entry) -> None:
         assert entry.users == 0
@@ -702,8 +722,7 @@ class PrefixCache:
         if entry.disk is None and self._disk is not None and self._disk.healthy:
             self._persist(entry, encode_keys(entry.tokens, entry.media))
         if entry.disk is None:
-            self._drop(entry)
-            self._counters["evictions"] += 1
+            self._evict(entry)
             return
         self._account(entry, -1)
         entry.layers = None
@@ -729,8 +748,7 @@ class PrefixCache:
 
     def _lose_file(self, entry: _Entry) -> None:
         if entry.tier == DISK:
-            self._drop(entry)
-            self._counters["evictions"] += 1
+            self._evict(entry)
         else:
             self._unpersist(entry)
 
@@ -769,8 +787,7 @@ class PrefixCache:
                 continue  # dropped meanwhile
             self._unpersist(entry)
             if entry.tier == DISK:
-                self._drop(entry)
-                self._counters["evictions"] += 1
+                self._evict(entry)
 
     def _read_back(self, entry: _Entry) -> bool:
         """Load an entry held only on disk into the device tier. On failure, drop it and return False."""
