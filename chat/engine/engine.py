@@ -35,6 +35,7 @@ from chat.engine.constraints import GrammarCompiler, GrammarError
 from chat.engine.errors import EngineClosedError
 from chat.engine.events import Done, Event, TurnRequest
 from chat.engine.metrics import Metrics
+from chat.engine.recent_replies import RecentReplies
 from chat.engine.runtime import ModelRuntime
 from chat.engine.scheduler import BatchSettings, Scheduler
 from chat.engine.turn import Turn
@@ -67,6 +68,7 @@ class Engine:
         :meth:`load`). ``threads``: torch threads of the worker (None: torch's current setting)."""
         self.runtime = runtime  # the model (used only by the worker thread)
         self.cache = cache  # None: `--no-prefix-cache`
+        self.replies = RecentReplies()  # recent replies per namespace: a turn tells template drift by them
         self.metrics = Metrics()  # counters and histograms for /metrics
         self.batch = batch or BatchSettings()  # what one step may hold
         self.scheduler: Scheduler | None = Scheduler(runtime, self.batch) if runtime is not None else None
@@ -116,7 +118,14 @@ class Engine:
             raise EngineClosedError("the engine is shut down")
         spec = request.params.grammar
         grammar = self.grammars().compile(spec) if spec is not None else None
-        turn = Turn(self.runtime, self.cache, request, draft_tokens=self.batch.draft_tokens, grammar=grammar)
+        turn = Turn(
+            self.runtime,
+            self.cache,
+            request,
+            draft_tokens=self.batch.draft_tokens,
+            grammar=grammar,
+            replies=self.replies if self.cache is not None else None,
+        )
         handle = JobHandle(turn, sink)
         self._inbox.put(handle)
         return handle

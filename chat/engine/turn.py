@@ -54,6 +54,7 @@ from chat.engine.constraints import CompiledGrammar, Constraint
 from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.errors import ContextOverflowError, InvalidMediaError
 from chat.engine.events import Delta, Done, Event, Timings, TurnRequest, Usage
+from chat.engine.recent_replies import RecentReplies
 from chat.engine.runtime import Feed, ModelRuntime, RenderedPrompt, Run
 from chat.engine.sampling import Penalties, StopMatcher, TokenLogprob, sample, shape, token_logprobs
 from modalities.errors import MediaError
@@ -62,13 +63,20 @@ PREFILL_CHUNK = 256  # prefill tokens per step when a turn runs alone (the sched
 DRAFT_TOKENS = 4  # most draft tokens verified per decode step (greedy replies on runtimes that can rewind)
 RESTORE_ATTEMPTS = 3  # lookups tried when the matched entry was dropped before it could be acquired
 
-MISS_REASONS = {  # why a turn's reuse of the cache stopped before its prompt's last token
+MISS_REASONS = {  # why a turn's reuse of the cache stopped before its prompt's last token (docs/openai.md). There is
+    # deliberately no "another tenant holds this prefix": saying so would tell one tenant what another sent.
     "cold": "nothing cached in this namespace (model, dtype, tenant) starts like this prompt",
     "end_of_cache": "everything cached was reused; the rest of the prompt is new",
     "diverged": "a cached sequence goes on past this point with other tokens: an edited or different message, or a "
     "template that renders the history otherwise than the model wrote it",
     "no_restore_point": "cached further, but no entry can be restored here (inside a media item, between recurrent "
     "snapshots, before a sliding window's start)",
+    "evicted": "this namespace held a longer match, evicted since (for room, or its file was lost)",
+    "media_changed": "the reuse stopped at a media item that differs from what is cached at that place (another "
+    "image, audio or video)",
+    "template_drift": "the reuse stopped inside an assistant message that is a recent reply of this tenant: the chat "
+    "template renders what the model wrote otherwise (dropped thinking, re-serialized tool calls); the prompt is what "
+    "the template renders",
     "prompt_logprobs": "the request asked for prompt log-probabilities: the cache is not used",
     "cache_off": "the server runs without a prefix cache",
 }
@@ -173,9 +181,11 @@ class Turn:
         *,
         draft_tokens: int = DRAFT_TOKENS,
         grammar: CompiledGrammar | None = None,
+        replies: RecentReplies | None = None,
     ) -> None:
         self.runtime = runtime  # the model
         self.cache = cache  # None: no prefix reuse (`--no-prefix-cache`)
+        self.replies = replies  # recent replies of every namespace: this one's is recorded, drift is told by them
         self.request = request
         self.namespace = Namespace(runtime.fingerprint, runtime.dtype, request.salt)
         self.phase = Phase.NEW
@@ -594,6 +604,8 @@ class Turn:
             self._release()
         self.phase = Phase.DONE
         miss, miss_at = self._miss
+        if self.replies is not None and error is None and reason in ("stop", "length"):
+            self.replies.record(self.namespace, self.prompt, self.reply.tokens, "".join(self.reply.text))
         usage = Usage(len(self.prompt), self.cached_tokens, len(self.reply.tokens), miss, miss_at)
         text = "".join(self.reply.text)
         timings = self.clock.timings(len(self.reply.tokens))
@@ -613,10 +625,19 @@ class Turn:
             return None, None
         try:
             common, goes_on = self.cache.reach(self.namespace, self.prompt, self.media)
+            evicted = self.cache.evicted_reach(self.namespace, self.prompt, self.media)
+            drift = goes_on and self.replies is not None
+            drift = drift and self.replies.drift_at(self.namespace, self.prompt, common, self.request.messages)
         except Exception:  # a report only: never fail a turn for it
             return None, None
         if common > self.cached_tokens:
             return "no_restore_point", self.cached_tokens
+        if evicted > common:
+            return "evicted", common
+        if goes_on and any(span.start == common for span in self.media):
+            return "media_changed", common
+        if drift:
+            return "template_drift", common
         if goes_on:
             return "diverged", common
         return ("cold", 0) if common == 0 else ("end_of_cache", common)
