@@ -10,6 +10,7 @@ import { ACCEPT, buildContent, checkFile, formatBytes, mediaElement, readAttachm
 import { editorArticle, fillStreaming, messageArticle, streamingArticle, updateActions } from "./js/message_view.js";
 import { formatNumber } from "./js/stats.js";
 import { LocalStore } from "./js/store.js";
+import { parseTools, toolResultsForm } from "./js/tools.js";
 
 const METRICS_EVERY_MS = 5000; // cache panel refresh while the page is visible
 const isWhole = (v, lo, hi) => Number.isSafeInteger(v) && v >= lo && v <= hi;
@@ -46,7 +47,7 @@ const ui = {
 
 const store = new LocalStore();
 const connection = new Connection(socketUrl());
-const controller = new ChatController(connection, store, newChatSettings);
+const controller = new ChatController(connection, store, newChatSettings, turnTools);
 const panel = new CachePanel({ figures: $("cache-figures"), error: $("cache-error"), chart: $("chart") }, authHeaders);
 const view = {
   attachments: [], // read attachments waiting to be sent: see media.readAttachment
@@ -109,6 +110,12 @@ function samplingFromForm() {
 function newChatSettings() {
   return { model: ui.model.value || null, system: ui.system.value.trim() ? ui.system.value : null,
     sampling: samplingFromForm() };
+}
+
+/** The tools each turn offers, from the settings ({} when none; the JSON is checked when a message is sent). */
+function turnTools() {
+  const { tools } = parseTools($("tools").value);
+  return tools ? { tools, tool_choice: $("tool_choice").value } : {};
 }
 
 function saveSettings() {
@@ -193,6 +200,8 @@ function renderAll() {
   });
   if (!controller.generating) view.streamingEl = null;
   for (const key of view.rendered.keys()) if (!keep.has(key)) view.rendered.delete(key);
+  const calls = controller.pendingCalls();
+  if (calls.length) nodes.push(toolResultsForm(calls, { submit: (results) => controller.sendToolResults(results) }));
   ui.messages.replaceChildren(...nodes);
   ui.empty.hidden = items.length > 0 || controller.loading;
   ui.transcript.setAttribute("aria-busy", String(controller.loading));
@@ -307,6 +316,11 @@ function submitMessage() {
   if (text.length > MAX_TEXT_CHARS) {
     showNotice(`The message is too long (${formatNumber(text.length)} characters; the limit is ` +
       `${formatNumber(MAX_TEXT_CHARS)}).`);
+    return;
+  }
+  const toolsError = parseTools($("tools").value).error;
+  if (toolsError) {
+    showNotice(toolsError);
     return;
   }
   const content = buildContent(text, view.attachments);

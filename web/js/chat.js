@@ -6,6 +6,7 @@
 //   reply.done with message_id:  create:     messages + user + reply
 //                                regenerate: messages[:-1] + reply
 //                                edit at i:  messages[:i] + edited user + reply
+//                                tool.results: messages + tool results + reply
 //   reply.done without one (cancelled before any text, or failed): messages unchanged
 //
 // conversation.get is sent after session.resume (page load, reopening a past chat, reconnecting).
@@ -39,8 +40,9 @@ export function friendlyError(ev) {
 }
 
 export class ChatController extends EventTarget {
-  constructor(connection, store, getNewChatSettings) {
+  constructor(connection, store, getNewChatSettings, getTurnTools = () => ({})) {
     super();
+    this.turnTools = getTurnTools; // () => {tools, tool_choice} offered to each turn ({} : none)
     this.conn = connection; // a Connection (send, isOpen)
     this.store = store; // a LocalStore
     this.newChatSettings = getNewChatSettings; // () => {model, system, sampling} for session.create
@@ -84,12 +86,26 @@ export class ChatController extends EventTarget {
   /** Send a new user message. `draft` is the composer text, put back if the server refuses the message. */
   send(content, draft = "") {
     if (!this.canStartTurn()) return false;
-    return this.startTurn({ type: "turn.create", content }, "create", content, draft);
+    return this.startTurn({ type: "turn.create", content, ...this.turnTools() }, "create", content, draft);
   }
 
   regenerate() {
     if (!this.canStartTurn() || this.messages.at(-1)?.role !== "assistant") return false;
-    return this.startTurn({ type: "turn.regenerate" }, "regenerate", null, "");
+    return this.startTurn({ type: "turn.regenerate", ...this.turnTools() }, "regenerate", null, "");
+  }
+
+  /** The calls of the last reply, when it made some and nothing answered them yet (else []). */
+  pendingCalls() {
+    const last = this.messages.at(-1);
+    return !this.turn && last?.role === "assistant" && last.tool_calls?.length ? last.tool_calls : [];
+  }
+
+  /** Answer the last reply's calls: `results` = [{tool_call_id, content}]; the reply that follows streams. */
+  sendToolResults(results) {
+    if (!this.canStartTurn() || !this.pendingCalls().length) return false;
+    const tools = results.map((r) => ({ id: null, role: "tool", content: r.content, tool_call_id: r.tool_call_id }));
+    const event = { type: "tool.results", results, ...this.turnTools() };
+    return this.startTurn(event, "tool_results", null, "", null, tools);
   }
 
   /** Replace the user message `messageId` (and drop everything after it) and answer it again. */
@@ -200,6 +216,9 @@ export class ChatController extends EventTarget {
           this.dispatchEvent(new CustomEvent("delta", { detail: this.turn }));
         }
         break;
+      case "reply.tool_call":
+        if (this.turn && ev.turn_id === this.turn.turnId) this.turn.calls.push(ev.call);
+        break;
       case "reply.done":
         if (this.turn && ev.turn_id === this.turn.turnId) this.onDone(ev);
         break;
@@ -241,6 +260,7 @@ export class ChatController extends EventTarget {
     this.turn = null;
     if (ev.message_id) {
       const reply = { id: ev.message_id, role: "assistant", content: ev.text, finish_reason: ev.finish_reason };
+      if (ev.tool_calls?.length) reply.tool_calls = ev.tool_calls;
       const history = this.history(t);
       if (history.some((m) => !m.id)) {
         this.getConversation(); // no user_message_id came with turn.started: ask the server for the truth
@@ -289,12 +309,14 @@ export class ChatController extends EventTarget {
     return !this.turn && !this.loading && this.session !== null && this.conn.isOpen;
   }
 
-  startTurn(event, kind, content, draft, editIndex = null) {
+  startTurn(event, kind, content, draft, editIndex = null, toolResults = []) {
     const eventId = this.conn.send(event);
     if (!eventId) return false;
     this.turn = {
       eventId, // the turn.* event's id; turn.started and refusals answer it
-      kind, // "create" | "regenerate" | "edit"
+      kind, // "create" | "regenerate" | "edit" | "tool_results"
+      toolResults, // tool_results: the tool messages sent
+      calls: [], // the reply's calls, from reply.tool_call
       turnId: null, // from turn.started
       user: content === null ? null : { id: null, role: "user", content }, // the new user message, if any
       editIndex, // edit: the index of the message replaced
@@ -316,6 +338,7 @@ export class ChatController extends EventTarget {
   history(t) {
     if (t.kind === "create") return [...this.messages, t.user];
     if (t.kind === "regenerate") return this.messages.slice(0, -1);
+    if (t.kind === "tool_results") return [...this.messages, ...t.toolResults];
     return [...this.messages.slice(0, t.editIndex), t.user];
   }
 

@@ -5,15 +5,22 @@ import { renderMarkdown } from "./markdown.js";
 import { mediaElement, splitContent } from "./media.js";
 import { reasoningBox, splitThinking } from "./reasoning.js";
 import { badgeText } from "./stats.js";
+import { toolCallCard, toolResultCard } from "./tools.js";
 
 /**
- * The <article> of a committed message. `item` = {id, role, content, finish_reason, stats};
+ * The <article> of a committed message. `item` = {id, role, content, finish_reason, tool_calls, stats}; a reply's
+ * tool calls are cards after its text, a `tool` message a result card;
  * `on` = {edit(id), regenerate(), copy(text)}.
  */
 export function messageArticle(item, on) {
   const el = document.createElement("article");
   el.className = `msg msg-${item.role}`;
   if (item.id) el.dataset.id = item.id;
+  if (item.role === "tool") {
+    el.setAttribute("aria-label", "Tool result");
+    el.append(toolResultCard(item));
+    return el;
+  }
   el.setAttribute("aria-label", item.role === "user" ? "Your message" : "Reply");
   const { text, media } = splitContent(item.content);
   if (media.length) el.append(mediaBox(media));
@@ -25,7 +32,8 @@ export function messageArticle(item, on) {
     body.className = "msg-body markdown";
     replyBody(body, text);
   }
-  if (text || item.role === "assistant") el.append(body);
+  if (text || (item.role === "assistant" && !item.tool_calls?.length)) el.append(body);
+  for (const call of item.tool_calls ?? []) el.append(toolCallCard(call));
   if (item.role === "assistant") {
     const badge = replyBadge(item);
     if (badge) el.append(badge);
