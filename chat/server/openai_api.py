@@ -334,6 +334,7 @@ async def complete(
     choices = []
     can_call = plan is not None and plan.calls_possible
     reasoning_api.settle(engine, turns[0], markers, can_call, dones[0])  # the next turn's prompt, ahead
+    tools_api.settle(engine, turns[0], plan, markers, dones[0])
     for i in range(len(turns)):
         done = dones[i]
         logprobs = {"content": chat_logprobs(runtime, done.logprobs), "refusal": None}
@@ -413,6 +414,7 @@ async def _sse(engine, events, head, turns: Sequence[TurnRequest], model: str, p
                 dones[i] = event
                 if i == 0:
                     reasoning_api.settle(engine, turns[0], markers, held, event)
+                    tools_api.settle(engine, turns[0], plan, markers, event)
                 if event.finish_reason == "error":
                     error = {"message": "generation failed; the server logged the details", "type": "server_error"}
                     yield f"data: {json.dumps({'error': error})}\n\n"

@@ -336,6 +336,7 @@ async def complete(engine, turn: TurnRequest, req, model, plan, markers, store, 
     if done.finish_reason == "error":
         raise done.error or RuntimeError("generation failed")
     reasoning_api.settle(engine, turn, markers, plan is not None and plan.calls_possible, done)
+    tools_api.settle(engine, turn, plan, markers, done)
     body = response_object(
         f"resp_{uuid.uuid4().hex}", req, model, output_items(plan, markers, done), done, int(time.time())
     )

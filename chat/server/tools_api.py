@@ -10,6 +10,7 @@ call of an earlier assistant message; an assistant call whose ``arguments`` are 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -17,10 +18,13 @@ from typing import Any
 
 from chat.engine.constraints import GrammarError, check_json_schema
 from chat.engine.events import Done, TurnRequest
+from chat.engine.sampling import SamplingParams
 from chat.engine.tool_calls import FORMATS, ParsedReply, Tool, ToolCall, ToolChoice, ToolFormat
 from chat.protocol.errors import ErrorCode
 from chat.protocol.tools import NamedToolChoice, ToolDef
 from chat.server.errors import RequestError
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,30 @@ def read_reply(plan: ToolPlan | None, done: Done) -> tuple[ParsedReply, str]:
         return ParsedReply(done.text), finish
     parsed = plan.format.parse(done.text)
     return parsed, ("tool_calls" if parsed.calls else finish)
+
+
+def settle(engine, turn: TurnRequest, plan: ToolPlan | None, markers, done: Done) -> None:
+    """Once a reply that called tools is out on a template that renders calls itself (a family format), compute in
+    the background the history as the next request will render it: the template writes the calls its own way (other
+    spacing, arguments re-serialized), so the next step's prompt would otherwise be computed again from inside the
+    call the model wrote (``template_drift``). The earlier prompt is cached: only the re-rendered reply is computed;
+    the next step, with the calls' results, then finds its whole history in the cache but the results. Nothing is
+    done in the generic format (its history is rendered as the model wrote it), for replies without calls, or for
+    one that failed or was cut. Unmetered, like the thinking settle (``reasoning_api.settle``)."""
+    if plan is None or not plan.format.native or done.finish_reason != "stop" or turn.prompt_tokens is not None:
+        return
+    answer = markers.split(done.text)[1] if markers is not None else done.text
+    parsed = plan.format.parse(answer)
+    if not parsed.calls:
+        return
+    reply = {"role": "assistant", "content": parsed.content or "", "tool_calls": parsed.calls}
+    (message,) = plan.format.prompt([reply], plan.tools, plan.choice)
+    request = replace(turn, messages=[*turn.messages, message], params=SamplingParams(max_tokens=0))
+    engine = getattr(engine, "unmetered", engine)
+    try:
+        engine.submit(request, lambda _event: None)
+    except Exception:  # the engine is closing, or the prompt no longer fits: the next step computes it
+        _log.debug("could not settle a reply's tool calls", exc_info=True)
 
 
 def wire_calls(calls: Sequence[ToolCall], *, with_index: bool = False) -> list[dict]:

@@ -297,8 +297,10 @@ class ReplyReader:
         return content, calls, finish
 
     def settle(self, engine, done: Done) -> None:
-        """Compute the next prompt's history ahead when the reply thought (see ``reasoning_api.settle``)."""
+        """Compute the next prompt's history ahead when the reply thought or the template re-renders its calls (see
+        ``reasoning_api.settle``, ``tools_api.settle``)."""
         reasoning_api.settle(engine, self.request, self.markers, self.held, done)
+        tools_api.settle(engine, self.request, self.plan, self.markers, done)
 
 
 def build_turn(plan: TurnPlan, salt: str, runtime, reply_cap: int | None = None) -> tuple[TurnRequest, ReplyReader]:

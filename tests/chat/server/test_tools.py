@@ -217,3 +217,38 @@ def test_a_conversation_that_used_tools_goes_on_without_them(agent):
     ]
     r = _post(srv.url, {"messages": messages, "max_tokens": 50})
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_a_template_that_re_renders_calls_is_settled_so_the_next_http_step_hits_the_whole_history():
+    from cache import PrefixCache
+    from chat.engine.engine import Engine
+    from chat.models import load_model
+    from chat.server.app import create_app
+    from chat.server.openai_api import ChatCompletionRequest, build_turn
+    from chat.server.runner import BackgroundServer
+    from chat.server.settings import ServerSettings
+
+    runtime = load_model("tiny-hermes")
+    engine = Engine(runtime, cache=PrefixCache())
+    zone = TOOLS[1]
+    with BackgroundServer(create_app(engine, ServerSettings(), model_name=runtime.name)) as srv:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused")
+        ask = {"model": runtime.name, "tools": [zone], "temperature": 0, "max_tokens": 400}
+        first = client.chat.completions.create(messages=USER, tool_choice="required", **ask)
+        assert first.choices[0].finish_reason == "tool_calls"
+        (call,) = first.choices[0].message.tool_calls
+        messages = [
+            *USER,
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "12:00"},
+        ]
+        second = client.chat.completions.create(messages=messages, tool_choice="none", **ask)
+    engine.close()
+    request = ChatCompletionRequest.model_validate({**ask, "messages": messages})
+    turn, _, _ = build_turn(request, "", runtime)
+    step = runtime.render_prompt(turn.messages, turn.tools).tokens
+    ahead = runtime.render_prompt(turn.messages[:-1], turn.tools).tokens
+    shared = next((i for i, (a, b) in enumerate(zip(step, ahead, strict=False)) if a != b), len(ahead))
+    details = second.usage.prompt_tokens_details
+    assert second.usage.prompt_tokens == len(step) and details.cached_tokens == shared, second.usage
+    assert len(ahead) - shared <= 8

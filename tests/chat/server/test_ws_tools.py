@@ -6,6 +6,7 @@ batches give the tokens they give alone and without the cache (int8, native kern
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import jsonschema
@@ -220,3 +221,53 @@ def test_tool_loops_in_a_batch_give_the_tokens_they_give_alone_and_without_the_c
         alone = [run(_loop(ws_url(srv), q)) for q in questions]
     engine.close()
     assert batched == alone and again == alone
+
+
+def test_a_template_that_re_renders_calls_is_settled_so_the_next_step_hits_the_whole_history():
+    """tiny-hermes renders the history's calls its own way (not as the model wrote them): once a reply with calls is
+    out, the server computes the history as the template renders it, so the step after the results finds all of it
+    in the cache but the results (without the settle, reuse stops inside the call: template_drift)."""
+    from chat.models import load_model
+    from chat.server.ws import build_turn
+
+    runtime = load_model("tiny-hermes")
+    engine, srv = _serve(runtime, cache=True)
+    sampling = {"temperature": 0, "max_tokens": 400}
+    with srv:
+
+        async def scenario():
+            async with connect(ws_url(srv)) as ws:
+                c = Client(ws)
+                await c.send(type="session.create", sampling=sampling)
+                await c.until("session.created")
+                await c.send(type="turn.create", content="Time in Oslo?", tools=[ZONE], tool_choice="required")
+                first, _ = await c.until("reply.done")
+                assert first["finish_reason"] == "tool_calls", first
+                results = [{"tool_call_id": first["tool_calls"][0]["id"], "content": "12:00"}]
+                await c.send(type="tool.results", results=results, tools=[ZONE], tool_choice="none")
+                second, _ = await c.until("reply.done")
+                await c.send(type="conversation.get")
+                conversation, _ = await c.until("conversation")
+                return second, conversation
+
+        second, conversation = run(scenario())
+    engine.close()
+    # the prompts as the template renders them: up to the reply with its call (then a generation prompt), and the
+    # second step's (the call's result after it); what they share is the whole history but the result
+    from chat.protocol.content import ConversationMessage
+    from chat.protocol.sampling import SamplingSettings
+    from chat.protocol.session import TurnPlan, render
+    from chat.protocol.tools import ToolDef
+
+    history = [ConversationMessage.model_validate(m) for m in conversation["messages"][:3]]  # user, call, result
+    assert [m.role for m in history] == ["user", "assistant", "tool"]
+    plan = TurnPlan("t", "create", render(None, history), SamplingSettings(), runtime.name, "s", None, None)
+    plan = dataclasses.replace(plan, tools=(ToolDef.model_validate(ZONE),), tool_choice="none")
+    request, _ = build_turn(plan, "", runtime)
+    step = runtime.render_prompt(request.messages, request.tools).tokens
+    ahead = runtime.render_prompt(request.messages[:-1], request.tools).tokens
+    shared = next((i for i, (a, b) in enumerate(zip(step, ahead, strict=False)) if a != b), min(len(step), len(ahead)))
+    usage = second["usage"]
+    assert usage["prompt_tokens"] == len(step)
+    assert usage["prompt_tokens_details"]["cached_tokens"] == shared, usage
+    assert len(ahead) - shared <= 8  # all of the history ahead but its generation prompt's tokens
