@@ -185,7 +185,7 @@ function renderAll() {
       fillStreaming(view.streamingEl, controller.turn);
       return view.streamingEl;
     }
-    const key = item.id ?? `pending-${item.role}`;
+    const key = item.id ?? `pending-${i}-${item.role}`;
     keep.add(key);
     if (key === view.editingId && !controller.generating) {
       return editorArticle(item, { submit: (content) => submitEdit(item.id, content), cancel: stopEditing });

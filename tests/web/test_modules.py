@@ -301,3 +301,40 @@ def test_a_replys_thinking_is_split_off_and_shown_as_plain_text(page):
     assert out["opening"] == {"reasoning": "", "answer": "", "thinking": True}  # may be opening the block
     assert out["plain"] == {"reasoning": None, "answer": "No thinking here.", "thinking": False}
     assert out["tags"] == ["summary", "div"] and "&lt;img" in out["html"]
+
+
+def test_controller_carries_tools_and_answers_calls_like_the_server(page):
+    out = run(
+        page,
+        CONTROLLER_HARNESS.replace(
+            "() => ({sampling: {}}));",
+            "() => ({sampling: {}}),"
+            " () => ({tools: [{type: 'function', function: {name: 'f'}}], tool_choice: 'auto'}));",
+        )
+        + """
+        const call = {id: 'call_1', type: 'function', function: {name: 'f', arguments: '{}'}};
+        c.send('use f', 'use f');
+        started(1, 't1', 'u1');
+        emit({type: 'reply.tool_call', turn_id: 't1', index: 0, call});
+        done('t1', {message_id: 'a1', finish_reason: 'tool_calls', tool_calls: [call]});
+        const pending = c.pendingCalls().map(x => x.id);
+        const offered = sent[1].tools.map(t => t.function.name).join(',') + ' ' + sent[1].tool_choice;
+        c.sendToolResults([{tool_call_id: 'call_1', content: '42'}]);
+        const results = sent[2];
+        const shown = c.displayMessages().map(m => m.role).join(',');
+        started(2, 't2', 'm3');
+        done('t2', {message_id: 'a2', text: 'It is 42.'});
+        return {pending, offered, results: {type: results.type, results: results.results, tools: !!results.tools},
+                shown, after: c.pendingCalls().length, asked: sent.at(-1).type,
+                };
+        """,
+    )
+    assert out["pending"] == ["call_1"] and out["offered"] == "f auto"
+    assert out["results"] == {
+        "type": "tool.results",
+        "results": [{"tool_call_id": "call_1", "content": "42"}],
+        "tools": True,
+    }
+    assert out["shown"] == "user,assistant,tool,assistant"  # the results, then the reply being written
+    assert out["after"] == 0
+    assert out["asked"] == "conversation.get"  # the tool messages' ids come from the server

@@ -112,7 +112,8 @@ export class ChatController extends EventTarget {
   edit(messageId, content) {
     const at = this.messages.findIndex((m) => m.id === messageId);
     if (!this.canStartTurn() || at < 0 || this.messages[at].role !== "user") return false;
-    return this.startTurn({ type: "turn.edit", message_id: messageId, content }, "edit", content, "", at);
+    const event = { type: "turn.edit", message_id: messageId, content, ...this.turnTools() };
+    return this.startTurn(event, "edit", content, "", at);
   }
 
   stop() {
@@ -262,11 +263,9 @@ export class ChatController extends EventTarget {
       const reply = { id: ev.message_id, role: "assistant", content: ev.text, finish_reason: ev.finish_reason };
       if (ev.tool_calls?.length) reply.tool_calls = ev.tool_calls;
       const history = this.history(t);
-      if (history.some((m) => !m.id)) {
-        this.getConversation(); // no user_message_id came with turn.started: ask the server for the truth
-      } else {
-        this.messages = [...history, reply];
-      }
+      this.messages = [...history, reply];
+      // a message without its id (tool results; a user message when turn.started named none): ask the server
+      if (history.some((m) => !m.id)) this.getConversation();
       this.store.saveStats(this.session.id, ev.message_id, compactStats(ev.usage, ev.timings, ev.finish_reason));
       this.remember();
     } else if (ev.finish_reason === "error" && t.draft) {
