@@ -75,7 +75,7 @@ def test_the_cache_remembers_what_it_evicts_not_what_it_supersedes():
     assert cache.evict() == 1
     cache.check_invariants()
     assert cache.lookup(ns, tokens) is None
-    assert cache.evicted_reach(ns, tokens + [99]) == 32  # whole blocks of 16
+    assert cache.evicted_reach(ns, [*tokens, 99]) == 32  # whole blocks of 16
     assert cache.evicted_reach(Namespace("m", "float32", "other"), tokens) == 0
     assert cache.evicted_reach(ns, tokens, [image(4, 8)]) == 0  # an image where the evicted entry had text
 
