@@ -116,8 +116,8 @@ def test_tool_settings_are_checked_and_cards_show_text_never_markup(page):
         "   function: {name: 'f', arguments: '{\"q\": \"<img src=x onerror=alert(1)>\"}'}});"
         " const result = t.toolResultCard({role: 'tool', content: '<script>window.__pwned=1</script>'});"
         " return { empty: t.parseTools('  '), bad: t.parseTools('{'), notList: t.parseTools('{}'),"
-        "   noName: t.parseTools('[{\"type\": \"function\", \"function\": {}}]'),"
-        "   ok: t.parseTools('[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]'),"
+        '   noName: t.parseTools(\'[{"type": "function", "function": {}}]\'),'
+        '   ok: t.parseTools(\'[{"type": "function", "function": {"name": "f"}}]\'),'
         "   cardImgs: card.querySelectorAll('img').length, args: card.querySelector('.tool-args').textContent,"
         "   resultScripts: result.querySelectorAll('script').length }; }"
     )
