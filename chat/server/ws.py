@@ -233,24 +233,18 @@ class ChatSocket:
         self.jobs.pop(turn_id, None)
         self.readers.pop(turn_id, None)
         session_id = self.turn_sessions.pop(turn_id, None)
-        if isinstance(event, Done) and event.finish_reason != "error" and reader is not None:
-            reader.settle(self.engine, event)
-        if isinstance(event, Done) and event.finish_reason != "error" and reader is not None and reader.held:
-            events = self._read_back(turn_id, reader, event)
+        if isinstance(event, Done) and event.finish_reason == "error":
+            log.error("turn %s failed", turn_id, exc_info=event.error)
+            failed = "the model failed while generating"
+            events = self.conn.on_error(turn_id, ErrorCode.INTERNAL, failed, wire_usage(event), wire_timings(event))
         elif isinstance(event, Done):
-            if event.finish_reason == "error":
-                log.error("turn %s failed", turn_id, exc_info=event.error)
-                events = self.conn.on_error(
-                    turn_id,
-                    ErrorCode.INTERNAL,
-                    "the model failed while generating",
-                    wire_usage(event),
-                    wire_timings(event),
-                )
+            if reader is not None:
+                reader.settle(self.engine, event)  # before reply.done: the client's next turn comes after it
+            if reader is not None and reader.held:
+                events = self._read_back(turn_id, reader, event)
             else:
-                events = self.conn.on_done(
-                    turn_id, event.text, event.finish_reason, wire_usage(event), wire_timings(event)
-                )
+                usage, timings = wire_usage(event), wire_timings(event)
+                events = self.conn.on_done(turn_id, event.text, event.finish_reason, usage, timings)
         else:
             events = self._failed(turn_id, event)
         committed = any(isinstance(e, ReplyDone) and e.message_id is not None for e in events)
