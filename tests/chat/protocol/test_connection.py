@@ -210,3 +210,33 @@ def test_a_connection_resumes_only_its_own_tenants_sessions(store):
     assert error_of(send(bob, type="conversation.get")).code is ErrorCode.NO_SESSION
     again = Connection(store, models=["m"], tenant="alice")
     assert wire(send(again, type="session.resume", session_id=session_id))[0]["session"]["system"] == "alice's prompt"
+
+
+def test_a_tool_round_trip_through_the_connection(conn, store):
+    from chat.protocol.tools import AssistantToolCall
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    send(conn, type="session.create")
+    step = send(conn, type="turn.create", content="use f", tools=[tool], tool_choice="required", event_id="t")
+    plan = step.start
+    assert plan is not None and plan.tools[0].function.name == "f" and plan.tool_choice == "required"
+    call = AssistantToolCall.model_validate({"id": "call_7", "function": {"name": "f", "arguments": "{}"}})
+    assert json.loads(serialize_server_event(conn.on_tool_call(plan.turn_id, 0, call))) == {
+        "type": "reply.tool_call",
+        "reply_to": "t",
+        "turn_id": plan.turn_id,
+        "index": 0,
+        "call": {"id": "call_7", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+    }
+    (done,) = conn.on_done(plan.turn_id, "", "tool_calls", USAGE, TIMINGS, [call])
+    assert isinstance(done, ReplyDone) and done.tool_calls == [call] and done.message_id is not None
+    error = error_of(send(conn, type="tool.results", results=[{"tool_call_id": "call_8", "content": "x"}]))
+    assert error.code is ErrorCode.INVALID_EVENT and error.message.startswith("results.0.tool_call_id:")
+    step = send(conn, type="tool.results", results=[{"tool_call_id": "call_7", "content": "42"}])
+    assert step.start is not None and step.start.kind == "tool_results"
+    assert wire(step)[0]["kind"] == "tool_results"
+    conn.on_done(step.start.turn_id, "It is 42.", "stop", USAGE, TIMINGS)
+    session = conn.session
+    assert [m.role for m in session.messages] == ["user", "assistant", "tool", "assistant"]
+    assert store.get(session.id).messages == session.messages
+    session.check_invariants()
