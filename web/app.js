@@ -119,10 +119,13 @@ function turnTools() {
 }
 
 function saveSettings() {
-  store.saveSettings({ model: ui.model.value, system: ui.system.value, sampling: samplingFromForm() });
+  store.saveSettings({ model: ui.model.value, system: ui.system.value, sampling: samplingFromForm(),
+    tools: $("tools").value, toolChoice: $("tool_choice").value });
 }
 
-function showSettings({ model, system, sampling }) {
+function showSettings({ model, system, sampling, tools, toolChoice }) {
+  if (typeof tools === "string") $("tools").value = tools;
+  if (["auto", "required", "none"].includes(toolChoice)) $("tool_choice").value = toolChoice;
   if (model) {
     if (![...ui.model.options].some((o) => o.value === model)) ui.model.append(new Option(model, model));
     ui.model.value = model;
@@ -504,6 +507,8 @@ function start() {
     saveSettings();
     controller.updateSettings({ system: ui.system.value.trim() ? ui.system.value : null });
   });
+  $("tools").addEventListener("change", saveSettings);
+  $("tool_choice").addEventListener("change", saveSettings);
   ui.model.addEventListener("change", () => {
     saveSettings();
     if (controller.session?.model !== ui.model.value) controller.newChat();

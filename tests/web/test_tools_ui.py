@@ -133,3 +133,10 @@ def test_tool_settings_are_checked_and_cards_show_text_never_markup(page):
     send(page, "hello")
     assert "Tools must be JSON" in page.locator("#notice-text").inner_text()
     assert not page.evaluate("window.turncache.controller.generating")
+    page.get_by_label("Functions (JSON)").fill(json.dumps([TOOL]))
+    page.get_by_label("Functions (JSON)").blur()
+    page.get_by_label("Tool choice").select_option("required")
+    page.reload()
+    wait_connected(page)
+    assert json.loads(page.locator("#tools").input_value()) == [TOOL]  # kept in this browser, like the settings
+    assert page.locator("#tool_choice").input_value() == "required"
