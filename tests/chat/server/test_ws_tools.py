@@ -1,7 +1,8 @@
 """Tools over the chat WebSocket: a session turn offers tools, its reply's calls come as reply.tool_call events and
 reply.done's tool_calls, tool.results answer them and join the conversation, the next turn finds its whole history in
 the cache but the results; bad tool input is refused by name and leaves the session usable; tool loops inside
-batches give the tokens they give alone and without the cache (int8, native kernels: bit for bit)."""
+batches give the tokens they give alone and without the cache, with log-probabilities within 1e-4 (float32) or bit
+for bit (int8, native kernels)."""
 
 from __future__ import annotations
 
@@ -165,11 +166,11 @@ def test_a_result_for_an_unknown_call_after_a_real_call_is_refused_and_the_right
 ZONE = TOOLS[1]  # get_time(zone: "UTC" | "CET"): a call of a few tokens, whatever the weights
 
 
-async def _loop(url: str, question: str) -> list[list[int]]:
+async def _loop(url: str, question: str) -> list[list[tuple[int, float]]]:
     """One agent loop over the socket: a required call, its result, another required call, its result, an answer;
-    greedy. Returns each reply's token ids."""
-    sampling = {"temperature": 0}
-    tokens: list[list[int]] = []
+    greedy. Returns each reply's tokens with their log-probabilities."""
+    sampling = {"temperature": 0, "logprobs": True}
+    tokens: list[list[tuple[int, float]]] = []
     async with connect(url) as ws:
         c = Client(ws)
         await c.send(type="session.create", system="You tell the time.", sampling=sampling)
@@ -186,7 +187,10 @@ async def _loop(url: str, question: str) -> list[list[int]]:
             await c.send(**step, tools=[ZONE], parallel_tool_calls=False, sampling={"max_tokens": 96 if k < 2 else 24})
             done, seen = await c.until("reply.done")
             assert done["finish_reason"] in ("tool_calls", "stop", "length"), done
-            tokens.append([t for e in seen if e["type"] == "reply.delta" for t in e.get("token_ids") or ()])
+            deltas = [e for e in seen if e["type"] == "reply.delta"]
+            ids = [t for e in deltas for t in e.get("token_ids") or ()]
+            logprobs = [x["logprob"] for e in deltas for x in e.get("logprobs") or ()]
+            tokens.append(list(zip(ids, logprobs, strict=False)))
             calls = done.get("tool_calls") or []
             if k < 2:
                 assert done["finish_reason"] == "tool_calls", done  # required: a call, valid for its schema
@@ -200,10 +204,19 @@ def _serve(runtime, cache: bool):
     return engine, BackgroundServer(create_app(engine, ServerSettings(), model_name=runtime.name))
 
 
-def test_tool_loops_in_a_batch_give_the_tokens_they_give_alone_and_without_the_cache():
+def _same(a: list, b: list, tolerance: float) -> None:
+    """Per loop and step: the same tokens, log-probabilities within ``tolerance`` (0: bit for bit)."""
+    for loop_a, loop_b in zip(a, b, strict=True):
+        for step_a, step_b in zip(loop_a, loop_b, strict=True):
+            assert [t for t, _ in step_a] == [t for t, _ in step_b]
+            assert max((abs(x - y) for (_, x), (_, y) in zip(step_a, step_b, strict=True)), default=0.0) <= tolerance
+
+
+@pytest.mark.parametrize(("weights", "tolerance"), [("int8", 0.0), ("float32", 1e-4)])
+def test_tool_loops_in_a_batch_give_the_tokens_they_give_alone_and_without_the_cache(weights, tolerance):
     from chat.models import load_model
 
-    runtime = load_model("tiny-llama", weights="int8")
+    runtime = load_model("tiny-llama", weights=weights)
     questions = ["What time is it in Oslo?", "Time in Paris, please.", "And in Rome?"]
     engine, srv = _serve(runtime, cache=True)
     with srv:
@@ -220,7 +233,9 @@ def test_tool_loops_in_a_batch_give_the_tokens_they_give_alone_and_without_the_c
     with srv:
         alone = [run(_loop(ws_url(srv), q)) for q in questions]
     engine.close()
-    assert batched == alone and again == alone
+    assert all(step for loop in alone for step in loop)  # every reply has tokens with log-probabilities
+    _same(batched, alone, tolerance)
+    _same(again, alone, tolerance)
 
 
 def test_a_template_that_re_renders_calls_is_settled_so_the_next_step_hits_the_whole_history():
