@@ -112,7 +112,10 @@ class QwenImagePreparer:
 
     def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
         decoded = image_mod.decode(data, self.limits, self.options, declared=declared, item=item)
-        out = self.processor(images=[decoded.image], return_tensors="pt")
+        try:
+            out = self.processor(images=[decoded.image], return_tensors="pt")
+        except ValueError as exc:  # its smart_resize refuses an aspect ratio over 200
+            raise UnsupportedFormatError(f"the image cannot be taken by this model: {exc}", item=item) from exc
         t, h, w = (int(v) for v in out["image_grid_thw"][0])
         return PreparedMedia(
             "image",
@@ -194,7 +197,10 @@ class QwenVideoPreparer:
         frames = list(decoded.frames)
         while len(frames) % self.temporal:
             frames.append(frames[-1])
-        pixels, (t, h, w) = _temporal_patches(self.processor, frames, {})
+        try:
+            pixels, (t, h, w) = _temporal_patches(self.processor, frames, {})
+        except ValueError as exc:  # its smart_resize refuses an aspect ratio over 200
+            raise UnsupportedFormatError(f"the video cannot be taken by this model: {exc}", item=item) from exc
         fps = decoded.sample_fps if decoded.sample_fps > 0 else DEFAULT_VIDEO_FPS
         return PreparedMedia(
             "video",

@@ -218,3 +218,26 @@ def test_runs_packed_in_one_forward_give_transformers_logits(model, caplog):
     for prompt, got, run in zip(prompts, rows, runs, strict=True):
         assert (reference_logits(model, prompt) - torch.cat(got)).abs().max().item() < TOL
         model.close_run(run)
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_media_the_family_cannot_take_is_refused_by_name_before_any_compute(model, kind):
+    """An aspect ratio over 200 (the processors' smart_resize refuses it): a typed error naming the item; neither the
+    cache nor the media store changes."""
+    from chat.engine.errors import InvalidMediaError
+    from chat.engine.turn import Turn
+    from tests.modalities.helpers import av_video
+
+    where = "messages[0].content[3]"
+    bad = (
+        image(png(9, width=1000, height=4), item=where)
+        if kind == "image"
+        else video(av_video(width=840, height=4), item=where)
+    )
+    cache = PrefixCache()
+    entries = len(model.media_store)
+    turn = Turn(model, cache, TurnRequest([user("What is ", image(png(8)), " next to ", bad, "?")], GREEDY))
+    with pytest.raises(InvalidMediaError) as err:
+        turn.begin()
+    assert err.value.item == where and "aspect ratio" in str(err.value)
+    assert cache.stats().entries == 0 and len(model.media_store) == entries
