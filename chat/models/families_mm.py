@@ -4,8 +4,8 @@ Served: Qwen2-VL and Qwen2.5-VL (images, video; 3-D mRoPE), the Qwen2.5-Omni thi
 its audio track interleaved, as ``use_audio_in_video``; 3-D mRoPE), LLaVA (images; 1-D RoPE), SmolVLM and Idefics3
 (images split into tiles plus a global image, each written with its markers; 1-D RoPE), Mistral 3 (a Pixtral
 tower: images of any aspect ratio as rows of patches with break markers; 1-D RoPE), Qwen3.5 with its vision
-tower (images, 3-D mRoPE, on a hybrid of gated delta-net and attention layers: recurrent snapshots at every image's
-edges, see ``chat.engine.turn``; its videos, placed frame by frame with timestamps, are not served), Gemma 3
+tower (images and videos as Qwen3-VL's without deepstack features, 3-D mRoPE, on a hybrid of gated delta-net and
+attention layers: recurrent snapshots at every item's edges, see ``chat.engine.turn``), Gemma 3
 (images; sliding window + full attention), Qwen3-VL and Qwen3-VL-MoE (images, and videos written frame group by
 frame group with timestamps; 3-D mRoPE; deepstack features added to the first decoder layers' outputs at the media
 positions). Every other multimodal family is refused with a reason.
@@ -58,7 +58,8 @@ SERVED = {
     "llava": "images, 1-D RoPE (tiny-llava)",
     "smolvlm": "images as tiles plus a global image, 1-D RoPE (tiny-smolvlm)",
     "idefics3": "images as tiles plus a global image, 1-D RoPE",
-    "qwen3_5": "images, 3-D mRoPE, hybrid recurrent (gated delta-net + attention) (tiny-qwen35vl); videos refused",
+    "qwen3_5": "images and videos (frame groups with timestamps), 3-D mRoPE, hybrid recurrent (gated delta-net + "
+    "attention) (tiny-qwen35vl)",
     "mistral3": "images (a Pixtral tower: any aspect ratio, rows of patches with breaks), 1-D RoPE (tiny-mistral3)",
     "gemma3": "images, each computed whole (its tokens attend to each other both ways), sliding window + full "
     "attention (tiny-gemma3mm)",
@@ -68,6 +69,7 @@ SERVED = {
 }
 REFUSED: dict[str, str] = {}  # model type -> why it is refused (none at present; unknown families are refused too)
 DEFAULT_VIDEO_FRAMES = 16
+QWEN_ENCODERS = {"image": qwen_image_rows, "video": qwen_video_rows}  # towers without deepstack mergers
 
 
 def is_multimodal(config: Any) -> bool:
@@ -146,9 +148,10 @@ def qwen3_family(
     video_processor: Any,
     video_frames: int = DEFAULT_VIDEO_FRAMES,
 ) -> MultimodalFamily:
-    """Qwen3-VL / Qwen3-VL-MoE: images as Qwen2-VL's (a run of placeholders); videos written as its processor writes
-    them, per temporal patch ``<t seconds><|vision_start|>`` placeholders ``<|vision_end|>`` inside the template's own
-    ``<|vision_start|>`` / ``<|vision_end|>`` (:class:`FrameMarkers`); each item's deepstack rows go to the first
+    """Qwen3-VL / Qwen3-VL-MoE / Qwen3.5: images as Qwen2-VL's (a run of placeholders); videos written as
+    ``Qwen3VLProcessor`` writes them, per temporal patch ``<t seconds><|vision_start|>`` placeholders
+    ``<|vision_end|>`` inside the template's own ``<|vision_start|>`` / ``<|vision_end|>`` (:class:`FrameMarkers`);
+    with a tower that has deepstack mergers (Qwen3-VL), each item's deepstack rows go to the first
     ``len(deepstack_visual_indexes)`` decoder layers.
 
     Raises:
@@ -165,6 +168,8 @@ def qwen3_family(
         return tokenizer.encode(text, add_special_tokens=False)
 
     markers = FrameMarkers(ids["video"], ids["vision_start"], ids["vision_end"], encode)  # type: ignore[arg-type]
+    deepstack = len(getattr(config.vision_config, "deepstack_visual_indexes", None) or ())
+    encoders = {"image": qwen3_image_rows, "video": qwen3_video_rows} if deepstack else QWEN_ENCODERS
     return MultimodalFamily(
         name=str(config.model_type),
         placeholders={"image": ids["image"], "video": ids["video"]},  # type: ignore[dict-item]
@@ -172,9 +177,9 @@ def qwen3_family(
             "image": QwenImagePreparer(image_processor),
             "video": TimestampedVideoPreparer(video_processor, markers, options=VideoOptions(num_frames=video_frames)),
         },
-        encoders={"image": qwen3_image_rows, "video": qwen3_video_rows},
+        encoders=encoders,
         mrope=MropeSpec.from_config(config),
-        deepstack=len(config.vision_config.deepstack_visual_indexes),
+        deepstack=deepstack,
     )
 
 
@@ -284,7 +289,6 @@ MODEL_CLASSES = {  # served model type -> the transformers class that loads it
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
 }
-IMAGES_ONLY = {"qwen3_5"}  # Qwen-family models whose videos are not served (placed frame by frame with timestamps)
 TILED_PROCESSORS = {  # tiled families: their Pil image processor (module, class)
     "smolvlm": ("transformers.models.smolvlm.image_processing_pil_smolvlm", "SmolVLMImageProcessorPil"),
     "idefics3": ("transformers.models.idefics3.image_processing_pil_idefics3", "Idefics3ImageProcessorPil"),
@@ -357,7 +361,7 @@ def directory_family(path: Path, config: Any, tokenizer: Any) -> MultimodalFamil
     return _qwen_family_from_files(path, config)
 
 
-QWEN3_TYPES = ("qwen3_vl", "qwen3_vl_moe")
+QWEN3_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")  # videos as frame groups with timestamps (Qwen3VLProcessor)
 _QWEN3_VIDEO_SETTINGS = (  # what a Qwen3-VL video_preprocessor_config.json holds that the video preparer uses
     "size",
     "patch_size",
@@ -416,8 +420,6 @@ def _qwen_family_from_files(path: Path, config: Any) -> MultimodalFamily:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     image = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)
-    if config.model_type in IMAGES_ONLY:
-        return qwen_family(config, image_processor=image)
     video_file = path / "video_preprocessor_config.json"
     video_settings = json.loads(video_file.read_text()) if video_file.is_file() else {}
     video = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)

@@ -55,7 +55,7 @@ _MODEL_TYPES = {  # model type -> the rules it follows
     "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_5_vl",
     "qwen2_5_omni_thinker": "qwen2_5_omni",
-    "qwen3_5": "qwen2_vl",  # its images are placed by Qwen2-VL's rule (its videos, frame by frame, are not served)
+    "qwen3_5": "qwen2_vl",  # as Qwen3-VL (below)
     "qwen3_vl": "qwen2_vl",  # images as Qwen2-VL's; each video frame group is placed as an image of one temporal
     "qwen3_vl_moe": "qwen2_vl",  # step (the caller passes one grid (1, h, w) per group; timestamps between are text)
 }

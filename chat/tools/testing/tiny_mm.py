@@ -50,7 +50,6 @@ VIDEO_FRAMES = 8
 LLAVA_IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 tokens per image
 
 QWEN35_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-QWEN35_PARTS = {"image": "<|vision_start|><|image_pad|><|vision_end|>"}
 
 MISTRAL3_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 MISTRAL3_PARTS = {"image": "[IMG]"}
@@ -64,7 +63,7 @@ GEMMA3_IMAGE = 32  # px of the tower's square input: 4x4 patches of 8 px, pooled
 QWEN3VL_PARTS = {
     "image": "<|vision_start|><|image_pad|><|vision_end|>",
     "video": "<|vision_start|><|video_pad|><|vision_end|>",
-}  # the tokens are QWEN35_TOKENS
+}  # the tokens are QWEN35_TOKENS (tiny-qwen35vl, tiny-qwen3vl, tiny-qwen3vlmoe)
 QWEN3VL_PATCH = 8  # px of the tower's patch; merged 2x2, one prompt token per 16 px square
 QWEN3VL_VIDEO_PIXELS = 32 * 32 * 16  # a clip's pixel budget over all its frames: 16 frames of 32x32 px at most
 
@@ -358,7 +357,7 @@ def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
         tokenizer = tiny_tokenizer(SMOLVLM_TOKENS, SMOLVLM_PARTS)
         return tokenizer, smolvlm_config(tokenizer)
     if name == "qwen35vl":
-        tokenizer = tiny_tokenizer(QWEN35_TOKENS, QWEN35_PARTS)
+        tokenizer = tiny_tokenizer(QWEN35_TOKENS, QWEN3VL_PARTS)
         return tokenizer, qwen35vl_config(tokenizer)
     if name == "mistral3":
         tokenizer = tiny_tokenizer(MISTRAL3_TOKENS, MISTRAL3_PARTS)
@@ -411,11 +410,16 @@ def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
         )
         tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(SMOLVLM_TOKENS, SMOLVLM_PARTS)
         return tiled_family(config, processor, tokenizer)
-    if name == "qwen35vl":
+    if name == "qwen35vl":  # its processor is Qwen3-VL's: videos as frame groups with timestamps
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-        return qwen_family(
-            config, image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=IMAGE_MAX_PIXELS)
+        tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(QWEN35_TOKENS, QWEN3VL_PARTS)
+        return qwen3_family(
+            config,
+            tokenizer,
+            image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=IMAGE_MAX_PIXELS),
+            video_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 2, max_pixels=28 * 28 * 32),
+            video_frames=VIDEO_FRAMES,
         )
     if name == "mistral3":
         from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil

@@ -92,7 +92,7 @@ def save_tiny(name: str, path) -> None:
     (path / "chat_template.jinja").write_text(tokenizer.chat_template)
     settings: dict = {}
     preparers = dict(family.preparers)
-    if name in ("qwen3vl", "qwen3vlmoe"):  # the video processor's settings in their own file, as Qwen3-VL ships them
+    if name in ("qwen3vl", "qwen3vlmoe", "qwen35vl"):  # video settings in their own file, as Qwen3-VL ships them
         video_preparer = preparers.pop("video")
         video_settings = json.loads(video_preparer.processor.to_json_string())
         video_settings["max_frames"] = video_preparer.options.num_frames

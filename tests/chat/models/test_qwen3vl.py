@@ -1,4 +1,5 @@
-"""Qwen3-VL (``tiny-qwen3vl``, and its MoE variant ``tiny-qwen3vlmoe``): images and videos through the prefix cache.
+"""Qwen3-VL (``tiny-qwen3vl``, and its MoE variant ``tiny-qwen3vlmoe``): images and videos through the prefix cache
+(Qwen3.5, whose processor is the same, is checked for its prompts and positions too).
 
 A video is written as Qwen3VLProcessor writes it (each temporal patch with its timestamp as text), each frame group is
 placed in 3-D as transformers' ``get_rope_index`` places it, and the deepstack features of every item reach the first
@@ -63,9 +64,17 @@ def _processor(model, clip_frames, prepared_video):
     )
 
 
-def test_the_prompt_is_the_processors_token_for_token(model):
+@pytest.fixture(scope="module", params=["tiny-qwen3vl", "tiny-qwen3vlmoe", "tiny-qwen35vl"])
+def writer(request):
+    """The models whose prompts Qwen3VLProcessor writes (Qwen3.5's processor is Qwen3-VL's)."""
+    torch.set_num_threads(1)
+    return load_model(request.param)
+
+
+def test_the_prompt_is_the_processors_token_for_token(writer):
     from modalities import video as video_mod
 
+    model = writer
     clips = [mp4(frames=12), mp4(frames=5)]  # 8 of 12 frames; 5 frames (the last repeated to fill its patch)
     pictures = [png(1), png(3, width=90, height=40)]
     pieces = ["Look: ", image(pictures[0]), " then ", video(clips[0]), " and ", image(pictures[1]), video(clips[1])]
@@ -93,7 +102,8 @@ def test_the_prompt_is_the_processors_token_for_token(model):
     assert first.startswith("<0.1 seconds><|vision_start|>") and first.count("seconds>") == 4  # 8 frames, 4 groups
 
 
-def test_positions_are_transformers_get_rope_index(model):
+def test_positions_are_transformers_get_rope_index(writer):
+    model = writer
     messages = [user("A ", video(mp4(frames=5)), image(png(2)), " b ", video(mp4(frames=12)), " c")]
     prompt = model.render_prompt(messages)
     run = model.new_run(None, prompt)
