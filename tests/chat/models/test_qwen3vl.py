@@ -251,3 +251,18 @@ def test_media_the_family_cannot_take_is_refused_by_name_before_any_compute(mode
         turn.begin()
     assert err.value.item == where and "aspect ratio" in str(err.value)
     assert cache.stats().entries == 0 and len(model.media_store) == entries
+
+
+def test_a_one_frame_video_is_one_frame_group_at_its_time(writer):
+    """The processor refuses a video of one frame; the preparer sizes it as two and repeats its frame: one temporal
+    patch, written at 0.0 seconds."""
+    from tests.modalities.helpers import av_video
+
+    prompt = writer.render_prompt([user("Still: ", video(av_video(frames=1)))])
+    (item,) = prompt.items
+    assert item.prepared.grid_thw[0] == 1 and len(item.prepared.frame_starts) == 1
+    text = writer._tokenizer.decode(prompt.tokens[item.span.start : item.span.end])
+    assert text.startswith("<0.0 seconds><|vision_start|>") and text.endswith("<|vision_end|>")
+    run = writer.new_run(None, prompt)
+    assert (reference_logits(writer, prompt) - writer.forward(run, prompt.tokens)).abs().max().item() < TOL
+    writer.close_run(run)
