@@ -80,14 +80,26 @@ Encoder = Callable[[Any, PreparedMedia], Any]  # (full HF model, prepared item) 
 class EncodedItem:
     """What one item's span is embedded as: the media store's ``encoded:<fingerprint>`` value."""
 
+    kind: str  # "image" | "audio" | "video": the item's kind (a video with its audio track is a "video")
     rows: torch.Tensor  # [span, hidden]: written over the span's token embeddings
     deepstack: torch.Tensor | None = None  # [layers, span, hidden]: added to the outputs of the first decoder layers
     # at the span's placeholder positions (zeros elsewhere); None for families without deepstack features
 
     @property
     def nbytes(self) -> int:
+        """Bytes of its tensors' elements (rows and deepstack rows): what the media store charges for it."""
         extra = 0 if self.deepstack is None else self.deepstack.numel() * self.deepstack.element_size()
         return self.rows.numel() * self.rows.element_size() + extra
+
+
+@dataclass(frozen=True, slots=True)
+class HeldMedia:
+    """One item's encoder output held in a model's media store (:meth:`MultimodalAdapter.held_media`)."""
+
+    content_hash: str  # the item's identity (its bytes and preparation settings)
+    kind: str  # "image" | "audio" | "video"
+    encoded_bytes: int  # EncodedItem.nbytes: its rows plus its deepstack rows (Qwen3-VL), if any
+    prepared_bytes: int  # its encoder inputs (PreparedMedia.nbytes) if still held too, else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +207,26 @@ class MultimodalAdapter(ModelAdapter):
         self._kind_of = {token: kind for kind, token in family.placeholders.items()}
         self._placeholder_ids = torch.tensor(sorted(self._kind_of), device=self.device)  # every kind's placeholder
         self.media_counters = {"items": 0, "encoded": 0, "encoder_skipped": 0}  # over all runs (benchmarks)
+
+    def held_media(self) -> tuple[HeldMedia, ...]:
+        """Every item whose encoder output this model's media store holds now, least recently used first, with its
+        sizes (for reports on memory; nothing is marked as used or counted)."""
+        stage = self._encoded_stage
+        held = []
+        for key, kept in self.media_store.lru_keys():
+            if kept != stage:
+                continue
+            encoded = self.media_store.peek(key, stage)
+            if encoded is None:  # evicted since the keys were listed
+                continue
+            prepared = self.media_store.peek(key, PREPARED)
+            held.append(HeldMedia(key, encoded.kind, encoded.nbytes, 0 if prepared is None else prepared.nbytes))
+        return tuple(held)
+
+    @property
+    def _encoded_stage(self) -> str:
+        """The media store's stage of this model's encoder outputs."""
+        return f"encoded:{self.fingerprint}"
 
     @property
     def full_model(self) -> Any:
@@ -424,7 +456,7 @@ class MultimodalAdapter(ModelAdapter):
         encoded = plan.features.get(key)
         if encoded is not None:
             return encoded
-        stage = f"encoded:{self.fingerprint}"
+        stage = self._encoded_stage
         encoded = self.media_store.get(key, stage)
         if encoded is None:
             encoded = self._encode(it)
@@ -449,7 +481,7 @@ class MultimodalAdapter(ModelAdapter):
         if prep.layout:
             return self._laid_out(it)
         if not prep.runs:
-            return _encoded(self.family.encoders[it.span.kind.value](self._full, prep))
+            return _encoded(it.span.kind.value, self.family.encoders[it.span.kind.value](self._full, prep))
         video = self.family.encoders["video"](self._full, prep)  # [video tokens, hidden]
         audio = self.family.encoders["audio"](self._full, prep)  # [audio tokens, hidden]
         marks = [self.family.markers[name] for name in AUDIO_IN_VIDEO_MARKERS]
@@ -460,13 +492,13 @@ class MultimodalAdapter(ModelAdapter):
             pieces.append(source[taken[kind] : taken[kind] + count].to(video.dtype))
             taken[kind] += count
         pieces.append(ends[2:])
-        return EncodedItem(torch.cat(pieces))
+        return EncodedItem(it.span.kind.value, torch.cat(pieces))
 
     def _laid_out(self, it: PromptItem) -> EncodedItem:
         """The rows of an item with a layout: the layout's token embeddings, the encoder's rows (in order) where the
         placeholder stands, as transformers merges them (and its deepstack rows there, zeros elsewhere)."""
         prep = it.prepared
-        encoded = _encoded(self.family.encoders[it.span.kind.value](self._full, prep))
+        encoded = _encoded(it.span.kind.value, self.family.encoders[it.span.kind.value](self._full, prep))
         features = encoded.rows  # [placeholders, hidden]
         layout = torch.tensor(prep.layout, device=self.device)
         rows = self._embed(layout).to(features.dtype).clone()  # [span, hidden]
@@ -478,14 +510,14 @@ class MultimodalAdapter(ModelAdapter):
         if encoded.deepstack is not None:
             deep = encoded.deepstack.new_zeros((encoded.deepstack.shape[0], len(prep.layout), features.shape[-1]))
             deep[:, at] = encoded.deepstack
-        return EncodedItem(rows, deep)
+        return EncodedItem(it.span.kind.value, rows, deep)
 
 
-def _encoded(out: Any) -> EncodedItem:
-    """An encoder's output (rows, or rows and deepstack rows) as an :class:`EncodedItem`."""
+def _encoded(kind: str, out: Any) -> EncodedItem:
+    """An encoder's output (rows, or rows and deepstack rows) for an item of ``kind`` as an :class:`EncodedItem`."""
     if isinstance(out, tuple):
-        return EncodedItem(*out)
-    return EncodedItem(out)
+        return EncodedItem(kind, *out)
+    return EncodedItem(kind, out)
 
 
 def _grids(it: PromptItem) -> list[Any]:
