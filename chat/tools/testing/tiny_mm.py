@@ -55,6 +55,8 @@ MISTRAL3_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 MISTRAL3_PARTS = {"image": "[IMG]"}
 MISTRAL3_PATCH = 8  # px of the tower's patch; merged 2x2, one prompt token per 16 px square
 MISTRAL3_LONGEST = 64  # px of an image's longest edge: at most 4x4 prompt tokens
+MISTRAL3_CONTEXT = 16384  # its language model's window (the real ones take 128k): its seeded weights answer with lone
+# bytes, each written back into the history as U+FFFD (three byte tokens), so `bench turns`' ten turns need ~4.6k
 
 GEMMA3_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 GEMMA3_PARTS = {"image": "<start_of_image>"}
@@ -301,7 +303,7 @@ def mistral3_config(tokenizer: Any) -> Any:
             patch_size=MISTRAL3_PATCH,
         ),
         text_config=MistralConfig(
-            **_COMMON,
+            **{**_COMMON, "max_position_embeddings": MISTRAL3_CONTEXT},
             vocab_size=len(tokenizer),
             sliding_window=None,
             pad_token_id=tokenizer.pad_token_id,

@@ -68,3 +68,11 @@ def test_media_bytes_per_item_is_an_images_rows_and_deepstack_rows_as_held():
     assert out["media_prepared_bytes_per_item"] == sum(inputs for _, inputs in images) / 4
     video = stored("video", moving_box_mp4(1))[0]
     assert out["media_bytes_per_kind"] == {"image": out["media_bytes_per_item"], "video": video}
+
+
+def test_the_ten_turn_chat_fits_tiny_mistral3():
+    """tiny-mistral3's replies are lone bytes that come back into the history as U+FFFD, three tokens each: its ten
+    turns outgrow 4,096 tokens, and its window holds them."""
+    torch.set_num_threads(1)
+    out = turns_bench.run("tiny-mistral3", turns=10, reply_tokens=128, decode_tokens=2, repeats=1, session_turns=1)
+    assert out["turn10_prompt_tokens"] > 4096 and out["encoder_skipped"] == 1.0
