@@ -111,6 +111,13 @@ class MediaStore:
             self._store(key, value, size)
         return value
 
+    def peek(self, content_hash: ContentHash, stage: str = DECODED, default: Any = None) -> Any:
+        """The value stored under the key, or ``default``; unlike :meth:`get` it neither marks the value as used nor
+        counts a hit or a miss (for reports on what is held)."""
+        with self._lock:
+            entry = self._entries.get((content_hash, stage))
+            return default if entry is None else entry[0]
+
     def contains(self, content_hash: ContentHash, stage: str = DECODED) -> bool:
         """Whether a value is stored under the key (does not touch it or count a hit)."""
         with self._lock:

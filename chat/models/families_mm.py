@@ -4,9 +4,11 @@ Served: Qwen2-VL and Qwen2.5-VL (images, video; 3-D mRoPE), the Qwen2.5-Omni thi
 its audio track interleaved, as ``use_audio_in_video``; 3-D mRoPE), LLaVA (images; 1-D RoPE), SmolVLM and Idefics3
 (images split into tiles plus a global image, each written with its markers; 1-D RoPE), Mistral 3 (a Pixtral
 tower: images of any aspect ratio as rows of patches with break markers; 1-D RoPE), Qwen3.5 with its vision
-tower (images, 3-D mRoPE, on a hybrid of gated delta-net and attention layers: recurrent snapshots at every image's
-edges, see ``chat.engine.turn``; its videos, placed frame by frame with timestamps, are not served), Gemma 3
-(images; sliding window + full attention). Every other multimodal family is refused with a reason.
+tower (images and videos as Qwen3-VL's without deepstack features, 3-D mRoPE, on a hybrid of gated delta-net and
+attention layers: recurrent snapshots at every item's edges, see ``chat.engine.turn``), Gemma 3
+(images; sliding window + full attention), Qwen3-VL and Qwen3-VL-MoE (images, and videos written frame group by
+frame group with timestamps; 3-D mRoPE; deepstack features added to the first decoder layers' outputs at the media
+positions). Every other multimodal family is refused with a reason.
 
 Gemma 3's image tokens attend to each other both ways; it is served by computing each item whole: the
 adapter marks the item's tokens as a block of the packed forward (:attr:`chat.models.ragged.Slot.blocks`), and the
@@ -22,12 +24,14 @@ from typing import Any
 from chat.models.errors import ModelLoadError, UnsupportedArchitectureError
 from chat.models.media_prep import (
     ClipImagePreparer,
+    FrameMarkers,
     PixtralImagePreparer,
     QwenImagePreparer,
     QwenVideoPreparer,
     RowMarkers,
     TiledImagePreparer,
     TileMarkers,
+    TimestampedVideoPreparer,
     WhisperAudioPreparer,
 )
 from chat.models.multimodal import (
@@ -37,6 +41,8 @@ from chat.models.multimodal import (
     llava_image_rows,
     omni_audio_rows,
     pixtral_image_rows,
+    qwen3_image_rows,
+    qwen3_video_rows,
     qwen_image_rows,
     qwen_video_rows,
     tiled_image_rows,
@@ -52,13 +58,18 @@ SERVED = {
     "llava": "images, 1-D RoPE (tiny-llava)",
     "smolvlm": "images as tiles plus a global image, 1-D RoPE (tiny-smolvlm)",
     "idefics3": "images as tiles plus a global image, 1-D RoPE",
-    "qwen3_5": "images, 3-D mRoPE, hybrid recurrent (gated delta-net + attention) (tiny-qwen35vl); videos refused",
+    "qwen3_5": "images and videos (frame groups with timestamps), 3-D mRoPE, hybrid recurrent (gated delta-net + "
+    "attention) (tiny-qwen35vl)",
     "mistral3": "images (a Pixtral tower: any aspect ratio, rows of patches with breaks), 1-D RoPE (tiny-mistral3)",
     "gemma3": "images, each computed whole (its tokens attend to each other both ways), sliding window + full "
     "attention (tiny-gemma3mm)",
+    "qwen3_vl": "images and videos (frame groups with timestamps), 3-D mRoPE, deepstack features (tiny-qwen3vl)",
+    "qwen3_vl_moe": "images and videos (frame groups with timestamps), 3-D mRoPE, deepstack features, MoE "
+    "(tiny-qwen3vlmoe)",
 }
 REFUSED: dict[str, str] = {}  # model type -> why it is refused (none at present; unknown families are refused too)
 DEFAULT_VIDEO_FRAMES = 16
+QWEN_ENCODERS = {"image": qwen_image_rows, "video": qwen_video_rows}  # towers without deepstack mergers
 
 
 def is_multimodal(config: Any) -> bool:
@@ -126,6 +137,49 @@ def qwen_family(
         encoders=encoders,
         mrope=mrope,
         markers=markers,  # type: ignore[arg-type]  # checked above: no None left
+    )
+
+
+def qwen3_family(
+    config: Any,
+    tokenizer: Any,
+    *,
+    image_processor: Any,
+    video_processor: Any,
+    video_frames: int = DEFAULT_VIDEO_FRAMES,
+) -> MultimodalFamily:
+    """Qwen3-VL / Qwen3-VL-MoE / Qwen3.5: images as Qwen2-VL's (a run of placeholders); videos written as
+    ``Qwen3VLProcessor`` writes them, per temporal patch ``<t seconds><|vision_start|>`` placeholders
+    ``<|vision_end|>`` inside the template's own ``<|vision_start|>`` / ``<|vision_end|>`` (:class:`FrameMarkers`);
+    with a tower that has deepstack mergers (Qwen3-VL), each item's deepstack rows go to the first
+    ``len(deepstack_visual_indexes)`` decoder layers.
+
+    Raises:
+        ModelLoadError: the config names no image, video or vision marker token.
+    """
+    from chat.models.mrope import MropeSpec
+
+    ids = {name: _token(config, f"{name}_token_id") for name in ("image", "video", "vision_start", "vision_end")}
+    missing = [name for name, token in ids.items() if token is None]
+    if missing:
+        raise ModelLoadError(f"the config names no token for {', '.join(missing)}")
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    markers = FrameMarkers(ids["video"], ids["vision_start"], ids["vision_end"], encode)  # type: ignore[arg-type]
+    deepstack = len(getattr(config.vision_config, "deepstack_visual_indexes", None) or ())
+    encoders = {"image": qwen3_image_rows, "video": qwen3_video_rows} if deepstack else QWEN_ENCODERS
+    return MultimodalFamily(
+        name=str(config.model_type),
+        placeholders={"image": ids["image"], "video": ids["video"]},  # type: ignore[dict-item]
+        preparers={
+            "image": QwenImagePreparer(image_processor),
+            "video": TimestampedVideoPreparer(video_processor, markers, options=VideoOptions(num_frames=video_frames)),
+        },
+        encoders=encoders,
+        mrope=MropeSpec.from_config(config),
+        deepstack=deepstack,
     )
 
 
@@ -232,8 +286,9 @@ MODEL_CLASSES = {  # served model type -> the transformers class that loads it
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "mistral3": "Mistral3ForConditionalGeneration",
     "gemma3": "Gemma3ForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
 }
-IMAGES_ONLY = {"qwen3_5"}  # Qwen-family models whose videos are not served (placed frame by frame with timestamps)
 TILED_PROCESSORS = {  # tiled families: their Pil image processor (module, class)
     "smolvlm": ("transformers.models.smolvlm.image_processing_pil_smolvlm", "SmolVLMImageProcessorPil"),
     "idefics3": ("transformers.models.idefics3.image_processing_pil_idefics3", "Idefics3ImageProcessorPil"),
@@ -301,7 +356,43 @@ def directory_family(path: Path, config: Any, tokenizer: Any) -> MultimodalFamil
         from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 
         return llava_family(config, LlavaImageProcessorPil.from_pretrained(str(path), local_files_only=True))
+    if config.model_type in QWEN3_TYPES:
+        return _qwen3_family_from_files(path, config, tokenizer)
     return _qwen_family_from_files(path, config)
+
+
+QWEN3_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5")  # videos as frame groups with timestamps (Qwen3VLProcessor)
+_QWEN3_VIDEO_SETTINGS = (  # what a Qwen3-VL video_preprocessor_config.json holds that the video preparer uses
+    "size",
+    "patch_size",
+    "temporal_patch_size",
+    "merge_size",
+    "image_mean",
+    "image_std",
+    "resample",
+    "do_rescale",
+    "rescale_factor",
+    "do_normalize",
+)
+
+
+def _qwen3_family_from_files(path: Path, config: Any, tokenizer: Any) -> MultimodalFamily:
+    """Qwen3-VL: images with ``preprocessor_config.json``'s settings, videos with ``video_preprocessor_config.json``'s
+    (its ``size`` is the pixel budget of a whole clip; ``max_frames`` caps the frames taken)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    image = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)
+    video_file = path / "video_preprocessor_config.json"
+    settings = json.loads(video_file.read_text()) if video_file.is_file() else {}
+    video = Qwen2VLImageProcessorPil(**{k: settings[k] for k in _QWEN3_VIDEO_SETTINGS if k in settings})
+    frames = settings.get("max_frames") if isinstance(settings.get("max_frames"), int) else None
+    return qwen3_family(
+        config,
+        tokenizer,
+        image_processor=image,
+        video_processor=video,
+        video_frames=min(frames or DEFAULT_VIDEO_FRAMES, DEFAULT_VIDEO_FRAMES),
+    )
 
 
 def _tokenizer(path: Path) -> Any:
@@ -329,8 +420,6 @@ def _qwen_family_from_files(path: Path, config: Any) -> MultimodalFamily:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     image = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)
-    if config.model_type in IMAGES_ONLY:
-        return qwen_family(config, image_processor=image)
     video_file = path / "video_preprocessor_config.json"
     video_settings = json.loads(video_file.read_text()) if video_file.is_file() else {}
     video = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)

@@ -9,6 +9,8 @@ for video frames (the same layout as transformers' Qwen2-VL video processor). Ev
 
 A Qwen2.5-Omni video with an audio track is one item made of several token runs (``use_audio_in_video``): its frames
 and its sound, each prepared as its own kind would be, interleaved by time chunks (:attr:`PreparedMedia.runs`).
+A Qwen3-VL video is one item written frame group by frame group, each with its timestamp as text before it
+(:class:`TimestampedVideoPreparer`, :attr:`PreparedMedia.frame_starts`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class PreparedMedia:
     layout: tuple[int, ...] = ()  # the item's span as token ids when it is more than its placeholder repeated
     # (SmolVLM: tile markers, row breaks and image tokens; the encoder's rows go where the placeholder stands);
     # () for a run of `tokens` placeholders
+    frame_starts: tuple[int, ...] = ()  # Qwen3-VL videos: where each temporal patch's placeholder run starts in
+    # the layout (each is placed like an image of grid (1, h, w)); () for every other item
 
     @property
     def nbytes(self) -> int:
@@ -108,7 +112,10 @@ class QwenImagePreparer:
 
     def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
         decoded = image_mod.decode(data, self.limits, self.options, declared=declared, item=item)
-        out = self.processor(images=[decoded.image], return_tensors="pt")
+        try:
+            out = self.processor(images=[decoded.image], return_tensors="pt")
+        except ValueError as exc:  # its smart_resize refuses an aspect ratio over 200
+            raise UnsupportedFormatError(f"the image cannot be taken by this model: {exc}", item=item) from exc
         t, h, w = (int(v) for v in out["image_grid_thw"][0])
         return PreparedMedia(
             "image",
@@ -190,21 +197,122 @@ class QwenVideoPreparer:
         frames = list(decoded.frames)
         while len(frames) % self.temporal:
             frames.append(frames[-1])
-        out = self.processor(images=frames, return_tensors="pt")  # each frame as an image, time broadcast
-        grids = out["image_grid_thw"]
-        _, h, w = (int(v) for v in grids[0])
-        per_frame = out["pixel_values"].float().reshape(len(frames), h * w, 3, self.temporal, self.patch, self.patch)
-        first = per_frame[:, :, :, 0]  # [frames, rows, C, P, P]: every temporal copy is the same frame
-        groups = first.reshape(len(frames) // self.temporal, self.temporal, h * w, 3, self.patch, self.patch)
-        pixels = groups.permute(0, 2, 3, 1, 4, 5).reshape(-1, 3 * self.temporal * self.patch * self.patch)
-        t = len(frames) // self.temporal
+        try:
+            pixels, (t, h, w) = _temporal_patches(self.processor, frames, {})
+        except ValueError as exc:  # its smart_resize refuses an aspect ratio over 200
+            raise UnsupportedFormatError(f"the video cannot be taken by this model: {exc}", item=item) from exc
         fps = decoded.sample_fps if decoded.sample_fps > 0 else DEFAULT_VIDEO_FPS
         return PreparedMedia(
             "video",
             tokens=t * h * w // self.merge**2,
-            inputs={"pixel_values_videos": pixels.contiguous(), "video_grid_thw": torch.tensor([[t, h, w]])},
+            inputs={"pixel_values_videos": pixels, "video_grid_thw": torch.tensor([[t, h, w]])},
             grid_thw=(t, h, w),
             second_per_grid=self.temporal / fps,
+        )
+
+
+def _temporal_patches(processor: Any, frames: list[Any], options: dict[str, Any]) -> tuple[torch.Tensor, tuple]:
+    """``(pixels [t*h*w, C*T*P*P], (t, h, w))`` of ``frames`` (a multiple of the temporal patch size): each frame
+    through the Qwen2-VL image processor (called with ``options``), grouped ``temporal_patch_size`` frames per
+    temporal patch, in the row layout of transformers' Qwen2-VL / Qwen3-VL video processors."""
+    temporal, patch = int(processor.temporal_patch_size), int(processor.patch_size)
+    out = processor(images=frames, return_tensors="pt", **options)  # each frame as an image, time broadcast
+    _, h, w = (int(v) for v in out["image_grid_thw"][0])
+    per_frame = out["pixel_values"].float().reshape(len(frames), h * w, 3, temporal, patch, patch)
+    first = per_frame[:, :, :, 0]  # [frames, rows, C, P, P]: every temporal copy is the same frame
+    groups = first.reshape(len(frames) // temporal, temporal, h * w, 3, patch, patch)
+    pixels = groups.permute(0, 2, 3, 1, 4, 5).reshape(-1, 3 * temporal * patch * patch)
+    return pixels.contiguous(), (len(frames) // temporal, h, w)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameMarkers:
+    """How a Qwen3-VL video is written in the prompt (what ``Qwen3VLProcessor`` puts in place of the video token):
+    per temporal patch, its time as text (``<1.5 seconds>``: the mean of its first and last frame's times, one
+    decimal), ``<|vision_start|>``, its placeholder tokens and ``<|vision_end|>``. The text lies between special
+    tokens, so its tokens do not depend on what is around it."""
+
+    video: int  # <|video_pad|>
+    start: int  # <|vision_start|>
+    end: int  # <|vision_end|>
+    encode: Any  # text -> token ids (the model's tokenizer, no special tokens added)
+
+    def layout(self, times: list[float], tokens_per_frame: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(layout, frame_starts)``: the item's tokens, and where each temporal patch's placeholders begin."""
+        out: list[int] = []
+        starts: list[int] = []
+        for seconds in times:
+            out += self.encode(f"<{seconds:.1f} seconds>")
+            out.append(self.start)
+            starts.append(len(out))
+            out += [self.video] * tokens_per_frame
+            out.append(self.end)
+        return tuple(out), tuple(starts)
+
+
+class TimestampedVideoPreparer:
+    """Videos for Qwen3-VL: N evenly spaced frames (see :mod:`modalities.video`; an odd count gets its last frame
+    repeated), all resized to one size chosen as ``Qwen3VLVideoProcessor`` chooses it (its ``smart_resize``: the
+    pixel budget ``size`` covers the whole clip, ``temporal_patch_size`` frames per patch), then normalised by the
+    image processor and grouped into temporal patches; the item's span is :class:`FrameMarkers`' layout, each group's
+    time from the decoded frames' own timestamps (the processor's ``frame index / fps`` for a constant frame rate).
+    A one-frame video is sized as two frames (the processor refuses it) and its frame repeated.
+    """
+
+    kind = "video"
+
+    def __init__(
+        self,
+        processor: Any,
+        markers: FrameMarkers,
+        limits: VideoLimits = VIDEO_LIMITS,
+        options: VideoOptions = VIDEO_OPTIONS,
+    ):
+        self.processor = processor  # a Qwen2VLImageProcessorPil holding the video settings (size: the clip's budget)
+        self.markers = markers  # how frame groups are written
+        self.limits = limits
+        self.options = options
+        self.merge = int(processor.merge_size)
+        self.temporal = int(processor.temporal_patch_size)
+        settings = {**_settings(processor, _QWEN_SETTINGS), "layout": "qwen3_vl timestamps/1"}
+        self.fingerprint = video_mod.fingerprint(type(processor).__name__ + "/timestamped", options, settings)
+
+    def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
+        from PIL import Image
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
+
+        decoded = video_mod.decode(data, self.limits, self.options, declared=declared, item=item)
+        frames, times = list(decoded.frames), [float(t) for t in decoded.timestamps]
+        sampled = max(len(frames), self.temporal)  # the processor sizes the sampled frames (it refuses one frame)
+        while len(frames) % self.temporal:  # as the processor pads: the last frame (and its index) repeated
+            frames.append(frames[-1])
+            times.append(times[-1])
+        height, width = frames[0].shape[:2]
+        size = self.processor.size
+        try:
+            new_h, new_w = smart_resize(
+                sampled,
+                height,
+                width,
+                temporal_factor=self.temporal,
+                factor=int(self.processor.patch_size) * self.merge,
+                min_pixels=size["shortest_edge"],
+                max_pixels=size["longest_edge"],
+            )
+        except ValueError as exc:  # an aspect ratio over 200
+            raise UnsupportedFormatError(f"the video cannot be taken by this model: {exc}", item=item) from exc
+        resample = Image.Resampling(int(self.processor.resample))
+        resized = [Image.fromarray(f).resize((new_w, new_h), resample=resample) for f in frames]
+        pixels, (t, h, w) = _temporal_patches(self.processor, resized, {"do_resize": False})
+        group_times = [(times[i] + times[i + self.temporal - 1]) / 2 for i in range(0, len(times), self.temporal)]
+        layout, starts = self.markers.layout(group_times, h * w // self.merge**2)
+        return PreparedMedia(
+            "video",
+            tokens=len(layout),
+            inputs={"pixel_values_videos": pixels, "video_grid_thw": torch.tensor([[t, h, w]])},
+            grid_thw=(t, h, w),
+            layout=layout,
+            frame_starts=starts,
         )
 
 

@@ -1,4 +1,5 @@
-"""3-D mRoPE position ids of the Qwen family (Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni thinker), computed incrementally.
+"""3-D mRoPE position ids of the Qwen family (Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni thinker, Qwen3.5, Qwen3-VL),
+computed incrementally.
 
 These models give every token a (temporal, height, width) position. Text tokens take the same value on all three
 axes, one more than the previous token's; the tokens of an image or video take their patch's place in a grid that
@@ -17,7 +18,9 @@ Rules (from transformers 5.23 ``get_rope_index``; ``m`` = spatial merge size, a 
 ``t * (h/m) * (w/m)`` tokens, ``p`` = next position before the item):
 
 - all families: an item's tokens are at ``(p + T[i], p + row, p + column)``, time-major; text and audio continue +1.
-- ``qwen2_vl``: ``T[i] = i``.
+- ``qwen2_vl``: ``T[i] = i``. Also Qwen3.5 and Qwen3-VL (their images have ``t = 1``), whose videos are written
+  frame group by frame group with timestamps between them: each group is one grid ``(1, h, w)`` of its own, and after
+  a ``t = 1`` grid the ``"max"`` and ``"spatial"`` rules agree (``p + max(h, w)/m``: transformers 5.23's rule).
 - ``qwen2_5_vl``: image ``T[i] = i``; video ``T[i] = long(i * float32(tokens_per_second * second_per_grid))``.
 - ``qwen2_5_omni``: image ``T[i] = i * position_id_per_seconds``; video ``T[i] = long(i * second_per_grid *
   position_id_per_seconds)`` (float32); audio tokens are text-like; a video with its audio interleaved
@@ -52,7 +55,9 @@ _MODEL_TYPES = {  # model type -> the rules it follows
     "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_5_vl",
     "qwen2_5_omni_thinker": "qwen2_5_omni",
-    "qwen3_5": "qwen2_vl",  # its images are placed by Qwen2-VL's rule (its videos, frame by frame, are not served)
+    "qwen3_5": "qwen2_vl",  # as Qwen3-VL (below)
+    "qwen3_vl": "qwen2_vl",  # images as Qwen2-VL's; each video frame group is placed as an image of one temporal
+    "qwen3_vl_moe": "qwen2_vl",  # step (the caller passes one grid (1, h, w) per group; timestamps between are text)
 }
 _DEFAULT_TIME_SCALE = {"qwen2_vl": 1.0, "qwen2_5_vl": 4.0, "qwen2_5_omni": 25.0}  # transformers 5.23 config defaults
 _OMNI_BOS_EOS = 2  # audio-in-video: <vision_bos><audio_bos> before the interleaved run, <audio_eos><vision_eos> after
@@ -95,7 +100,7 @@ class MropeSpec:
         long video on Qwen2-VL / Qwen2.5-VL (see the module docs).
 
         Raises:
-            ValueError: another model type (e.g. Qwen3-VL, whose videos are placed frame by frame), or a config
+            ValueError: another model type (e.g. Qwen3-Omni, whose rules are not implemented), or a config
                 missing the vision settings.
         """
         model_type = getattr(config, "model_type", None)

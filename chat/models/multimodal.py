@@ -21,6 +21,14 @@ placeholder tokens, so a prefill may start or stop anywhere (a cached prefix nev
 models take 3-D mRoPE position ids (:mod:`chat.models.mrope`): the positions of the suffix continue from the next
 position id stored with the cache entry (the entry's extras hold ``next position - length`` after each item), never
 from the prefix's tokens. LLaVA-style models use plain 1-D positions.
+
+Qwen3-VL adds *deepstack* features: its vision tower also returns, per item, one set of rows for each of the first
+few decoder layers, added to those layers' outputs at the item's placeholder positions. They are cached with the
+item's rows (:class:`EncodedItem`), and each forward takes those of its own tokens only (``visual_pos_masks``: which
+of the tokens are placeholders inside an item, ``deepstack_visual_embeds``: their rows, in token order), so a prefill
+cut anywhere, or packed with other runs, adds exactly what the whole prompt's forward adds. Its videos are written
+frame group by frame group with timestamps (:class:`chat.models.media_prep.TimestampedVideoPreparer`): one item, each
+group placed like an image (:attr:`PreparedMedia.frame_starts`).
 """
 
 from __future__ import annotations
@@ -64,7 +72,34 @@ class RenderedPrompt:
         return tuple(it.span for it in self.items)
 
 
-Encoder = Callable[[Any, PreparedMedia], torch.Tensor]  # (full HF model, prepared item) -> rows [tokens, hidden]
+Encoder = Callable[[Any, PreparedMedia], Any]  # (full HF model, prepared item) -> rows [tokens, hidden], or for
+# families with deepstack features (rows, deepstack [layers, tokens, hidden])
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EncodedItem:
+    """What one item's span is embedded as: the media store's ``encoded:<fingerprint>`` value."""
+
+    kind: str  # "image" | "audio" | "video": the item's kind (a video with its audio track is a "video")
+    rows: torch.Tensor  # [span, hidden]: written over the span's token embeddings
+    deepstack: torch.Tensor | None = None  # [layers, span, hidden]: added to the outputs of the first decoder layers
+    # at the span's placeholder positions (zeros elsewhere); None for families without deepstack features
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its tensors' elements (rows and deepstack rows): what the media store charges for it."""
+        extra = 0 if self.deepstack is None else self.deepstack.numel() * self.deepstack.element_size()
+        return self.rows.numel() * self.rows.element_size() + extra
+
+
+@dataclass(frozen=True, slots=True)
+class HeldMedia:
+    """One item's encoder output held in a model's media store (:meth:`MultimodalAdapter.held_media`)."""
+
+    content_hash: str  # the item's identity (its bytes and preparation settings)
+    kind: str  # "image" | "audio" | "video"
+    encoded_bytes: int  # EncodedItem.nbytes: its rows plus its deepstack rows (Qwen3-VL), if any
+    prepared_bytes: int  # its encoder inputs (PreparedMedia.nbytes) if still held too, else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +116,7 @@ class MultimodalFamily:
     template_text: Mapping[str, str] = field(default_factory=dict)  # text the chat template writes -> what the
     # model's processor writes instead, before tokenizing (Gemma 3: the newlines and markers around an image)
     bidirectional: bool = False  # an item's tokens attend to each other both ways (Gemma 3): computed whole
+    deepstack: int = 0  # decoder layers whose outputs take the items' deepstack features (Qwen3-VL); 0: none
 
 
 @dataclass(slots=True, eq=False)
@@ -92,7 +128,7 @@ class RunMedia:
     positions: torch.Tensor | None  # [3, prompt_end - base] mRoPE positions of the rest of the prompt
     delta: int  # next position id minus length, after the prompt (decoded tokens continue with it)
     steps: list[tuple[int, int]]  # (length, delta) after the start and after each item: the entries' extras
-    features: dict[str, torch.Tensor] = field(default_factory=dict)  # content hash -> rows, while the run needs them
+    features: dict[str, EncodedItem] = field(default_factory=dict)  # content hash -> rows, while the run needs them
     encoded: int = 0  # items this run had to encode
     reused: int = 0  # items this run took from the media store instead
 
@@ -120,13 +156,21 @@ class TextStack(torch.nn.Module):
         past_key_values: Any = None,
         use_cache: bool = True,
         logits_to_keep: int | torch.Tensor = 0,
+        visual_pos_masks: torch.Tensor | None = None,
+        deepstack_visual_embeds: torch.Tensor | None = None,
     ) -> Any:
+        """``visual_pos_masks`` ``[1, q]`` and ``deepstack_visual_embeds`` ``[layers, visual, hidden]`` (Qwen3-VL):
+        the placeholder positions among the tokens and their deepstack rows, in token order."""
+        extra: dict[str, Any] = {}
+        if visual_pos_masks is not None and deepstack_visual_embeds is not None and bool(visual_pos_masks.any()):
+            extra = {"visual_pos_masks": visual_pos_masks, "deepstack_visual_embeds": list(deepstack_visual_embeds)}
         out = self.language_model(
             input_ids=input_ids,
             inputs_embeds=inputs_embeds,
             position_ids=position_ids,
             past_key_values=past_key_values,
             use_cache=use_cache,
+            **extra,
         )
         hidden = out.last_hidden_state
         if isinstance(logits_to_keep, torch.Tensor):  # positions to keep
@@ -161,7 +205,28 @@ class MultimodalAdapter(ModelAdapter):
         self.media_store = MediaStore(media_store_bytes)  # prepared inputs and encoder outputs by content hash
         self._embed = stack.get_input_embeddings()
         self._kind_of = {token: kind for kind, token in family.placeholders.items()}
+        self._placeholder_ids = torch.tensor(sorted(self._kind_of), device=self.device)  # every kind's placeholder
         self.media_counters = {"items": 0, "encoded": 0, "encoder_skipped": 0}  # over all runs (benchmarks)
+
+    def held_media(self) -> tuple[HeldMedia, ...]:
+        """Every item whose encoder output this model's media store holds now, least recently used first, with its
+        sizes (for reports on memory; nothing is marked as used or counted)."""
+        stage = self._encoded_stage
+        held = []
+        for key, kept in self.media_store.lru_keys():
+            if kept != stage:
+                continue
+            encoded = self.media_store.peek(key, stage)
+            if encoded is None:  # evicted since the keys were listed
+                continue
+            prepared = self.media_store.peek(key, PREPARED)
+            held.append(HeldMedia(key, encoded.kind, encoded.nbytes, 0 if prepared is None else prepared.nbytes))
+        return tuple(held)
+
+    @property
+    def _encoded_stage(self) -> str:
+        """The media store's stage of this model's encoder outputs."""
+        return f"encoded:{self.fingerprint}"
 
     @property
     def full_model(self) -> Any:
@@ -293,19 +358,9 @@ class MultimodalAdapter(ModelAdapter):
         delta = lease.extra if lease is not None and isinstance(lease.extra, int) else 0
         positions = None
         if self.family.mrope is not None and len(tokens) > base:
-            from chat.models.mrope import MediaGrid, mrope_positions
+            from chat.models.mrope import mrope_positions
 
-            grids = [
-                MediaGrid(
-                    kind=it.span.kind.value,
-                    start=it.span.start,
-                    length=it.span.end - it.span.start,
-                    grid_thw=it.prepared.grid_thw,
-                    second_per_grid=it.prepared.second_per_grid,
-                    audio_length=it.prepared.audio_tokens,
-                )
-                for it in items
-            ]
+            grids = [grid for it in items for grid in _grids(it)]
             item_ends = {it.span.end for it in items}
             pieces, cursor, position = [], base, base + delta
             for end in sorted(item_ends | {len(tokens)}):  # window by window: the next position after each
@@ -368,50 +423,65 @@ class MultimodalAdapter(ModelAdapter):
         plan = self._plan(run)
         start, q = run.length, ids.shape[1]
         embeds = self._embed(ids)  # [1, q, hidden]
+        inputs: dict[str, torch.Tensor] = {"inputs_embeds": embeds}
+        visual = torch.zeros((1, q), dtype=torch.bool, device=self.device)  # placeholders inside items
+        stacked: list[torch.Tensor] = []  # their deepstack rows [layers, n, hidden], in token order
         for it in plan.items:
             lo, hi = max(it.span.start, start), min(it.span.end, start + q)
             if lo < hi:
-                rows = self._features(plan, it)
-                embeds[0, lo - start : hi - start] = rows[lo - it.span.start : hi - it.span.start].to(embeds.dtype)
+                encoded = self._features(plan, it)
+                rows = encoded.rows[lo - it.span.start : hi - it.span.start]
+                embeds[0, lo - start : hi - start] = rows.to(embeds.dtype)
+                if self.family.deepstack and encoded.deepstack is not None:
+                    here = torch.isin(ids[0, lo - start : hi - start], self._placeholder_ids)
+                    visual[0, lo - start : hi - start] = here
+                    stacked.append(encoded.deepstack[:, lo - it.span.start : hi - it.span.start][:, here])
+        if self.family.deepstack:  # always both keys: packed runs concatenate them on dim 1 (tokens), in input order
+            inputs["visual_pos_masks"] = visual
+            empty = embeds.new_zeros((self.family.deepstack, 0, embeds.shape[-1]))
+            inputs["deepstack_visual_embeds"] = torch.cat(stacked, dim=1).to(embeds.dtype) if stacked else empty
         index = torch.arange(start, start + q, device=self.device)
         if self.family.mrope is None:
-            return {"inputs_embeds": embeds, "position_ids": index.unsqueeze(0)}
+            return {**inputs, "position_ids": index.unsqueeze(0)}
         planned = 0 if plan.positions is None else plan.positions.shape[1]
         offsets = index - plan.base
         inside = offsets < planned
         positions = (index + plan.delta).unsqueeze(0).expand(3, q).clone()
         if bool(inside.any()):
             positions[:, inside] = plan.positions[:, offsets[inside]].to(positions.device)
-        return {"inputs_embeds": embeds, "position_ids": positions.unsqueeze(1)}  # [3, 1, q]
+        return {**inputs, "position_ids": positions.unsqueeze(1)}  # [3, 1, q]
 
-    def _features(self, plan: RunMedia, it: PromptItem) -> torch.Tensor:
+    def _features(self, plan: RunMedia, it: PromptItem) -> EncodedItem:
         key = it.span.content_hash
-        rows = plan.features.get(key)
-        if rows is not None:
-            return rows
-        stage = f"encoded:{self.fingerprint}"
-        rows = self.media_store.get(key, stage)
-        if rows is None:
-            rows = self._encode(it)
+        encoded = plan.features.get(key)
+        if encoded is not None:
+            return encoded
+        stage = self._encoded_stage
+        encoded = self.media_store.get(key, stage)
+        if encoded is None:
+            encoded = self._encode(it)
             want = it.span.end - it.span.start
+            rows, deep = encoded.rows, encoded.deepstack
             if rows.dim() != 2 or rows.shape[0] != want:
                 raise RunStateError(f"{it.item}: the encoder returned {tuple(rows.shape)} rows, the prompt has {want}")
-            self.media_store.put(key, rows, rows.numel() * rows.element_size(), stage)
+            if deep is not None and (deep.dim() != 3 or deep.shape[1] != want):
+                raise RunStateError(f"{it.item}: the encoder returned deepstack rows {tuple(deep.shape)} for {want}")
+            self.media_store.put(key, encoded, encoded.nbytes, stage)
             plan.encoded += 1
             self.media_counters["encoded"] += 1
         else:
             plan.reused += 1
-        plan.features[key] = rows
-        return rows
+        plan.features[key] = encoded
+        return encoded
 
-    def _encode(self, it: PromptItem) -> torch.Tensor:
+    def _encode(self, it: PromptItem) -> EncodedItem:
         """The rows of one item's span: its encoder's output; for a video with its audio, the four markers' token
         embeddings around the video's and the audio's rows, run by run."""
         prep = it.prepared
         if prep.layout:
             return self._laid_out(it)
         if not prep.runs:
-            return self.family.encoders[it.span.kind.value](self._full, prep)
+            return _encoded(it.span.kind.value, self.family.encoders[it.span.kind.value](self._full, prep))
         video = self.family.encoders["video"](self._full, prep)  # [video tokens, hidden]
         audio = self.family.encoders["audio"](self._full, prep)  # [audio tokens, hidden]
         marks = [self.family.markers[name] for name in AUDIO_IN_VIDEO_MARKERS]
@@ -422,20 +492,56 @@ class MultimodalAdapter(ModelAdapter):
             pieces.append(source[taken[kind] : taken[kind] + count].to(video.dtype))
             taken[kind] += count
         pieces.append(ends[2:])
-        return torch.cat(pieces)
+        return EncodedItem(it.span.kind.value, torch.cat(pieces))
 
-    def _laid_out(self, it: PromptItem) -> torch.Tensor:
+    def _laid_out(self, it: PromptItem) -> EncodedItem:
         """The rows of an item with a layout: the layout's token embeddings, the encoder's rows (in order) where the
-        placeholder stands, as transformers merges them."""
+        placeholder stands, as transformers merges them (and its deepstack rows there, zeros elsewhere)."""
         prep = it.prepared
-        features = self.family.encoders[it.span.kind.value](self._full, prep)  # [placeholders, hidden]
+        encoded = _encoded(it.span.kind.value, self.family.encoders[it.span.kind.value](self._full, prep))
+        features = encoded.rows  # [placeholders, hidden]
         layout = torch.tensor(prep.layout, device=self.device)
         rows = self._embed(layout).to(features.dtype).clone()  # [span, hidden]
         at = layout == self.family.placeholders[it.span.kind.value]
         if int(at.sum()) != features.shape[0]:
             raise RunStateError(f"{it.item}: the encoder returned {features.shape[0]} rows for {int(at.sum())} places")
         rows[at] = features
-        return rows
+        deep = None
+        if encoded.deepstack is not None:
+            deep = encoded.deepstack.new_zeros((encoded.deepstack.shape[0], len(prep.layout), features.shape[-1]))
+            deep[:, at] = encoded.deepstack
+        return EncodedItem(it.span.kind.value, rows, deep)
+
+
+def _encoded(kind: str, out: Any) -> EncodedItem:
+    """An encoder's output (rows, or rows and deepstack rows) for an item of ``kind`` as an :class:`EncodedItem`."""
+    if isinstance(out, tuple):
+        return EncodedItem(kind, *out)
+    return EncodedItem(kind, out)
+
+
+def _grids(it: PromptItem) -> list[Any]:
+    """Where an item's tokens are placed in 3-D (:class:`chat.models.mrope.MediaGrid` s): the whole item, or for a
+    Qwen3-VL video each temporal patch as an image of one temporal step at its place in the layout (the text
+    between them, timestamps and markers, is text)."""
+    from chat.models.mrope import MediaGrid
+
+    prep, span = it.prepared, it.span
+    if prep.frame_starts:
+        t, h, w = prep.grid_thw  # type: ignore[misc]
+        placeholder = prep.layout[prep.frame_starts[0]]
+        per_frame = sum(1 for token in prep.layout if token == placeholder) // t
+        return [MediaGrid("video", span.start + at, per_frame, (1, h, w)) for at in prep.frame_starts]
+    return [
+        MediaGrid(
+            kind=span.kind.value,
+            start=span.start,
+            length=span.end - span.start,
+            grid_thw=prep.grid_thw,
+            second_per_grid=prep.second_per_grid,
+            audio_length=prep.audio_tokens,
+        )
+    ]
 
 
 # ==================================================================== encoders
@@ -495,3 +601,20 @@ def pixtral_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
 def gemma3_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
     """Gemma 3: the SigLIP tower, pooled and projected to ``mm_tokens_per_image`` rows."""
     return _rows(model.model.get_image_features(pixel_values=p.inputs["pixel_values"]))
+
+
+def _deepstack_rows(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows [tokens, hidden], deepstack [layers, tokens, hidden])`` of a Qwen3-VL vision output."""
+    layers = [torch.cat(list(per_layer)) for per_layer in out.deepstack_features]
+    return _rows(out), torch.stack(layers)
+
+
+def qwen3_image_rows(model: Any, p: PreparedMedia) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-VL: the merger's rows and the deepstack mergers' rows of one image."""
+    return _deepstack_rows(model.model.get_image_features(p.inputs["pixel_values"], p.inputs["image_grid_thw"]))
+
+
+def qwen3_video_rows(model: Any, p: PreparedMedia) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-VL: the merger's rows and the deepstack mergers' rows of one video's frame groups, in order."""
+    out = model.model.get_video_features(p.inputs["pixel_values_videos"], p.inputs["video_grid_thw"])
+    return _deepstack_rows(out)

@@ -84,6 +84,19 @@ def test_eviction_is_least_recently_used_first() -> None:
     assert (stats.bytes, stats.evictions) == (250, 3)
 
 
+def test_peek_reads_a_value_without_using_it_or_counting() -> None:
+    store = MediaStore(200)
+    a = Blob(100)
+    store.put(key("a"), a, 100)
+    store.put(key("b"), Blob(100), 100)
+    assert store.peek(key("a")) is a and store.peek(key("a"), "encoded:x") is None
+    assert store.peek(key("z"), default=0) == 0
+    stats = store.stats()
+    assert (stats.hits, stats.misses) == (0, 0)
+    store.put(key("c"), Blob(100), 100)  # a is still the least recently used: evicted
+    assert [k for k, _ in store.lru_keys()] == [key("b"), key("c")]
+
+
 def test_a_value_larger_than_the_budget_is_returned_but_not_stored() -> None:
     store = MediaStore(100)
     store.put(key("a"), Blob(50), 50)

@@ -26,6 +26,17 @@ model takes each kind); HF ``generate`` gets the same media. One more figure:
 On a model that takes images, a second session of 20 turns with one new photo each goes through the WebSocket's
 path (:mod:`chat.tools.bench.media_session`): ``request_ms_per_turn``, ``render_ms_per_turn`` and ``ttft_ms_per_turn``,
 one figure per turn.
+
+What the model's media store holds at the end of the run (both sessions' items, as
+:meth:`chat.models.multimodal.MultimodalAdapter.held_media` reports them), averaged over the items held:
+
+- ``media_bytes_per_item``: bytes of one image's encoder output as stored, measured from its tensors (elements times
+  element size): the rows written over its span (on SmolVLM the whole span: tile markers, breaks and image rows) plus,
+  on Qwen3-VL, its deepstack rows (one set per deepstack layer); the mean over the image items held;
+- ``media_bytes_per_kind``: the same mean for each kind held ("image", "audio", "video");
+- ``media_prepared_bytes_per_item``: bytes of one image's encoder inputs (e.g. pixel patches), which the store keeps
+  as well so that a repeat is not decoded again; the mean over the same image items;
+- ``media_items_held``: how many items' encoder outputs the store holds.
 """
 
 from __future__ import annotations
@@ -228,6 +239,8 @@ def run(
         from chat.tools.bench import media_session
 
         media.update(media_session.run(runtime, session_turns))
+    if counters is not None:
+        media.update(held_media_sizes(runtime))
     return {
         "model": runtime.name,
         "turn10_prompt_tokens": len(prompt),
@@ -244,6 +257,23 @@ def run(
         "weights": runtime.weights,
         **media,
     }
+
+
+def held_media_sizes(runtime) -> dict[str, object]:
+    """The ``media_*`` figures on what ``runtime``'s media store holds now (see the module docstring)."""
+    held = runtime.held_media()
+    by_kind: dict[str, list[int]] = {}
+    for item in held:
+        by_kind.setdefault(item.kind, []).append(item.encoded_bytes)
+    images = [item for item in held if item.kind == "image"]
+    out: dict[str, object] = {
+        "media_items_held": len(held),
+        "media_bytes_per_kind": {kind: statistics.fmean(sizes) for kind, sizes in sorted(by_kind.items())},
+    }
+    if images:
+        out["media_bytes_per_item"] = statistics.fmean(item.encoded_bytes for item in images)
+        out["media_prepared_bytes_per_item"] = statistics.fmean(item.prepared_bytes for item in images)
+    return out
 
 
 def _stored(runtime, span) -> bool:

@@ -45,6 +45,7 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, t
     ids = torch.tensor([list(prompt.tokens)], device=adapter.device)
     out: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     images, videos, clips = by_kind["image"], by_kind["video"], by_kind["audio"]
+    parameters = inspect.signature(adapter.full_model.forward).parameters
     if images and "pixel_attention_mask" in images[0].inputs:  # tiles (SmolVLM): one sample, every image's tiles
         out["pixel_values"] = torch.cat([p.inputs["pixel_values"] for p in images], dim=1)
         out["pixel_attention_mask"] = torch.cat([p.inputs["pixel_attention_mask"] for p in images], dim=1)
@@ -60,7 +61,8 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, t
     if videos:
         out["pixel_values_videos"] = torch.cat([p.inputs["pixel_values_videos"] for p in videos])
         out["video_grid_thw"] = torch.cat([p.inputs["video_grid_thw"] for p in videos])
-        out["video_second_per_grid"] = torch.tensor([p.second_per_grid for p in videos])
+        if "video_second_per_grid" in parameters:
+            out["video_second_per_grid"] = torch.tensor([p.second_per_grid for p in videos])
     if clips:
         feats = [p.inputs["input_features"] for p in clips]  # [mels, frames] each
         longest = max(f.shape[1] for f in feats)
@@ -77,10 +79,12 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, t
         for it in prompt.items:
             kinds[0, it.span.start : it.span.end] = 1
         out["token_type_ids"] = kinds
-    if "mm_token_type_ids" in inspect.signature(adapter.full_model.forward).parameters:  # Qwen3.5: where media is
+    if "mm_token_type_ids" in parameters:  # Qwen3.5, Qwen3-VL: which tokens are image / video placeholders
         kinds = torch.zeros_like(ids)
         for it in prompt.items:
-            kinds[0, it.span.start : it.span.end] = 1 if it.span.kind.value == "image" else 2
+            span = ids[0, it.span.start : it.span.end]
+            kind = 1 if it.span.kind.value == "image" else 2
+            kinds[0, it.span.start : it.span.end] = (span == adapter.family.placeholders[it.span.kind.value]) * kind
         out["mm_token_type_ids"] = kinds
     return out
 

@@ -20,7 +20,7 @@ WINDOW = 8  # sliding window of the tiny sliding models
 INIT_STD = 0.05  # std of the weight matrices: logits spread ~0.4 (the usual 0.02 gives nearly flat logits; much
 # wider weights make the chunked linear-attention kernels lose ~1e-4 of precision between chunkings)
 SEED = 1234
-CONTEXT = 4096  # max_position_embeddings of every tiny model
+CONTEXT = 4096  # max_position_embeddings of every tiny model (tiny-mistral3: tiny_mm.MISTRAL3_CONTEXT)
 
 _COMMON = {
     "hidden_size": 64,

@@ -1,6 +1,8 @@
 """Tiny seeded multimodal models for tests: ``tiny-omni`` (a Qwen2.5-Omni thinker: text + image + audio + video with
 3-D mRoPE), ``tiny-llava`` (LLaVA: a CLIP vision tower on a Llama, images, 1-D RoPE) and ``tiny-smolvlm`` (SmolVLM:
-images split into 32-px tiles plus a global image, a pixel-shuffle connector, a Llama).
+images split into 32-px tiles plus a global image, a pixel-shuffle connector, a Llama), and the others named in
+:data:`TINY_MM` (``tiny-qwen3vl`` / ``tiny-qwen3vlmoe``: Qwen3-VL with deepstack features, images and timestamped
+videos).
 
 They use the committed tiny tokenizer with the family's placeholder tokens added (always in the same order, so their
 ids are fixed) and a ChatML template that renders content parts the way the real models' templates do. Weights come
@@ -48,18 +50,26 @@ VIDEO_FRAMES = 8
 LLAVA_IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 tokens per image
 
 QWEN35_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-QWEN35_PARTS = {"image": "<|vision_start|><|image_pad|><|vision_end|>"}
 
 MISTRAL3_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 MISTRAL3_PARTS = {"image": "[IMG]"}
 MISTRAL3_PATCH = 8  # px of the tower's patch; merged 2x2, one prompt token per 16 px square
 MISTRAL3_LONGEST = 64  # px of an image's longest edge: at most 4x4 prompt tokens
+MISTRAL3_CONTEXT = 16384  # its language model's window (the real ones take 128k): its seeded weights answer with lone
+# bytes, each written back into the history as U+FFFD (three byte tokens), so `bench turns`' ten turns need ~4.6k
 
 GEMMA3_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 GEMMA3_PARTS = {"image": "<start_of_image>"}
 GEMMA3_IMAGE = 32  # px of the tower's square input: 4x4 patches of 8 px, pooled to 2x2 = 4 image tokens
 
-TINY_MM = ("omni", "llava", "smolvlm", "qwen35vl", "mistral3", "gemma3mm")
+QWEN3VL_PARTS = {
+    "image": "<|vision_start|><|image_pad|><|vision_end|>",
+    "video": "<|vision_start|><|video_pad|><|vision_end|>",
+}  # the tokens are QWEN35_TOKENS (tiny-qwen35vl, tiny-qwen3vl, tiny-qwen3vlmoe)
+QWEN3VL_PATCH = 8  # px of the tower's patch; merged 2x2, one prompt token per 16 px square
+QWEN3VL_VIDEO_PIXELS = 32 * 32 * 16  # a clip's pixel budget over all its frames: 16 frames of 32x32 px at most
+
+TINY_MM = ("omni", "llava", "smolvlm", "qwen35vl", "mistral3", "gemma3mm", "qwen3vl", "qwen3vlmoe")
 
 
 def chat_template(parts: dict[str, str]) -> str:
@@ -237,6 +247,48 @@ def qwen35vl_config(tokenizer: Any) -> Any:
     )
 
 
+def qwen3vl_config(tokenizer: Any, moe: bool = False) -> Any:
+    """Qwen3-VL (or Qwen3-VL-MoE) with a two-block tower whose both blocks give deepstack features (to the first two
+    of four decoder layers), interleaved mRoPE."""
+    from transformers import Qwen3VLConfig, Qwen3VLMoeConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN35_TOKENS}
+    text = {
+        **_COMMON,
+        "vocab_size": len(tokenizer),
+        "head_dim": 16,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 3, 3],
+            "mrope_interleaved": True,
+        },
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if moe:
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1)
+    return (Qwen3VLMoeConfig if moe else Qwen3VLConfig)(
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "patch_size": QWEN3VL_PATCH,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0, 1],
+        },
+        text_config=text,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
 def mistral3_config(tokenizer: Any) -> Any:
     from transformers import Mistral3Config, MistralConfig, PixtralVisionConfig
 
@@ -251,7 +303,7 @@ def mistral3_config(tokenizer: Any) -> Any:
             patch_size=MISTRAL3_PATCH,
         ),
         text_config=MistralConfig(
-            **_COMMON,
+            **{**_COMMON, "max_position_embeddings": MISTRAL3_CONTEXT},
             vocab_size=len(tokenizer),
             sliding_window=None,
             pad_token_id=tokenizer.pad_token_id,
@@ -307,7 +359,7 @@ def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
         tokenizer = tiny_tokenizer(SMOLVLM_TOKENS, SMOLVLM_PARTS)
         return tokenizer, smolvlm_config(tokenizer)
     if name == "qwen35vl":
-        tokenizer = tiny_tokenizer(QWEN35_TOKENS, QWEN35_PARTS)
+        tokenizer = tiny_tokenizer(QWEN35_TOKENS, QWEN3VL_PARTS)
         return tokenizer, qwen35vl_config(tokenizer)
     if name == "mistral3":
         tokenizer = tiny_tokenizer(MISTRAL3_TOKENS, MISTRAL3_PARTS)
@@ -315,13 +367,23 @@ def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
     if name == "gemma3mm":
         tokenizer = tiny_tokenizer(GEMMA3_TOKENS, GEMMA3_PARTS)
         return tokenizer, gemma3mm_config(tokenizer)
+    if name in ("qwen3vl", "qwen3vlmoe"):
+        tokenizer = tiny_tokenizer(QWEN35_TOKENS, QWEN3VL_PARTS)
+        return tokenizer, qwen3vl_config(tokenizer, moe=name == "qwen3vlmoe")
     raise KeyError(name)
 
 
 def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
     """How ``tiny-<name>`` takes media (a ``chat.models.multimodal.MultimodalFamily``): its processors, no weights
     (``tokenizer``: tiny-smolvlm's, whose markers its images are written with; made anew if None)."""
-    from chat.models.families_mm import gemma3_family, llava_family, pixtral_family, qwen_family, tiled_family
+    from chat.models.families_mm import (
+        gemma3_family,
+        llava_family,
+        pixtral_family,
+        qwen3_family,
+        qwen_family,
+        tiled_family,
+    )
 
     if name == "omni":
         from transformers import WhisperFeatureExtractor
@@ -350,11 +412,16 @@ def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
         )
         tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(SMOLVLM_TOKENS, SMOLVLM_PARTS)
         return tiled_family(config, processor, tokenizer)
-    if name == "qwen35vl":
+    if name == "qwen35vl":  # its processor is Qwen3-VL's: videos as frame groups with timestamps
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-        return qwen_family(
-            config, image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=IMAGE_MAX_PIXELS)
+        tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(QWEN35_TOKENS, QWEN3VL_PARTS)
+        return qwen3_family(
+            config,
+            tokenizer,
+            image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=IMAGE_MAX_PIXELS),
+            video_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 2, max_pixels=28 * 28 * 32),
+            video_frames=VIDEO_FRAMES,
         )
     if name == "mistral3":
         from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
@@ -371,6 +438,14 @@ def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
         processor = Gemma3ImageProcessorPil(size={"height": GEMMA3_IMAGE, "width": GEMMA3_IMAGE}, do_pan_and_scan=False)
         tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(GEMMA3_TOKENS, GEMMA3_PARTS)
         return gemma3_family(config, processor, tokenizer)
+    if name in ("qwen3vl", "qwen3vlmoe"):
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        half = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "patch_size": QWEN3VL_PATCH}
+        image = Qwen2VLImageProcessorPil(min_pixels=16 * 16, max_pixels=IMAGE_MAX_PIXELS, **half)
+        video = Qwen2VLImageProcessorPil(min_pixels=16 * 16 * 2, max_pixels=QWEN3VL_VIDEO_PIXELS, **half)
+        tokenizer = tokenizer if tokenizer is not None else tiny_tokenizer(QWEN35_TOKENS, QWEN3VL_PARTS)
+        return qwen3_family(config, tokenizer, image_processor=image, video_processor=video, video_frames=VIDEO_FRAMES)
     raise KeyError(name)
 
 
@@ -393,4 +468,6 @@ MODEL_CLASSES = {  # tiny name -> its transformers class
     "qwen35vl": "Qwen3_5ForConditionalGeneration",
     "mistral3": "Mistral3ForConditionalGeneration",
     "gemma3mm": "Gemma3ForConditionalGeneration",
+    "qwen3vl": "Qwen3VLForConditionalGeneration",
+    "qwen3vlmoe": "Qwen3VLMoeForConditionalGeneration",
 }

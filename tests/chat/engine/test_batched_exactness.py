@@ -32,7 +32,7 @@ from chat.engine.sampling import SamplingParams
 from chat.engine.scheduler import BatchSettings, Scheduler
 from chat.engine.turn import Turn
 from chat.models import native
-from tests.chat.models.mm_helpers import image, png, user
+from tests.chat.models.mm_helpers import image, mp4, png, user, video
 
 TOLERANCE = 1e-4
 CASES = [
@@ -50,6 +50,8 @@ CASES = [
     ("tiny-qwen35vl", "float32"),
     ("tiny-mistral3", "float32"),
     ("tiny-gemma3mm", "float32"),
+    ("tiny-qwen3vl", "float32"),
+    ("tiny-qwen3vlmoe", "float32"),
     ("tiny-llama", "int8"),
     ("tiny-gemma3", "int8"),
     ("tiny-lfm2", "int8"),
@@ -107,7 +109,10 @@ def text(rng: random.Random) -> str:
 def message(rng: random.Random, runtime, poison: bool = False):
     words = text(rng) + (f" {POISON_WORD}" if poison else "")
     if runtime.modalities and rng.random() < 0.5:
-        return user(words, image(png(rng.randint(1, 4), width=rng.choice([40, 56]), height=40)))
+        parts = [words, image(png(rng.randint(1, 4), width=rng.choice([40, 56]), height=40))]
+        if "video" in runtime.modalities and rng.random() < 0.5:  # frames placed after the image
+            parts.append(video(mp4(frames=rng.choice([5, 12]))))
+        return user(*parts)
     return {"role": "user", "content": words}
 
 

@@ -91,7 +91,13 @@ def save_tiny(name: str, path) -> None:
     tokenizer.save_pretrained(str(path))
     (path / "chat_template.jinja").write_text(tokenizer.chat_template)
     settings: dict = {}
-    for preparer in family.preparers.values():
+    preparers = dict(family.preparers)
+    if name in ("qwen3vl", "qwen3vlmoe", "qwen35vl"):  # video settings in their own file, as Qwen3-VL ships them
+        video_preparer = preparers.pop("video")
+        video_settings = json.loads(video_preparer.processor.to_json_string())
+        video_settings["max_frames"] = video_preparer.options.num_frames
+        (path / "video_preprocessor_config.json").write_text(json.dumps(video_settings))
+    for preparer in preparers.values():
         processor = getattr(preparer, "processor", None) or getattr(preparer, "extractor", None)
         settings.update(json.loads(processor.to_json_string()))
     if name == "omni":  # one merged file with the pixel budget as min/max_pixels, as Qwen2.5-Omni ships it

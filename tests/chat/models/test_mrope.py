@@ -442,7 +442,7 @@ def test_overlapping_items_are_refused():
         (lambda: MropeSpec("qwen2_5_omni", 2, vision_advance="spatial"), "Omni always"),
         (lambda: MropeSpec("qwen2_vl", 0), "spatial_merge_size"),
         (lambda: mrope_positions(MropeSpec("qwen2_vl", 1), 3, offset=-1), "offset"),
-        (lambda: MropeSpec.from_config(SimpleNamespace(model_type="qwen3_vl")), "no mRoPE rules"),
+        (lambda: MropeSpec.from_config(SimpleNamespace(model_type="qwen3_omni_moe")), "no mRoPE rules"),
         (lambda: MropeSpec.from_config(SimpleNamespace(model_type="qwen2_vl")), "spatial_merge_size"),
     ],
 )

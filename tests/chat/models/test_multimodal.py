@@ -33,7 +33,15 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
 
 @pytest.fixture(
     scope="module",
-    params=["tiny-omni", "tiny-llava", "tiny-smolvlm", "tiny-qwen35vl", "tiny-mistral3", "tiny-gemma3mm"],
+    params=[
+        "tiny-omni",
+        "tiny-llava",
+        "tiny-smolvlm",
+        "tiny-qwen35vl",
+        "tiny-mistral3",
+        "tiny-gemma3mm",
+        "tiny-qwen3vl",
+    ],
 )
 def model(request):
     torch.set_num_threads(1)
@@ -51,6 +59,9 @@ def conversation(name: str) -> list[list[dict]]:
     if name == "tiny-omni":
         turns.append([user("Listen: ", audio(wav()), " and watch ", video(mp4()))])
         turns.append([user("Once more: ", video(mp4()), audio(wav(0.3)))])
+    if name == "tiny-qwen3vl":  # videos written frame group by frame group with timestamps
+        turns.append([user("Watch ", video(mp4()), " next to ", image(c))])
+        turns.append([user("Once more: ", video(mp4()), " and ", video(mp4(frames=5)))])
     return turns
 
 
@@ -143,7 +154,9 @@ def test_random_conversations_with_edits_and_regenerations_stay_exact(model, see
     rng = random.Random(seed)
     pool = [image(png(40 + i)) for i in range(3)] + [image(png(50, width=90, height=40))]
     if "audio" in model.modalities:
-        pool += [audio(wav(0.4)), audio(wav(0.7)), video(mp4())]
+        pool += [audio(wav(0.4)), audio(wav(0.7))]
+    if "video" in model.modalities:
+        pool.append(video(mp4()))
     cache = PrefixCache()
     messages: list[dict] = [{"role": "system", "content": "Answer."}]
     for step in range(6):
@@ -267,3 +280,22 @@ def test_gemma3_images_are_computed_whole_whatever_the_chunk_budget():
     prompt2 = model.render_prompt(follow)
     assert gen.cached_tokens > prompt.items[-1].span.end  # the history, images included, came from the cache
     assert (reference_logits(model, prompt2)[gen.cached_tokens :] - logits).abs().max().item() < TOL
+
+
+def test_held_media_reports_each_items_kind_and_sizes_without_touching_the_store():
+    from chat.models.multimodal import PREPARED
+
+    torch.set_num_threads(1)
+    omni = load_model("tiny-omni")
+    messages = [user("Look ", image(png(1)), " and listen ", audio(wav())), user("and ", image(png(3, width=90)))]
+    run_turn(omni, PrefixCache(), messages)
+    spans = omni.render_prompt(messages).spans
+    hidden = omni.full_model.config.get_text_config(decoder=True).hidden_size
+    before = (omni.media_store.lru_keys(), omni.media_store.stats())
+    held = omni.held_media()
+    assert (omni.media_store.lru_keys(), omni.media_store.stats()) == before  # nothing used, nothing counted
+    assert [(h.content_hash, h.kind) for h in held] == [(s.content_hash, s.kind.value) for s in spans]
+    assert [h.encoded_bytes for h in held] == [(s.end - s.start) * hidden * 4 for s in spans]  # float32 rows
+    assert all(h.prepared_bytes > 0 for h in held)
+    omni.media_store.discard(spans[0].content_hash, PREPARED)  # the encoder output stays, its inputs do not
+    assert [h.prepared_bytes for h in omni.held_media()] == [0] + [h.prepared_bytes for h in held[1:]]

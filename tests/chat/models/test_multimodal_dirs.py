@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from chat.models import UnsupportedArchitectureError, load_model
-from tests.chat.models.mm_helpers import image, png, save_tiny, user
+from tests.chat.models.mm_helpers import image, mp4, png, save_tiny, user, video
 
 
-@pytest.mark.parametrize("name", ["omni", "llava", "smolvlm", "qwen35vl", "mistral3", "gemma3mm"])
+@pytest.mark.parametrize(
+    "name", ["omni", "llava", "smolvlm", "qwen35vl", "mistral3", "gemma3mm", "qwen3vl", "qwen3vlmoe"]
+)
 def test_a_saved_directory_serves_the_same_prompts_and_logits(tmp_path, name):
     torch.set_num_threads(1)
     save_tiny(name, tmp_path)
@@ -19,7 +21,8 @@ def test_a_saved_directory_serves_the_same_prompts_and_logits(tmp_path, name):
     assert local.modalities == tiny.modalities
     for kind, preparer in tiny.family.preparers.items():
         assert local.family.preparers[kind].fingerprint == preparer.fingerprint, kind  # same processor settings
-    messages = [{"role": "system", "content": "Be brief."}, user("What is ", image(png(4)), "?")]
+    parts = [image(png(4))] + ([video(mp4())] if "video" in tiny.modalities else [])
+    messages = [{"role": "system", "content": "Be brief."}, user("What is ", *parts, "?")]
     a, b = tiny.render_prompt(messages), local.render_prompt(messages)
     assert a.tokens == b.tokens and a.spans == b.spans
     run_a, run_b = tiny.new_run(None, a), local.new_run(None, b)

@@ -17,7 +17,15 @@ from chat.tools.testing.tiny import TINY_REFUSED
 from tests.chat.models.helpers import ALL_TINY, tiny
 from tests.chat.models.mm_helpers import save_tiny
 
-MULTIMODAL = ["tiny-omni", "tiny-llava", "tiny-smolvlm", "tiny-qwen35vl", "tiny-mistral3", "tiny-gemma3mm"]
+MULTIMODAL = [
+    "tiny-omni",
+    "tiny-llava",
+    "tiny-smolvlm",
+    "tiny-qwen35vl",
+    "tiny-mistral3",
+    "tiny-gemma3mm",
+    "tiny-qwen3vl",
+]
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}],
     [
