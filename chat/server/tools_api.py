@@ -139,27 +139,53 @@ def read_reply(plan: ToolPlan | None, done: Done) -> tuple[ParsedReply, str]:
 
 
 def settle(engine, turn: TurnRequest, plan: ToolPlan | None, markers, done: Done) -> None:
-    """Once a reply that called tools is out on a template that renders calls itself (a family format), compute in
-    the background the history as the next request will render it: the template writes the calls its own way (other
-    spacing, arguments re-serialized), so the next step's prompt would otherwise be computed again from inside the
-    call the model wrote (``template_drift``). The earlier prompt is cached: only the re-rendered reply is computed;
-    the next step, with the calls' results, then finds its whole history in the cache but the results. Nothing is
-    done in the generic format (its history is rendered as the model wrote it), for replies without calls, or for
-    one that failed or was cut. Unmetered, like the thinking settle (``reasoning_api.settle``)."""
-    if plan is None or not plan.format.native or done.finish_reason != "stop" or turn.prompt_tokens is not None:
+    """Once a reply that may have called tools is out, compute in the background the history as the next request
+    will render it, where that differs from the tokens the model wrote; the next step, with the calls' results, then
+    finds its whole history in the cache but the results (instead of ``template_drift`` inside the reply).
+
+    - A family format (the template renders calls itself: other spacing, arguments re-serialized): every reply with
+      calls is settled.
+    - The generic format renders the reply's JSON as the model wrote it, but not always as the same tokens: a
+      constrained reply may spell a word in pieces the tokenizer would not choose (``s`` + ``earch`` where the
+      history re-tokenizes ``search``), and a reply's calls or ``{"response": ...}`` answer is re-serialized from
+      what was parsed. Such a reply is settled when its re-rendered text or that text's tokens differ from what the
+      model produced.
+
+    The earlier prompt is cached: only the re-rendered reply is computed. Nothing is done for replies that failed
+    or were cut, or without tools offered. Unmetered, like the thinking settle (``reasoning_api.settle``)."""
+    if plan is None or not plan.calls_possible or done.finish_reason != "stop" or turn.prompt_tokens is not None:
         return
     answer = markers.split(done.text)[1] if markers is not None else done.text
     parsed = plan.format.parse(answer)
-    if not parsed.calls:
-        return
-    reply = {"role": "assistant", "content": parsed.content or "", "tool_calls": parsed.calls}
-    (message,) = plan.format.prompt([reply], plan.tools, plan.choice)
+    if plan.format.native:
+        if not parsed.calls:
+            return
+        reply = {"role": "assistant", "content": parsed.content or "", "tool_calls": parsed.calls}
+        (message,) = plan.format.prompt([reply], plan.tools, plan.choice)
+    else:
+        if parsed.calls:
+            reply = {"role": "assistant", "content": "", "tool_calls": parsed.calls}
+        else:
+            reply = _as_response({"role": "assistant", "content": parsed.content or ""})
+        (message,) = plan.format.prompt([reply], (), ToolChoice("none"))  # the reply alone, as history renders it
+        if markers is None and _same_tokens(engine, message["content"], answer, done.token_ids):
+            return
     request = replace(turn, messages=[*turn.messages, message], params=SamplingParams(max_tokens=0))
     engine = getattr(engine, "unmetered", engine)
     try:
         engine.submit(request, lambda _event: None)
     except Exception:  # the engine is closing, or the prompt no longer fits: the next step computes it
         _log.debug("could not settle a reply's tool calls", exc_info=True)
+
+
+def _same_tokens(engine, rendered: str, written: str, token_ids: Sequence[int]) -> bool:
+    """Whether the history's text of a reply is the text the model wrote and tokenizes to the tokens it wrote (a
+    trailing end-of-sequence token aside). False when that cannot be told."""
+    encode = getattr(getattr(engine, "runtime", None), "encode", None)
+    if rendered != written or encode is None:
+        return False
+    tokens = list(encode(rendered))
+    return tokens == list(token_ids[: len(tokens)]) and len(token_ids) - len(tokens) in (0, 1)
 
 
 def wire_calls(calls: Sequence[ToolCall], *, with_index: bool = False) -> list[dict]:

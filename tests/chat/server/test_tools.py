@@ -252,3 +252,54 @@ def test_a_template_that_re_renders_calls_is_settled_so_the_next_http_step_hits_
     details = second.usage.prompt_tokens_details
     assert second.usage.prompt_tokens == len(step) and details.cached_tokens == shared, second.usage
     assert len(ahead) - shared <= 8
+
+
+class _Recorder:
+    """An engine that records what is submitted to it (the settle's background turns)."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        self.submitted = []
+
+    def submit(self, request, sink) -> None:
+        self.submitted.append(request)
+
+
+def _generic_settle(text: str, token_ids) -> tuple[list, list]:
+    """What the settle submits after a generic-format reply ``text`` written as ``token_ids``, and the turn's
+    messages."""
+    from chat.engine.events import Done, Timings, TurnRequest, Usage
+    from chat.protocol.tools import ToolDef
+    from chat.server import tools_api
+
+    runtime = FakeRuntime()
+    plan = tools_api.plan_tools([ToolDef.model_validate(t) for t in TOOLS], "auto", None, runtime)
+    turn = tools_api.apply(plan, TurnRequest(messages=list(USER)), [{} for _ in USER])
+    done = Done(text, tuple(token_ids), "stop", Usage(10, 0, len(token_ids)), Timings(1.0, 1.0, 1.0, 2.0))
+    engine = _Recorder(runtime)
+    tools_api.settle(engine, turn, plan, None, done)
+    return engine.submitted, list(turn.messages)
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens", "settled"),
+    [
+        (CALL, list(CALL.encode()), False),  # as the history re-tokenizes it: nothing to compute ahead
+        (CALL, [*CALL.encode(), 0], False),  # an end-of-sequence token after it changes nothing
+        (CALL, [*CALL.encode()[:20], 999, *CALL.encode()[21:]], True),  # one piece the tokenizer would not choose
+        (CALL.replace(":", ": "), list(CALL.replace(":", ": ").encode()), True),  # the history re-serializes it
+        ('{"response":"Sunny."}', list(b'{"response":"Sunny."}'), False),
+        ('{"response": "Sunny."}', list(b'{"response": "Sunny."}'), True),
+    ],
+)
+def test_a_generic_reply_is_settled_when_the_history_would_render_other_tokens(text, tokens, settled):
+    """A generic-format reply whose history would be other tokens than the model wrote (a constrained reply may
+    spell a word in pieces the tokenizer would not choose; calls and answers are re-serialized) is computed ahead
+    as the next step renders it; one that re-renders to the same tokens costs nothing."""
+    submitted, messages = _generic_settle(text, tokens)
+    assert bool(submitted) is settled
+    if settled:
+        (request,) = submitted
+        rendered = json.dumps(json.loads(text), separators=(",", ":"))
+        assert request.messages == [*messages, {"role": "assistant", "content": rendered}]
+        assert request.params.max_tokens == 0
