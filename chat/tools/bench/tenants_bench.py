@@ -252,8 +252,20 @@ async def _quiet_session(client, cfg: TenantsConfig, phase: str, session: int) -
 
 
 async def _quiet_phase(client, cfg: TenantsConfig, phase: str) -> list[QuietTurn]:
+    start = time.perf_counter()
     sessions = await asyncio.gather(*(_quiet_session(client, cfg, phase, s) for s in range(cfg.quiet_sessions)))
-    return [turn for session in sessions for turn in session]
+    records = [turn for session in sessions for turn in session]
+    figures = quiet_figures(records)
+    progress(
+        f"quiet tenant, {phase}: {len(records)} turns in {time.perf_counter() - start:.1f} s, first token p50 "
+        f"{figures['ttft_p50_ms']:.0f} ms, cached ratio {figures['cached_ratio']:.3f}, errors {figures['errors']}"
+    )
+    return records
+
+
+def progress(line: str) -> None:
+    """A line for whoever watches the run: stderr (stdout carries the result alone)."""
+    print(f"turncache bench tenants: {line}", file=sys.stderr, flush=True)
 
 
 async def _noisy_request(client, messages: list[dict], cfg: TenantsConfig, tally: NoisyTally, stop) -> dict | None:
@@ -342,6 +354,7 @@ async def _measure(url: str, cfg: TenantsConfig, texts: list[list[str]], reload_
         steady = min(cfg.noisy_concurrent_turns, cfg.noisy_conversations)
         while tally.turns < steady and not all(w.done() for w in workers):  # B in steady state
             await asyncio.sleep(0.05)
+        progress(f"noisy tenant in steady state after {time.perf_counter() - noisy_start:.1f} s")
         loaded = await _quiet_phase(client, cfg, "loaded")
         unprioritized = None
         if cfg.quiet_priority:
@@ -350,6 +363,7 @@ async def _measure(url: str, cfg: TenantsConfig, texts: list[list[str]], reload_
         stop.set()
         await asyncio.gather(*workers)
         noisy_wall = time.perf_counter() - noisy_start
+        progress(f"noisy tenant: {tally.turns} turns, {tally.rate_limited} refused with 429, {tally.errors} errors")
     return {
         "alone": alone,
         "loaded": loaded,
@@ -394,12 +408,15 @@ def run_on(runtime, cfg: TenantsConfig) -> dict:
         for s in range(cfg.quiet_sessions)
     )
     budget = int(planned * per_token / cfg.cache_fills)
+    progress(
+        f"device cache budget {budget / MiB:.1f} MiB ({per_token:.0f} bytes per token): the noisy tenant's "
+        f"{cfg.noisy_conversations} conversations hold at least {planned * per_token / MiB:.1f} MiB, the quiet "
+        f"sessions {quiet * per_token / MiB:.1f} MiB"
+    )
     if cfg.tenant_share is not None and quiet * per_token > cfg.tenant_share * budget:
-        print(
-            f"turncache bench tenants: the quiet sessions need {quiet * per_token / MiB:.2f} MiB, more than their "
-            f"share of the {budget / MiB:.2f} MiB cache budget: they will lose their own entries (make the noisy "
-            "workload larger)",
-            file=sys.stderr,
+        progress(
+            f"the quiet sessions need {quiet * per_token / MiB:.2f} MiB, more than their share of the "
+            f"{budget / MiB:.2f} MiB cache budget: they will lose their own entries (make the noisy workload larger)"
         )
     with tempfile.TemporaryDirectory(prefix="turncache-tenants-") as workdir:
         keys = Path(workdir) / "keys.json"
