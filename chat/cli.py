@@ -253,6 +253,7 @@ def _bench_tenants(args: argparse.Namespace) -> int:
         quiet_turns=args.turns,
         noisy_conversations=args.conversations,
         quiet_priority=args.quiet_priority,
+        token_budget=args.token_budget,
     )
 
 
@@ -547,6 +548,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P",
         help="the quiet tenant's default priority in the keys file, -100..100, lower: sooner (-10); not 0: a third "
         "phase runs it under the same load without",
+    )
+    tenants.add_argument(
+        "--token-budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the server's most tokens in one batched forward, as serve --token-budget (256)",
     )
     tenants.set_defaults(run=_bench_tenants)
     return parser

@@ -45,8 +45,8 @@ own ``timings.ttft_ms``, without HTTP), ``noisy_turns_done`` (B's requests answe
 ``noisy_prompt_tokens_per_s``, ``noisy_cache_fills`` (K/V of every B conversation of the run / the budget),
 ``noisy_cache_fills_planned`` (of its first 32), ``quiet_cache_mib_planned``, ``cache_budget_mib``,
 ``state_bytes_per_token``, ``cache_bytes_quiet_mib`` / ``cache_bytes_noisy_mib`` (what each tenant held at the end),
-``cache_evictions``, the settings (``quiet_*``, ``noisy_*``, ``tenant_share``, ``retry_after``), ``model``, ``date``,
-``cpu``, ``wall_s``.
+``cache_evictions``, the settings (``quiet_*``, ``noisy_*``, ``tenant_share``, ``token_budget``, ``retry_after``),
+``model``, ``date``, ``cpu``, ``wall_s``.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from chat.engine.scheduler import DEFAULT_TOKEN_BUDGET
 from chat.tools.bench.constrained_bench import cpu_model
 from chat.tools.bench.multiturn_bench import user_message
 from chat.tools.bench.report import emit
@@ -98,6 +99,7 @@ class TenantsConfig:
     noisy_concurrent_turns: int = 8  # B's concurrent_turns in the keys file
     cache_fills: float = 4.0  # B's 32 conversations hold this many device budgets
     tenant_share: float | None = 0.5  # --tenant-cache-share (None: shares off)
+    token_budget: int | None = None  # the server's --token-budget (None: its default, 256)
     seed: int = 0
 
 
@@ -390,6 +392,7 @@ def run_on(runtime, cfg: TenantsConfig) -> dict:
     leave_parallelism_to_engines()
     from cache import PrefixCache
     from chat.engine.engine import Engine
+    from chat.engine.scheduler import BatchSettings
     from chat.server.app import create_app
     from chat.server.runner import BackgroundServer
     from chat.server.settings import ServerSettings
@@ -430,7 +433,8 @@ def run_on(runtime, cfg: TenantsConfig) -> dict:
             sessions_db=None,
         )
         cache = PrefixCache(device_budget_bytes=budget, host_budget_bytes=0, tenant_share=cfg.tenant_share)
-        engine = Engine(runtime, cache=cache, threads=engine_threads())
+        batch = BatchSettings(token_budget=cfg.token_budget or DEFAULT_TOKEN_BUDGET)
+        engine = Engine(runtime, cache=cache, batch=batch, threads=engine_threads())
         try:
             app = create_app(engine, settings, model_name=runtime.name)
 
@@ -498,6 +502,7 @@ def summarize(runtime, cfg: TenantsConfig, phases: dict, stats, per_token: float
         "cpu": cpu_model(),
         "retry_after": "honoured",
         **{key: value for key, value in asdict(cfg).items() if key != "seed"},
+        "token_budget": cfg.token_budget or DEFAULT_TOKEN_BUDGET,
     }
     return result
 
@@ -511,11 +516,13 @@ def main(
     quiet_turns: int | None = None,
     noisy_conversations: int | None = None,
     quiet_priority: int | None = None,
+    token_budget: int | None = None,
 ) -> int:
     given = {
         "quiet_turns": quiet_turns,
         "noisy_conversations": noisy_conversations,
         "quiet_priority": quiet_priority,
+        "token_budget": token_budget,
     }
     emit(run(model, TenantsConfig(**{k: v for k, v in given.items() if v is not None})), TARGETS, as_json)
     return 0

@@ -57,4 +57,4 @@ def test_held_rows_are_whole_buffers():
 def test_the_cli_registers_the_benchmark():
     args = build_parser().parse_args(["bench", "tenants", "--json", "--turns", "3", "--conversations", "5"])
     assert args.run is _bench_tenants and args.json and args.model == "smollm2"
-    assert (args.turns, args.conversations, args.quiet_priority) == (3, 5, None)
+    assert (args.turns, args.conversations, args.quiet_priority, args.token_budget) == (3, 5, None, None)
