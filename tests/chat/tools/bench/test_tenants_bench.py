@@ -3,11 +3,13 @@ import json
 from chat.cli import _bench_tenants, build_parser
 from chat.tools.bench.tenants_bench import TARGETS, TenantsConfig, held_rows, keys_file, main
 
+# big enough a noisy workload that the quiet tenant's share (half the budget) holds its two sessions' latest entries
+# and the one a turn is writing: a random model's replies do not re-tokenize as generated, so each turn writes anew
 SMALL = dict(
     quiet_turns=3,
     quiet_reply_tokens=4,
     think_s=0.0,
-    noisy_conversations=8,
+    noisy_conversations=12,
     noisy_turns=3,
     noisy_user_tokens=320,
     noisy_reply_tokens=4,
@@ -23,7 +25,7 @@ def test_the_json_path_runs_both_tenants_end_to_end_on_a_tiny_model(capsys, monk
     assert result.keys() >= KEYS | set(TARGETS)
     assert result["errors"] == 0, result["error_samples"]
     assert result["model"] == "tiny-llama" and result["retry_after"] == "honoured"
-    # eight workers over a limit of two concurrent turns: refused with 429, which is not an error
+    # twelve workers over a limit of two concurrent turns: refused with 429, which is not an error
     assert result["rate_limited"] > 0 and result["noisy_turns_done"] > 0 and result["noisy_tokens_per_s"] > 0
     # the budget is sized from the workload: B's conversations hold it 4 times, A's sessions fit in their share
     assert result["noisy_cache_fills_planned"] == 4.0 and result["noisy_cache_fills"] > 0
