@@ -534,6 +534,11 @@ def build_parser() -> argparse.ArgumentParser:
         "concurrent eval conversations over its concurrent-turns limit (429s, Retry-After honoured), on a cache "
         "those conversations fill 4 times over, with tenant shares on: the quiet tenant's first-token p50 ratio and "
         "cached ratio",
+        description="One loopback server, HTTP, a keys file of two tenants, tenant cache shares on, a device cache "
+        "budget the noisy tenant's conversations fill 4 times over. Phases: the quiet tenant alone; under the noisy "
+        "load with its keys-file priority; under the same load without (unless --quiet-priority 0). Keys: "
+        "quiet_ttft_p50_ratio (target <= 1.5), quiet_cached_ratio (>= 0.9), noisy_tokens_per_s, rate_limited, "
+        "errors (0); chat/tools/bench/tenants_bench.py and docs/benchmarks.md say more. Progress goes to stderr.",
     )
     tenants.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     tenants.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)

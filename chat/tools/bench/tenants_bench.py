@@ -102,6 +102,35 @@ class TenantsConfig:
     token_budget: int | None = None  # the server's --token-budget (None: its default, 256)
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        """Raises :class:`TenantsSettingError` naming the first setting out of range."""
+        from chat.engine.scheduler import TOKEN_BUDGET_RANGE
+        from chat.protocol.limits import MAX_PRIORITY
+
+        counts = ("quiet_sessions", "quiet_turns", "quiet_reply_tokens", "noisy_conversations", "noisy_turns")
+        counts += ("noisy_user_tokens", "noisy_reply_tokens", "noisy_concurrent_turns")
+        for name in counts:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TenantsSettingError(name, f"must be an integer >= 1, got {value!r}")
+        if not -MAX_PRIORITY <= self.quiet_priority <= MAX_PRIORITY:
+            raise TenantsSettingError("quiet_priority", f"must be in [{-MAX_PRIORITY}, {MAX_PRIORITY}]")
+        low, high = TOKEN_BUDGET_RANGE
+        if self.token_budget is not None and not low <= self.token_budget <= high:
+            raise TenantsSettingError("token_budget", f"must be in [{low}, {high}]")
+        if self.tenant_share is not None and not 0 < self.tenant_share <= 1:
+            raise TenantsSettingError("tenant_share", "must be in (0, 1]")
+        if not self.cache_fills > 0 or self.think_s < 0:
+            raise TenantsSettingError("cache_fills" if not self.cache_fills > 0 else "think_s", "out of range")
+
+
+class TenantsSettingError(ValueError):
+    """A setting of the benchmark is out of range; ``name`` says which."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name  # the TenantsConfig field
+
 
 @dataclass
 class QuietTurn:
@@ -524,5 +553,12 @@ def main(
         "quiet_priority": quiet_priority,
         "token_budget": token_budget,
     }
-    emit(run(model, TenantsConfig(**{k: v for k, v in given.items() if v is not None})), TARGETS, as_json)
+    try:
+        cfg = TenantsConfig(**{k: v for k, v in given.items() if v is not None})
+    except TenantsSettingError as exc:
+        raise SystemExit(f"turncache: --{FLAGS.get(exc.name, exc.name).replace('_', '-')}: {exc}") from exc
+    emit(run(model, cfg), TARGETS, as_json)
     return 0
+
+
+FLAGS = {"quiet_turns": "turns", "noisy_conversations": "conversations"}  # settings whose flag has another name

@@ -1,7 +1,9 @@
 import json
 
+import pytest
+
 from chat.cli import _bench_tenants, build_parser
-from chat.tools.bench.tenants_bench import TARGETS, TenantsConfig, held_rows, keys_file, main
+from chat.tools.bench.tenants_bench import TARGETS, TenantsConfig, TenantsSettingError, held_rows, keys_file, main
 
 # big enough a noisy workload that the quiet tenant's share (half the budget) holds its two sessions' latest entries
 # and the one a turn is writing: a random model's replies do not re-tokenize as generated, so each turn writes anew
@@ -60,3 +62,24 @@ def test_the_cli_registers_the_benchmark():
     args = build_parser().parse_args(["bench", "tenants", "--json", "--turns", "3", "--conversations", "5"])
     assert args.run is _bench_tenants and args.json and args.model == "smollm2"
     assert (args.turns, args.conversations, args.quiet_priority, args.token_budget) == (3, 5, None, None)
+
+
+@pytest.mark.parametrize(
+    ("given", "name"),
+    [
+        ({"quiet_turns": 0}, "quiet_turns"),
+        ({"noisy_conversations": -3}, "noisy_conversations"),
+        ({"quiet_priority": 101}, "quiet_priority"),
+        ({"token_budget": 8}, "token_budget"),
+        ({"tenant_share": 1.5}, "tenant_share"),
+    ],
+)
+def test_settings_out_of_range_are_refused_naming_the_setting(given, name):
+    with pytest.raises(TenantsSettingError) as refused:
+        TenantsConfig(**given)
+    assert refused.value.name == name and str(refused.value).startswith(name)
+
+
+def test_the_cli_names_the_flag_of_a_setting_out_of_range():
+    with pytest.raises(SystemExit, match="--conversations: noisy_conversations: must be an integer >= 1"):
+        main(as_json=True, model="tiny-llama", noisy_conversations=0)
