@@ -264,6 +264,19 @@ def _bench_cluster(args: argparse.Namespace) -> int:
     )
 
 
+def _bench_tenants(args: argparse.Namespace) -> int:
+    from chat.tools.bench.tenants_bench import main
+
+    return main(
+        as_json=args.json,
+        model=args.model,
+        quiet_turns=args.turns,
+        noisy_conversations=args.conversations,
+        quiet_priority=args.quiet_priority,
+        token_budget=args.token_budget,
+    )
+
+
 def _bench_all(args: argparse.Namespace) -> int:
     from chat.tools.bench.suite import main
 
@@ -541,6 +554,40 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_bench.add_argument("--conversations", type=int, default=8, help="conversations, all concurrent (8)")
     cluster_bench.add_argument("--replicas", type=int, default=2, metavar="N", help="engine replicas (2)")
     cluster_bench.set_defaults(run=_bench_cluster)
+    tenants = bench_sub.add_parser(
+        "tenants",
+        help="a quiet tenant's 2 streaming chat sessions x 10 turns over HTTP, alone and while a noisy tenant runs 32 "
+        "concurrent eval conversations over its concurrent-turns limit (429s, Retry-After honoured), on a cache "
+        "those conversations fill 4 times over, with tenant shares on: the quiet tenant's first-token p50 ratio and "
+        "cached ratio",
+        description="One loopback server, HTTP, a keys file of two tenants, tenant cache shares on, a device cache "
+        "budget the noisy tenant's conversations fill 4 times over. Phases: the quiet tenant alone; under the noisy "
+        "load with its keys-file priority; under the same load without (unless --quiet-priority 0). Keys: "
+        "quiet_ttft_p50_ratio (target <= 1.5), quiet_cached_ratio (>= 0.9), noisy_tokens_per_s, rate_limited, "
+        "errors (0); chat/tools/bench/tenants_bench.py and docs/benchmarks.md say more. Progress goes to stderr.",
+    )
+    tenants.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    tenants.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    tenants.add_argument("--turns", type=int, default=None, metavar="N", help="turns of each quiet session (10)")
+    tenants.add_argument(
+        "--conversations", type=int, default=None, metavar="N", help="the noisy tenant's concurrent conversations (32)"
+    )
+    tenants.add_argument(
+        "--quiet-priority",
+        type=int,
+        default=None,
+        metavar="P",
+        help="the quiet tenant's default priority in the keys file, -100..100, lower: sooner (-10); not 0: a third "
+        "phase runs it under the same load without",
+    )
+    tenants.add_argument(
+        "--token-budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the server's most tokens in one batched forward, as serve --token-budget (256)",
+    )
+    tenants.set_defaults(run=_bench_tenants)
     return parser
 
 

@@ -42,6 +42,11 @@ of every constrained turn of a step are computed (in llguidance's threads, witho
 take the seats in order of rank when more decode than fit; among equal priorities the order is first come, first
 served (prefills) and round-robin (seats), and new turns join at the next step.
 
+*A better priority's prefill keeps its step short*: a prefill ranked after a prefill of better priority in the same
+step sits that step out, even when budget is left, so the step that computes an interactive turn's prompt (and its
+first token) costs what that prompt costs, not a full ``token_budget`` of batch prompts riding along; the worse ones
+go on at the next step. The first prefill of a step, by rank, is never left out, so the bound below holds.
+
 *Aging rule*: a waiting turn's priority improves by one every :data:`AGING_STEPS` steps. So the rank of a prefill is
 ``priority * AGING_STEPS + the step it arrived at`` and the rank of a decoding turn is
 ``priority * AGING_STEPS + the step it last had a seat`` (smaller goes first; ties: who came first). A turn of
@@ -205,17 +210,22 @@ class Scheduler:
             feed = turn.next_feed(max(1, budget - len(decoders) + 1), drafts=drafts)
             budget -= len(feed.tokens)
             plan.append((turn, feed))
+        lead: int | None = None  # the best priority among this step's prefills so far
         for turn in self._prefilling:
             if len(plan) >= s.max_batch:
                 break
             if self._waits(turn):
                 continue
+            priority = turn.request.params.priority or 0
+            if lead is not None and priority > lead:
+                continue  # ranked after a prefill of better priority: sits this step out (Priorities and fairness)
             give = max(budget, MIN_PREFILL_CHUNK) if turn is self._prefilling[0] else budget
             if give <= 0:
                 break
             feed = turn.next_feed(give)
             budget -= len(feed.tokens)
             plan.append((turn, feed))
+            lead = priority if lead is None else min(lead, priority)
         return plan
 
     def _waits(self, turn: Turn) -> bool:

@@ -335,6 +335,33 @@ def test_a_higher_priority_prefill_goes_first_and_equal_ones_keep_their_order():
     assert scheduler._prefilling == [high, low, same]
 
 
+def test_a_better_priority_prefill_has_its_step_to_itself_and_the_worse_ones_go_on_after():
+    rt = CountingRuntime(script=lambda prompt: "ok")
+    scheduler = Scheduler(rt, BatchSettings(max_batch=8, token_budget=64))
+    batch = [begun(rt, None, request(f"batch {i} " + "p" * 200)) for i in range(2)]
+    for turn in batch:
+        scheduler.add(turn)
+    scheduler.step()
+    assert sum(rt.steps[0]) == 64  # the batch prompts fill the budget
+    chat = begun(rt, None, request("hi", priority=-5))
+    scheduler.add(chat)
+    scheduler.step()
+    assert rt.runs_per_step[1] == [id(chat._run)] and rt.steps[1] == [len(chat.prompt)]  # no batch prompt rides along
+    assert chat.decoding
+    scheduler.step()  # the batch prompts go on beside the chat turn's decoding
+    assert rt.runs_per_step[2] == [id(chat._run), id(batch[0]._run)] and sum(rt.steps[2]) == 64
+
+
+def test_prefills_of_equal_priority_still_share_a_step():
+    rt = CountingRuntime()
+    scheduler = Scheduler(rt, BatchSettings(max_batch=8, token_budget=64))
+    turns = [begun(rt, None, request(f"t{i}", priority=3)) for i in range(3)]
+    for turn in turns:
+        scheduler.add(turn)
+    scheduler.step()
+    assert rt.runs_per_step[0] == [id(t._run) for t in turns]
+
+
 def test_higher_priority_decoders_take_the_seats_and_the_others_still_get_tokens():
     rt = CountingRuntime(script=lambda prompt: "y" * 300)
     scheduler = Scheduler(rt, BatchSettings(max_batch=2, token_budget=64))
