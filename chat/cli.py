@@ -203,6 +203,23 @@ def _bench_batch(args: argparse.Namespace) -> int:
     return main(as_json=args.json, model=args.model)
 
 
+def _bench_http(args: argparse.Namespace) -> int:
+    from chat.tools.bench.http_bench import main
+
+    return main(as_json=args.json, model=args.model, levels=args.levels)
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    """``--levels 1,8,32``: session counts, each at least 1."""
+    try:
+        levels = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"every level must be at least 1: {text!r}")
+    return levels
+
+
 def _bench_weights(args: argparse.Namespace) -> int:
     from chat.tools.bench.weights_bench import main
 
@@ -497,6 +514,17 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "constrained":
             other.add_argument("--conversations", type=int, default=8, help="conversations, all concurrent (8)")
         other.set_defaults(run=run)
+    http = bench_sub.add_parser(
+        "http",
+        help="bench batch's workload in the engine and through a loopback server (HTTP streaming and WebSocket): "
+        "what serving keeps of the engine's throughput",
+    )
+    http.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    http.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    http.add_argument(
+        "--levels", type=_levels, default=(1, 8, 32), metavar="N,N,...", help="concurrent sessions (1,8,32)"
+    )
+    http.set_defaults(run=_bench_http)
     restart = bench_sub.add_parser(
         "restart",
         help="a conversation resumed after a server restart: cached tokens and time to first token with the disk "
