@@ -1,8 +1,9 @@
 """The chat WebSocket (``/v1/ws``): a thin loop around :class:`chat.protocol.connection.Connection`.
 
 Frames in -> ``Connection.receive`` -> events out, turns to the engine, cancels to the engine. Engine results come back
-on the engine's thread and are marshalled onto the event loop, where the connection turns them into ``reply.delta`` /
-``reply.done``. All sends go through one queue, so events of one socket never interleave mid-frame.
+on the engine's thread and are marshalled onto the event loop by the loop's relay (``chat/server/relay.py``: one
+wake-up per engine step for every socket), where the connection turns them into ``reply.delta`` / ``reply.done``.
+All sends go through one queue, so events of one socket never interleave mid-frame.
 
 Refusals before any exchange: a browser ``Origin`` that is not allowed, or a missing or unknown key when keys are
 configured, closes with 1008 (policy violation). When a reload of the keys removes the socket's key (or gives it to
@@ -42,6 +43,7 @@ from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import chat_logprobs
 from chat.server.errors import TRANSPORT, describe
 from chat.server.key_store import KeyStore
+from chat.server.relay import relay_for
 from chat.server.tenant_gate import TenantGate
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
@@ -89,6 +91,7 @@ class ChatSocket:
         self.salt = tenant.salt  # the tenant's cache namespace salt
         self.reply_cap = reply_cap  # reply length of a turn without max_tokens (None: the context's room)
         self.loop = asyncio.get_running_loop()
+        self.relay = relay_for(self.loop)  # engine events onto the loop, one wake-up per engine step for all sockets
         # serialized events, futures the writer waits for (a session's write) before the events after them, and a
         # close code (the writer closes the socket with it and ends)
         self.outbox: asyncio.Queue[str | asyncio.Future | int | None] = asyncio.Queue()  # None ends the writer
@@ -201,9 +204,8 @@ class ChatSocket:
         try:
             runtime, cap = self.engine.runtime, self.reply_cap
             request = turn_request(plan.messages, plan.sampling, salt=self.salt, runtime=runtime, reply_cap=cap)
-            self.jobs[plan.turn_id] = self.engine.submit(
-                request, lambda event: self.loop.call_soon_threadsafe(self._on_event, plan.turn_id, event)
-            )
+            relay, turn_id = self.relay, plan.turn_id
+            self.jobs[turn_id] = self.engine.submit(request, lambda event: relay.call(self._on_event, turn_id, event))
         except Exception as exc:  # media the model does not take, a closed engine, a bug: this turn fails alone
             self.turn_sessions.pop(plan.turn_id, None)
             self._send(self._failed(plan.turn_id, exc))
