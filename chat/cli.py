@@ -38,6 +38,9 @@ def _settings(args: argparse.Namespace):
         "disk_budget": args.disk_budget,
         "max_reply_tokens": args.max_reply_tokens,
         "max_n": args.max_n,
+        "stream_buffer_events": args.stream_buffer_events,
+        "send_timeout_s": args.send_timeout_s,
+        "idle_connection_s": args.idle_connection_s,
         "tenant_cache_share": args.tenant_cache_share,
         "tenant_concurrent_turns": args.tenant_concurrent_turns,
         "tenant_requests_per_minute": args.tenant_requests_per_minute,
@@ -290,6 +293,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-reply-tokens", type=int, help="reply length of a request without max_tokens (the context's room)"
     )
     serve.add_argument("--max-n", type=int, help="most replies one HTTP request may ask for with n (16)")
+    slow = serve.add_argument_group(
+        "slow clients", "a client that reads too slowly never slows the engine or other clients (docs/protocol.md)"
+    )
+    slow.add_argument(
+        "--stream-buffer-events",
+        type=int,
+        metavar="N",
+        help="events one stream (HTTP or WebSocket) may leave unread before its turns are cancelled with slow_client "
+        "(4096)",
+    )
+    slow.add_argument(
+        "--send-timeout-s", type=float, metavar="S", help="seconds one write may wait for the client to read (30)"
+    )
+    slow.add_argument(
+        "--idle-connection-s",
+        type=float,
+        metavar="S",
+        help="seconds a new HTTP connection may stay silent before it is closed (30)",
+    )
     serve.add_argument("--device-cache-mib", type=int, help="prefix cache budget on the model's device (1024)")
     serve.add_argument("--host-cache-mib", type=int, help="prefix cache budget on the host tier (2048)")
     serve.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' on /v1/* and /metrics")

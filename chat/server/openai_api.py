@@ -43,7 +43,7 @@ from chat.protocol.sampling import SamplingSettings
 from chat.protocol.tools import MAX_TOOL_CALLS, MAX_TOOLS, AssistantToolCall, ToolChoiceWire, ToolDef
 from chat.server import reasoning_api, tools_api
 from chat.server.choices import chat_logprobs, run_turn_batches, run_turns
-from chat.server.errors import RequestError
+from chat.server.errors import TRANSPORT, RequestError, SlowClientError
 from chat.server.tools_api import ToolPlan
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
@@ -363,17 +363,24 @@ async def first_event(events: AsyncIterator[tuple[int, Event]]) -> tuple[int, Ev
 
 
 async def stream(
-    engine, turns: Sequence[TurnRequest], model: str, plan: ToolPlan | None = None, markers: Markers | None = None
+    engine,
+    turns: Sequence[TurnRequest],
+    model: str,
+    plan: ToolPlan | None = None,
+    markers: Markers | None = None,
+    *,
+    max_pending: int | None = None,
 ) -> AsyncIterator[bytes]:
     """Server-sent events of a streaming chat completion, ending with ``data: [DONE]``. The first event is awaited
     before this returns (see :func:`first_event`). A reply that may call tools is held back until it is done, then
     sent as its text and its calls (OpenAI's tool-call deltas, each call whole). Every batch of engine events (one
-    step's, or more when the client fell behind: ``run_turn_batches``) is one write.
+    step's, or more when the client fell behind: ``run_turn_batches``) is one write. More than ``max_pending``
+    events left unread cancels the turns and ends the stream with a ``slow_client`` error (chat.server.backpressure).
 
     Raises:
         whatever the turns raise before computing anything.
     """
-    batches = run_turn_batches(engine, turns)
+    batches = run_turn_batches(engine, turns, max_pending=max_pending)
     try:
         head = await anext(batches)
     except BaseException:
@@ -460,6 +467,10 @@ async def _sse(engine, batches, head, turns: Sequence[TurnRequest], model: str, 
                 pending = await anext(batches)
             except StopAsyncIteration:
                 break
+            except SlowClientError as exc:
+                error = {"message": str(exc), "type": TRANSPORT[exc.code].kind, "code": exc.code.value}
+                yield b"data: %s\n\ndata: [DONE]\n\n" % orjson.dumps({"error": error})
+                return
     finally:
         await batches.aclose()
     yield b"data: [DONE]\n\n"
