@@ -570,6 +570,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench" and (getattr(args, "json", False) or args.all_json):
+        from chat.tools.bench.report import json_stdout
+
+        with json_stdout():  # the JSON object alone on standard output; everything else on standard error
+            return args.run(args)
     return args.run(args)
 
 
