@@ -38,6 +38,9 @@ def _settings(args: argparse.Namespace):
         "disk_budget": args.disk_budget,
         "max_reply_tokens": args.max_reply_tokens,
         "max_n": args.max_n,
+        "stream_buffer_events": args.stream_buffer_events,
+        "send_timeout_s": args.send_timeout_s,
+        "idle_connection_s": args.idle_connection_s,
         "tenant_cache_share": args.tenant_cache_share,
         "tenant_concurrent_turns": args.tenant_concurrent_turns,
         "tenant_requests_per_minute": args.tenant_requests_per_minute,
@@ -223,6 +226,23 @@ def _bench_batch(args: argparse.Namespace) -> int:
     return main(as_json=args.json, model=args.model)
 
 
+def _bench_http(args: argparse.Namespace) -> int:
+    from chat.tools.bench.http_bench import main
+
+    return main(as_json=args.json, model=args.model, levels=args.levels)
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    """``--levels 1,8,32``: session counts, each at least 1."""
+    try:
+        levels = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"every level must be at least 1: {text!r}")
+    return levels
+
+
 def _bench_weights(args: argparse.Namespace) -> int:
     from chat.tools.bench.weights_bench import main
 
@@ -306,6 +326,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-reply-tokens", type=int, help="reply length of a request without max_tokens (the context's room)"
     )
     serve.add_argument("--max-n", type=int, help="most replies one HTTP request may ask for with n (16)")
+    slow = serve.add_argument_group(
+        "slow clients", "a client that reads too slowly never slows the engine or other clients (docs/protocol.md)"
+    )
+    slow.add_argument(
+        "--stream-buffer-events",
+        type=int,
+        metavar="N",
+        help="events one stream (HTTP or WebSocket) may leave unread before its turns are cancelled with slow_client "
+        "(4096)",
+    )
+    slow.add_argument(
+        "--send-timeout-s", type=float, metavar="S", help="seconds one write may wait for the client to read (30)"
+    )
+    slow.add_argument(
+        "--idle-connection-s",
+        type=float,
+        metavar="S",
+        help="seconds a new HTTP connection may stay silent before it is closed (30)",
+    )
     serve.add_argument("--device-cache-mib", type=int, help="prefix cache budget on the model's device (1024)")
     serve.add_argument("--host-cache-mib", type=int, help="prefix cache budget on the host tier (2048)")
     serve.add_argument("--auth-token", help="require 'Authorization: Bearer TOKEN' on /v1/* and /metrics")
@@ -536,6 +575,17 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "constrained":
             other.add_argument("--conversations", type=int, default=8, help="conversations, all concurrent (8)")
         other.set_defaults(run=run)
+    http = bench_sub.add_parser(
+        "http",
+        help="bench batch's workload in the engine and through a loopback server (HTTP streaming and WebSocket): "
+        "what serving keeps of the engine's throughput",
+    )
+    http.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    http.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    http.add_argument(
+        "--levels", type=_levels, default=(1, 8, 32), metavar="N,N,...", help="concurrent sessions (1,8,32)"
+    )
+    http.set_defaults(run=_bench_http)
     restart = bench_sub.add_parser(
         "restart",
         help="a conversation resumed after a server restart: cached tokens and time to first token with the disk "
@@ -593,6 +643,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench" and (getattr(args, "json", False) or args.all_json):
+        from chat.tools.bench.report import json_stdout
+
+        with json_stdout():  # the JSON object alone on standard output; everything else on standard error
+            return args.run(args)
     return args.run(args)
 
 

@@ -48,6 +48,7 @@ class ErrorCode(enum.StrEnum):
     INVALID_SAMPLING = "invalid_sampling"  # a sampling field out of range for the model (`param` names it)
     RATE_LIMITED = "rate_limited"  # the tenant is over one of its limits (HTTP 429 + Retry-After); nothing changed
     KEY_REVOKED = "key_revoked"  # the connection's key was removed from the keys file: the WebSocket is closed
+    SLOW_CLIENT = "slow_client"  # the client read too slowly: its turns are cancelled, the connection is closed
     # HTTP only:
     INVALID_REQUEST = "invalid_request"  # the request body is malformed or breaks a limit (`param` names the field)
     UNKNOWN_PARAMETER = "unknown_parameter"  # a request field that no API of ours knows (OpenAI's refusal text)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 from chat.engine.constraints import GrammarError
@@ -23,6 +23,7 @@ from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
 from chat.server import completions_api, openai_api, responses_api, tokenize_api
 from chat.server.auth import KeyRing, Tenant, bearer_of
+from chat.server.backpressure import TimedStreamingResponse
 from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
 from chat.server.key_store import KeyStore, watch_keys
@@ -158,6 +159,9 @@ def create_app(
             request.state.tenant = tenant
         return await call_next(request)
 
+    def stream_response(events) -> TimedStreamingResponse:
+        return TimedStreamingResponse(events, media_type="text/event-stream", send_timeout_s=settings.send_timeout_s)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(validation_error(list(exc.errors())))
@@ -218,8 +222,10 @@ def create_app(
         gate.admit(tenant.id, len(turns))
         tenant_engine = gate.engine_for(engine, tenant.id)
         if body.stream:
-            events = await openai_api.stream(tenant_engine, turns, model_name, tools, thinking)
-            return StreamingResponse(events, media_type="text/event-stream")
+            events = await openai_api.stream(
+                tenant_engine, turns, model_name, tools, thinking, max_pending=settings.stream_buffer_events
+            )
+            return stream_response(events)
         return await openai_api.complete(tenant_engine, turns, model_name, tools, thinking)
 
     @app.post("/v1/completions")
@@ -233,7 +239,7 @@ def create_app(
         tenant_engine = gate.engine_for(engine, tenant.id)
         if body.stream:
             events = await completions_api.stream(tenant_engine, body, turns, model_name)
-            return StreamingResponse(events, media_type="text/event-stream")
+            return stream_response(events)
         return await completions_api.complete(tenant_engine, body, turns, model_name)
 
     @app.post("/v1/responses")
@@ -258,7 +264,7 @@ def create_app(
         tenant_engine = gate.engine_for(engine, tenant.id)
         args = (tenant_engine, turn, body, model_name, tools, thinking, response_store, tenant.id, conversation)
         if body.stream:
-            return StreamingResponse(await responses_api.stream(*args), media_type="text/event-stream")
+            return stream_response(await responses_api.stream(*args))
         return await responses_api.complete(*args)
 
     @app.get("/v1/responses/{response_id}")
@@ -295,6 +301,8 @@ def create_app(
             gate=gate,
             allowed_origins=settings.allowed_origins,
             reply_cap=settings.max_reply_tokens,
+            max_pending=settings.stream_buffer_events,
+            send_timeout_s=settings.send_timeout_s,
         )
 
     if (WEB_DIR / "index.html").is_file():

@@ -15,6 +15,8 @@ from dataclasses import replace
 
 from chat.engine.events import Done, Event, TurnRequest
 from chat.engine.sampling import TokenLogprob
+from chat.server.errors import SlowClientError
+from chat.server.relay import relay_for
 
 
 def with_seeds(request: TurnRequest, n: int) -> list[TurnRequest]:
@@ -33,21 +35,63 @@ async def run_turns(engine, requests: Sequence[TurnRequest]) -> AsyncIterator[tu
         whatever a turn raised before it computed anything (ContextOverflowError, GrammarError, ...): the other
         turns are then cancelled.
     """
-    loop = asyncio.get_running_loop()
+    batches = run_turn_batches(engine, requests)
+    try:
+        async for batch in batches:
+            for item in batch:
+                yield item
+    finally:
+        await batches.aclose()
+
+
+async def run_turn_batches(
+    engine, requests: Sequence[TurnRequest], *, max_pending: int | None = None
+) -> AsyncIterator[list[tuple[int, Event]]]:
+    """:func:`run_turns`' events, as lists of every event that arrived while the consumer was busy with the previous
+    list (one engine step's tokens, or several when the consumer fell behind): a stream writes each list at once.
+    The engine's events reach the loop through its :class:`~chat.server.relay.LoopRelay` (one wake-up per batch).
+    When ``max_pending`` events wait unread (the consumer is stuck writing to a client that does not read), the turns
+    are cancelled at once and the next batch raises SlowClientError.
+
+    Raises:
+        as :func:`run_turns`; SlowClientError (see above).
+    """
+    relay = relay_for(asyncio.get_running_loop())
     events: asyncio.Queue[tuple[int, Event | BaseException]] = asyncio.Queue()
     handles = []
+    overflowed = False
+
+    def arrive(item: tuple[int, Event | BaseException]) -> None:  # on the loop
+        nonlocal overflowed
+        if overflowed:
+            return
+        if max_pending is not None and events.qsize() >= max_pending:
+            overflowed = True
+            for handle in handles:
+                handle.cancel()
+            events.put_nowait((item[0], SlowClientError(f"the client left more than {max_pending} events unread")))
+            return
+        events.put_nowait(item)
+
     try:
         for i, request in enumerate(requests):
-            sink = lambda e, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, e))  # noqa: E731
+            sink = lambda e, i=i: relay.call(arrive, (i, e))  # noqa: E731
             handles.append(engine.submit(request, sink))
         running = len(requests)
         while running:
-            i, item = await events.get()
-            if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, Done):
-                running -= 1
-            yield i, item
+            batch = [await events.get()]
+            while not events.empty():
+                batch.append(events.get_nowait())
+            out = []
+            for i, item in batch:
+                if isinstance(item, BaseException):
+                    if out:
+                        yield out
+                    raise item
+                if isinstance(item, Done):
+                    running -= 1
+                out.append((i, item))
+            yield out
     finally:
         for handle in handles:
             handle.cancel()  # a turn that is done ignores it

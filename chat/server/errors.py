@@ -16,6 +16,10 @@ Exceptions and their wire code::
     EngineClosedError                      unavailable
     RateLimitedError                       rate_limited    (HTTP 429 with Retry-After; on the WebSocket an
                                                             `error` event, the connection stays usable)
+    SlowClientError (below)                slow_client     (a stream's client read too slowly: more than
+                                                            --stream-buffer-events unread, or a write stalled for
+                                                            --send-timeout-s; its turns are cancelled, the
+                                                            connection closed: WebSocket close code 1013)
     anything else                          internal        (CacheError, ModelError such as RunStateError, bugs:
                                                             logged by the transport, never described to the client)
 
@@ -40,6 +44,7 @@ from modalities.errors import MediaError
 
 POLICY_VIOLATION = 1008  # WebSocket close code: refused credentials or origin
 MESSAGE_TOO_BIG = 1009  # WebSocket close code: a frame over the server's limit (sent by the WebSocket library)
+TRY_AGAIN_LATER = 1013  # WebSocket close code: the client read too slowly (slow_client)
 INTERNAL_MESSAGE = "internal error; the server logged the details"  # all a client learns of an internal error
 
 
@@ -77,6 +82,7 @@ TRANSPORT: dict[ErrorCode, Transport] = {
     ErrorCode.ORIGIN_NOT_ALLOWED: Transport(403, "invalid_request_error", ws_close=POLICY_VIOLATION),
     ErrorCode.RATE_LIMITED: Transport(429, "rate_limit_error"),
     ErrorCode.KEY_REVOKED: Transport(401, "invalid_request_error", ws_close=POLICY_VIOLATION),
+    ErrorCode.SLOW_CLIENT: Transport(408, "invalid_request_error", ws_close=TRY_AGAIN_LATER),
     ErrorCode.UNAVAILABLE: Transport(503, "server_error"),
     ErrorCode.INTERNAL: Transport(500, "server_error"),
 }
@@ -91,6 +97,13 @@ _BY_EXCEPTION: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (EngineClosedError, ErrorCode.UNAVAILABLE),
     (RateLimitedError, ErrorCode.RATE_LIMITED),
 )
+
+
+class SlowClientError(Exception):
+    """A client did not read its stream fast enough (``slow_client``): the events it left unread passed the
+    per-connection bound, or one write waited longer than the send timeout."""
+
+    code = ErrorCode.SLOW_CLIENT
 
 
 class RequestError(Exception):
@@ -133,7 +146,7 @@ def validation_error(errors: list[dict]) -> RequestError:
 
 def code_of(exc: BaseException) -> ErrorCode:
     """The wire code of any exception (``internal`` for everything this table does not name)."""
-    if isinstance(exc, ProtocolError | RequestError):
+    if isinstance(exc, ProtocolError | RequestError | SlowClientError):
         return exc.code
     for cls, code in _BY_EXCEPTION:
         if isinstance(exc, cls):

@@ -22,13 +22,13 @@ computed, so a bad schema is a 400 naming its field. ``n`` replies run as ``n`` 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
@@ -42,8 +42,8 @@ from chat.protocol.limits import MAX_MESSAGES
 from chat.protocol.sampling import SamplingSettings
 from chat.protocol.tools import MAX_TOOL_CALLS, MAX_TOOLS, AssistantToolCall, ToolChoiceWire, ToolDef
 from chat.server import reasoning_api, tools_api
-from chat.server.choices import chat_logprobs, run_turns
-from chat.server.errors import RequestError
+from chat.server.choices import chat_logprobs, run_turn_batches, run_turns
+from chat.server.errors import TRANSPORT, RequestError, SlowClientError
 from chat.server.tools_api import ToolPlan
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
@@ -364,51 +364,75 @@ async def first_event(events: AsyncIterator[tuple[int, Event]]) -> tuple[int, Ev
 
 
 async def stream(
-    engine, turns: Sequence[TurnRequest], model: str, plan: ToolPlan | None = None, markers: Markers | None = None
-) -> AsyncIterator[str]:
+    engine,
+    turns: Sequence[TurnRequest],
+    model: str,
+    plan: ToolPlan | None = None,
+    markers: Markers | None = None,
+    *,
+    max_pending: int | None = None,
+) -> AsyncIterator[bytes]:
     """Server-sent events of a streaming chat completion, ending with ``data: [DONE]``. The first event is awaited
     before this returns (see :func:`first_event`). A reply that may call tools is held back until it is done, then
-    sent as its text and its calls (OpenAI's tool-call deltas, each call whole).
+    sent as its text and its calls (OpenAI's tool-call deltas, each call whole). Every batch of engine events (one
+    step's, or more when the client fell behind: ``run_turn_batches``) is one write. More than ``max_pending``
+    events left unread cancels the turns and ends the stream with a ``slow_client`` error (chat.server.backpressure).
 
     Raises:
         whatever the turns raise before computing anything.
     """
-    events = run_turns(engine, turns)
+    batches = run_turn_batches(engine, turns, max_pending=max_pending)
     try:
-        head = await first_event(events)
+        head = await anext(batches)
     except BaseException:
-        await events.aclose()
+        await batches.aclose()
         raise
-    return _sse(engine, events, head, turns, model, plan, markers)
+    return _sse(engine, batches, head, turns, model, plan, markers)
 
 
-async def _sse(engine, events, head, turns: Sequence[TurnRequest], model: str, plan, markers) -> AsyncIterator[str]:
+class ChunkEncoder:
+    """The ``data:`` lines of one stream's chunks. Its id, time and model are the same in every chunk, so a plain
+    content delta (the chunk of almost every token) is its text encoded into a prefix and suffix made once."""
+
+    def __init__(self, cid: str, created: int, model: str) -> None:
+        self.body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}  # every chunk
+        self._head = b"data: " + orjson.dumps(self.body)[:-1] + b',"choices":[{"index":'  # up to the index
+        self._tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def content(self, index: int, text: str) -> bytes:
+        """A chunk that carries ``text`` of choice ``index`` and nothing else."""
+        return b'%s%d,"delta":{"content":%s}%s' % (self._head, index, orjson.dumps(text), self._tail)
+
+    def chunk(self, index: int, delta: dict, finish: str | None = None, logprobs: Any = None, **extra) -> bytes:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return b"data: %s\n\n" % orjson.dumps({**self.body, "choices": [choice], **extra})
+
+
+async def _sse(engine, batches, head, turns: Sequence[TurnRequest], model: str, plan, markers) -> AsyncIterator[bytes]:
     runtime = engine.runtime
     held = plan is not None and plan.calls_possible  # replies are read back whole before anything is sent
     splitters = [ReasoningSplitter(markers) if markers is not None else None for _ in turns]  # thinking apart
-    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    encoder = ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model)
+    chunk = encoder.chunk
     wants_logprobs = [t.params.logprobs for t in turns]
 
-    def chunk(index: int, delta: dict, finish: str | None = None, logprobs: Any = None, **extra) -> str:
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
-        return f"data: {json.dumps({**body, **extra})}\n\n"
-
-    for i in range(len(turns)):
-        yield chunk(i, {"role": "assistant", "content": ""})
+    yield b"".join(chunk(i, {"role": "assistant", "content": ""}) for i in range(len(turns)))
     dones: dict[int, Done] = {}
-    pending: list[tuple[int, Event]] = [head]
+    pending: list[tuple[int, Event]] = head
     try:
         while True:
+            out: list[bytes] = []  # this batch's chunks, written at once
             for i, event in pending:
                 if isinstance(event, Delta):
                     splitter = splitters[i]
                     thought, text = splitter.push(event.text) if splitter is not None else ("", event.text)
                     if thought:
-                        yield chunk(i, {"reasoning_content": thought})
-                    if not held and (text or event.logprobs):
-                        lp = {"content": chat_logprobs(runtime, event.logprobs)} if wants_logprobs[i] else None
-                        yield chunk(i, {"content": text}, logprobs=lp)
+                        out.append(chunk(i, {"reasoning_content": thought}))
+                    if not held and wants_logprobs[i] and (text or event.logprobs):
+                        lp = {"content": chat_logprobs(runtime, event.logprobs)}
+                        out.append(chunk(i, {"content": text}, logprobs=lp))
+                    elif not held and text:
+                        out.append(encoder.content(i, text))
                     continue
                 assert isinstance(event, Done)
                 dones[i] = event
@@ -417,32 +441,38 @@ async def _sse(engine, events, head, turns: Sequence[TurnRequest], model: str, p
                     tools_api.settle(engine, turns[0], plan, markers, event)
                 if event.finish_reason == "error":
                     error = {"message": "generation failed; the server logged the details", "type": "server_error"}
-                    yield f"data: {json.dumps({'error': error})}\n\n"
-                    yield "data: [DONE]\n\n"
+                    out.append(b"data: %s\n\ndata: [DONE]\n\n" % orjson.dumps({"error": error}))
+                    yield b"".join(out)
                     return
                 if splitters[i] is not None:
                     thought, text = splitters[i].flush()
                     if thought:
-                        yield chunk(i, {"reasoning_content": thought})
+                        out.append(chunk(i, {"reasoning_content": thought}))
                     if text and not held:
-                        yield chunk(i, {"content": text})
+                        out.append(chunk(i, {"content": text}))
                 answer = markers.split(event.text)[1] if markers is not None else event.text
                 parsed, finish = tools_api.read_reply(plan, replace(event, text=answer))
                 if held:
                     lp = {"content": chat_logprobs(runtime, event.logprobs)} if wants_logprobs[i] else None
                     if parsed.content or lp:
-                        yield chunk(i, {"content": parsed.content or ""}, logprobs=lp)
+                        out.append(chunk(i, {"content": parsed.content or ""}, logprobs=lp))
                     if parsed.calls:
-                        yield chunk(i, {"tool_calls": tools_api.wire_calls(parsed.calls, with_index=True)})
+                        out.append(chunk(i, {"tool_calls": tools_api.wire_calls(parsed.calls, with_index=True)}))
                 if len(dones) < len(turns):
-                    yield chunk(i, {}, finish)
+                    out.append(chunk(i, {}, finish))
                 else:
                     extra = usage_and_timings([dones[k] for k in sorted(dones)])
-                    yield chunk(i, {}, finish, **extra)
+                    out.append(chunk(i, {}, finish, **extra))
+            if out:
+                yield b"".join(out)
             try:
-                pending = [await anext(events)]
+                pending = await anext(batches)
             except StopAsyncIteration:
                 break
+            except SlowClientError as exc:
+                error = {"message": str(exc), "type": TRANSPORT[exc.code].kind, "code": exc.code.value}
+                yield b"data: %s\n\ndata: [DONE]\n\n" % orjson.dumps({"error": error})
+                return
     finally:
-        await events.aclose()
-    yield "data: [DONE]\n\n"
+        await batches.aclose()
+    yield b"data: [DONE]\n\n"

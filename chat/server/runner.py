@@ -10,6 +10,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from chat.protocol.limits import MAX_FRAME_BYTES
+from chat.server.backpressure import http_protocol
+
+IDLE_CONNECTION_S = 30.0  # an app without server settings: how long a connection may stay silent before it closes
 
 
 class BackgroundServer:
@@ -25,6 +28,7 @@ class BackgroundServer:
             ws="websockets-sansio",
             ws_max_size=ws_max_size,
             lifespan="off",
+            http=http_protocol(getattr(getattr(app.state, "settings", None), "idle_connection_s", IDLE_CONNECTION_S)),
         )
         self.app = app  # what it serves
         self.server = uvicorn.Server(config)

@@ -102,6 +102,18 @@ class ServerSettings(BaseSettings):
     )
     max_n: int = Field(MAX_CHOICES_N, ge=1, le=MAX_CHOICES_N, description="most replies one request may ask for (n)")
     max_sessions: int = Field(1000, ge=1, description="sessions kept in memory")
+    stream_buffer_events: int = Field(
+        4096,
+        ge=16,
+        description="events a streaming client may leave unread (per HTTP stream or WebSocket) before its turns are "
+        "cancelled with slow_client and the connection closed",
+    )
+    send_timeout_s: float = Field(
+        30.0, gt=0, description="seconds one write to a client may wait for it to read before the connection closes"
+    )
+    idle_connection_s: float = Field(
+        30.0, gt=0, description="seconds an HTTP connection may stay open without sending a request before it closes"
+    )
     sessions_db: str | None = Field(
         None, description="SQLite file where sessions persist across restarts (None or '': memory only)"
     )

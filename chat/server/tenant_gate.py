@@ -20,6 +20,7 @@ from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
 from chat.server.policy import TenantPolicy
 from chat.server.ratelimit import Limits, RateLimitedError, RateLimiter, Refusal
+from chat.server.relay import relay_for
 
 
 @dataclass(slots=True)
@@ -119,6 +120,7 @@ class TenantEngine:
         self._gate = gate  # told when each turn ends
         self._tenant = tenant  # whose turns these are
         self._loop = loop  # where the gate runs
+        self._relay = relay_for(loop)  # the turn's end onto the loop, in order with its events
 
     def __getattr__(self, name: str):
         return getattr(self._engine, name)
@@ -144,7 +146,7 @@ class TenantEngine:
             if not ended and isinstance(event, Done | BaseException):
                 ended = True
                 done = event if isinstance(event, Done) else None
-                self._loop.call_soon_threadsafe(self._gate.ended, self._tenant, done)
+                self._relay.call(self._gate.ended, self._tenant, done)
             sink(event)
 
         handle = self._engine.submit(request, report)

@@ -1,8 +1,9 @@
 """The chat WebSocket (``/v1/ws``): a thin loop around :class:`chat.protocol.connection.Connection`.
 
 Frames in -> ``Connection.receive`` -> events out, turns to the engine, cancels to the engine. Engine results come back
-on the engine's thread and are marshalled onto the event loop, where the connection turns them into ``reply.delta`` /
-``reply.done``. All sends go through one queue, so events of one socket never interleave mid-frame.
+on the engine's thread and are marshalled onto the event loop by the loop's relay (``chat/server/relay.py``: one
+wake-up per engine step for every socket), where the connection turns them into ``reply.delta`` / ``reply.done``.
+All sends go through one queue, so events of one socket never interleave mid-frame.
 
 A turn that offers tools is built as ``/v1/chat/completions`` builds one (``chat.server.tools_api``: the same checks,
 call formats and grammars; the tools are checked before the event reaches the session, so a refused one changes
@@ -51,6 +52,7 @@ from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.choices import chat_logprobs
 from chat.server.errors import TRANSPORT, RequestError, describe
 from chat.server.key_store import KeyStore
+from chat.server.relay import relay_for
 from chat.server.tenant_gate import TenantGate
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
@@ -88,6 +90,8 @@ class ChatSocket:
         gate: TenantGate,
         reply_cap: int | None = None,
         credential: str | None = None,
+        max_pending: int | None = None,
+        send_timeout_s: float | None = None,
     ) -> None:
         self.ws = ws
         self.engine = gate.engine_for(engine, tenant.id)  # the tenant's view: default priority, turn accounting
@@ -99,6 +103,7 @@ class ChatSocket:
         self.salt = tenant.salt  # the tenant's cache namespace salt
         self.reply_cap = reply_cap  # reply length of a turn without max_tokens (None: the context's room)
         self.loop = asyncio.get_running_loop()
+        self.relay = relay_for(self.loop)  # engine events onto the loop, one wake-up per engine step for all sockets
         # serialized events, futures the writer waits for (a session's write) before the events after them, and a
         # close code (the writer closes the socket with it and ends)
         self.outbox: asyncio.Queue[str | asyncio.Future | int | None] = asyncio.Queue()  # None ends the writer
@@ -106,9 +111,14 @@ class ChatSocket:
         self.turn_sessions: dict[str, str] = {}  # running session turns -> their session id
         self.readers: dict[str, ReplyReader] = {}  # running turns -> how their reply is read back (tools, thinking)
         self.open = True  # False once the client is gone: events are then dropped
+        self.max_pending = max_pending  # most frames waiting in the outbox for a slow client (None: no bound)
+        self.send_timeout_s = send_timeout_s  # the longest one frame may wait for the client to read (None: forever)
+        self.reader: asyncio.Task | None = None  # the task reading frames, cancelled when the client reads too slowly
+        self.too_slow = False  # the client read too slowly: the socket is being dropped
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._write())
+        self.reader = asyncio.current_task()
         try:
             while True:
                 message = await self.ws.receive()
@@ -120,6 +130,9 @@ class ChatSocket:
                 self._handle(frame)
         except WebSocketDisconnect:
             pass
+        except asyncio.CancelledError:
+            if not self.too_slow:
+                raise
         finally:
             self.open = False
             for turn_id in self.conn.close():
@@ -145,6 +158,23 @@ class ChatSocket:
             self.outbox.put_nowait(future)
         for event in events:
             self.outbox.put_nowait(serialize_server_event(event))
+        if self.max_pending is not None and self.outbox.qsize() > self.max_pending:
+            self._drop_slow_client(f"the client left more than {self.max_pending} events unread")
+
+    def _drop_slow_client(self, why: str) -> None:
+        """The client does not read (chat.server.backpressure): cancel its turns at once and end the socket (the
+        server then closes the connection; a close frame with 1013 is sent if the client's socket takes it)."""
+        if self.too_slow:
+            return
+        log.warning("closing a WebSocket: %s", why)
+        self.too_slow, self.open = True, False
+        for job in self.jobs.values():
+            job.cancel()
+        code = TRANSPORT[ErrorCode.SLOW_CLIENT].ws_close
+        self.outbox = asyncio.Queue()  # what the client did not read is dropped
+        self.outbox.put_nowait(code if code is not None else None)
+        if self.reader is not None:
+            self.reader.cancel()
 
     def on_keys(self, ring: KeyRing) -> None:
         """The keys were reloaded (any thread): close this socket if its key was removed or changed tenant."""
@@ -165,15 +195,21 @@ class ChatSocket:
     async def _write(self) -> None:
         while (frame := await self.outbox.get()) is not None:
             if isinstance(frame, int):
+                reason = ErrorCode.SLOW_CLIENT if self.too_slow else ErrorCode.KEY_REVOKED
                 with contextlib.suppress(Exception):
-                    await self.ws.close(code=frame, reason=ErrorCode.KEY_REVOKED.value)
+                    async with asyncio.timeout(self.send_timeout_s):
+                        await self.ws.close(code=frame, reason=reason.value)
                 return
             if isinstance(frame, asyncio.Future):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(frame, WRITE_WAIT_S)
                 continue
             try:
-                await self.ws.send_text(frame)
+                async with asyncio.timeout(self.send_timeout_s):
+                    await self.ws.send_text(frame)
+            except TimeoutError:
+                self._drop_slow_client(f"a frame waited more than {self.send_timeout_s} s for the client")
+                return
             except Exception:  # the client is gone; the reader notices and cleans up
                 self.open = False
                 return
@@ -214,9 +250,8 @@ class ChatSocket:
         try:
             request, reader = build_turn(plan, self.salt, self.engine.runtime, self.reply_cap)
             self.readers[plan.turn_id] = reader
-            self.jobs[plan.turn_id] = self.engine.submit(
-                request, lambda event: self.loop.call_soon_threadsafe(self._on_event, plan.turn_id, event)
-            )
+            relay, turn_id = self.relay, plan.turn_id
+            self.jobs[turn_id] = self.engine.submit(request, lambda event: relay.call(self._on_event, turn_id, event))
         except Exception as exc:  # media the model does not take, a closed engine, a bug: this turn fails alone
             self.turn_sessions.pop(plan.turn_id, None)
             self.readers.pop(plan.turn_id, None)
@@ -337,6 +372,8 @@ async def serve_socket(
     gate: TenantGate,
     allowed_origins: list[str],
     reply_cap: int | None = None,
+    max_pending: int | None = None,
+    send_timeout_s: float | None = None,
 ) -> None:
     if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), allowed_origins):
         await ws.close(code=TRANSPORT[ErrorCode.ORIGIN_NOT_ALLOWED].ws_close, reason="origin not allowed")
@@ -347,7 +384,7 @@ async def serve_socket(
         await ws.close(code=TRANSPORT[ErrorCode.UNAUTHORIZED].ws_close, reason="missing or wrong token")
         return
     await ws.accept()
-    socket = ChatSocket(ws, engine, store, model_name, tenant, gate, reply_cap, credential)
+    socket = ChatSocket(ws, engine, store, model_name, tenant, gate, reply_cap, credential, max_pending, send_timeout_s)
     stop = keys.subscribe(socket.on_keys)
     try:
         await socket.run()

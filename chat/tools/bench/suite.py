@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chat.tools.bench import batch_bench, cache_bench, load_bench, multiturn_bench, serve_bench, turns_bench
+from chat.tools.bench import batch_bench, cache_bench, load_bench, multiturn_bench, report, serve_bench, turns_bench
 from chat.tools.bench.charts import draw_all
 from chat.tools.bench.threads import in_fresh_thread, leave_parallelism_to_engines
 
@@ -135,7 +135,7 @@ def failed(results: Mapping[str, Any]) -> list[str]:
 def main(out_dir: Path, model: str = "smollm2", as_json: bool = False) -> int:
     results = run_all(Suite(model=model), out_dir)
     if as_json:
-        print(json.dumps({k: v for k, v in results.items() if k != "charts"}))
+        print(json.dumps({k: v for k, v in results.items() if k != "charts"}), file=report.json_output(), flush=True)
     else:
         print(f"wrote {out_dir / RESULTS_FILE}")
         for path in results["charts"]:

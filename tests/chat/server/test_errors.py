@@ -16,8 +16,14 @@ from modalities.errors import CorruptMediaError
 def test_every_code_has_a_transport_and_only_refusals_outside_the_protocol_close_the_socket():
     assert set(TRANSPORT) == set(ErrorCode)
     closing = {code for code, t in TRANSPORT.items() if t.ws_close is not None}
-    assert closing == {ErrorCode.UNAUTHORIZED, ErrorCode.ORIGIN_NOT_ALLOWED, ErrorCode.TOO_LARGE, ErrorCode.KEY_REVOKED}
-    assert {t.ws_close for t in TRANSPORT.values()} == {None, 1008, 1009}
+    assert closing == {
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.ORIGIN_NOT_ALLOWED,
+        ErrorCode.TOO_LARGE,
+        ErrorCode.KEY_REVOKED,
+        ErrorCode.SLOW_CLIENT,
+    }
+    assert {t.ws_close for t in TRANSPORT.values()} == {None, 1008, 1009, 1013}
     assert all((t.status >= 500) == (t.kind == "server_error") for t in TRANSPORT.values())
 
 

@@ -1,0 +1,83 @@
+"""What a client that reads too slowly costs: a bounded buffer and a bounded wait, never the engine's time.
+
+The engine never waits for a client: its events for a connection wait in that connection's buffer (the HTTP stream's
+queue, ``chat.server.choices.run_turn_batches``; the WebSocket's outbox, ``chat.server.ws``). A client that reads
+nothing fills its socket, then its buffer:
+
+- more than ``stream_buffer_events`` events unread: its turns are cancelled at once (the engine stops spending steps
+  on them) with ``slow_client`` (``chat/server/errors.py``), sent after what is buffered;
+- one write that waits longer than ``send_timeout_s`` for the client to read: the connection is closed (a WebSocket
+  with 1013) and its turns cancelled.
+
+Connections that open and never send a request are closed by :func:`closing_idle` after ``idle_connection_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi.responses import StreamingResponse
+
+from chat.server.errors import SlowClientError
+
+log = logging.getLogger("turncache.backpressure")
+
+
+class TimedStreamingResponse(StreamingResponse):
+    """A streaming response whose every write must be taken by the client within ``send_timeout_s``; else the
+    stream ends (its body iterator closed, which cancels its turns) and the connection is closed."""
+
+    def __init__(self, content, *, send_timeout_s: float, **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self.send_timeout_s = send_timeout_s  # the longest one write may wait for the client
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def timed_send(message) -> None:
+            try:
+                async with asyncio.timeout(self.send_timeout_s):
+                    await send(message)
+            except TimeoutError:
+                raise SlowClientError(f"a write waited more than {self.send_timeout_s} s for the client") from None
+
+        try:
+            await super().__call__(scope, receive, timed_send)
+        except SlowClientError as exc:  # the response is cut short: the server closes the connection
+            log.warning("closing a stream: %s", exc)
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+
+def http_protocol(idle_s: float) -> type:
+    """uvicorn's HTTP protocol (httptools where installed, else h11), closing idle connections
+    (:func:`closing_idle`)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    return closing_idle(AutoHTTPProtocol, idle_s)
+
+
+def closing_idle(protocol_class: type, idle_s: float) -> type:
+    """``protocol_class`` (one of uvicorn's HTTP protocols) that closes a connection which sent no byte within
+    ``idle_s`` of opening (uvicorn's keep-alive timeout only starts after a first response)."""
+
+    class ClosingIdle(protocol_class):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._turncache_heard = False
+            self._turncache_idle = asyncio.get_running_loop().call_later(idle_s, self._turncache_close_if_idle)
+
+        def data_received(self, data: bytes) -> None:
+            self._turncache_heard = True
+            super().data_received(data)
+
+        def connection_lost(self, exc) -> None:
+            self._turncache_idle.cancel()
+            super().connection_lost(exc)
+
+        def _turncache_close_if_idle(self) -> None:
+            if not self._turncache_heard and not self.transport.is_closing():
+                self.transport.close()
+
+    ClosingIdle.__name__ = f"ClosingIdle{protocol_class.__name__}"
+    return ClosingIdle

@@ -1,0 +1,166 @@
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+
+from chat.engine.events import Delta
+from chat.protocol.errors import ErrorCode
+from chat.server.backpressure import TimedStreamingResponse, closing_idle
+from chat.server.choices import run_turn_batches
+from chat.server.errors import TRANSPORT, SlowClientError, code_of
+from chat.server.ws import ChatSocket
+
+
+class _Flood:
+    """An engine whose turn delivers ``n`` deltas at once and records being cancelled."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.cancelled = n, threading.Event()
+
+    def submit(self, request, sink):
+        threading.Thread(target=lambda: [sink(Delta("x", (1,))) for _ in range(self.n)]).start()
+        return self
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+def test_a_stream_whose_client_leaves_too_much_unread_cancels_its_turns_with_slow_client():
+    engine = _Flood(50)
+
+    async def consume():
+        batches = run_turn_batches(engine, [object()], max_pending=10)
+        try:
+            seen = await anext(batches)  # the turn starts
+            await asyncio.sleep(0.3)  # the consumer is stuck writing to its client
+            first = len(seen)
+            with pytest.raises(SlowClientError):
+                while True:
+                    seen += await anext(batches)
+            return first, seen
+        finally:
+            await batches.aclose()
+
+    first, seen = asyncio.run(consume())
+    assert engine.cancelled.is_set() and len(seen) == first + 10  # the buffer's events, then the error
+    assert code_of(SlowClientError("x")) is ErrorCode.SLOW_CLIENT
+    assert TRANSPORT[ErrorCode.SLOW_CLIENT].ws_close == 1013
+
+
+def test_a_write_the_client_does_not_take_in_time_ends_the_stream_and_closes_its_events():
+    closed = asyncio.Event()
+
+    async def body():
+        try:
+            while True:
+                yield b"data: x\n\n"
+        finally:
+            closed.set()
+
+    async def never_taken(message) -> None:
+        if message["type"] == "http.response.body":
+            await asyncio.Event().wait()
+
+    async def receive():
+        await asyncio.Event().wait()
+
+    async def run() -> float:
+        response = TimedStreamingResponse(body(), media_type="text/event-stream", send_timeout_s=0.1)
+        start = time.perf_counter()
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+        await asyncio.wait_for(response(scope, receive, never_taken), 5)
+        assert closed.is_set()
+        return time.perf_counter() - start
+
+    assert asyncio.run(run()) < 2
+
+
+class _StuckSocket:
+    """A WebSocket whose client reads nothing: every send waits forever."""
+
+    def __init__(self) -> None:
+        self.closed_with = None
+
+    async def send_text(self, frame: str) -> None:
+        await asyncio.Event().wait()
+
+    async def close(self, code: int, reason: str = "") -> None:
+        self.closed_with = code
+        await asyncio.Event().wait()
+
+
+class _Job:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _socket(ws, *, max_pending=None, send_timeout_s=0.1) -> ChatSocket:
+    sock = ChatSocket.__new__(ChatSocket)  # the parts the writer uses, without an engine or a store
+    sock.ws, sock.open, sock.too_slow, sock.reader = ws, True, False, None
+    sock.outbox, sock.jobs = asyncio.Queue(), {"t1": _Job()}
+    sock.max_pending, sock.send_timeout_s = max_pending, send_timeout_s
+    return sock
+
+
+def test_a_websocket_frame_the_client_does_not_take_in_time_cancels_the_turns_and_ends_the_socket():
+    async def run():
+        sock = _socket(_StuckSocket())
+        sock.reader = asyncio.create_task(asyncio.Event().wait())  # stands for the reading loop
+        sock.outbox.put_nowait("frame")
+        await asyncio.wait_for(sock._write(), 5)
+        await asyncio.sleep(0)
+        return sock
+
+    sock = asyncio.run(run())
+    assert sock.too_slow and not sock.open and sock.jobs["t1"].cancelled and sock.reader.cancelled()
+
+
+def test_a_websocket_whose_outbox_passes_its_bound_is_dropped_at_once():
+    async def run():
+        sock = _socket(_StuckSocket(), max_pending=3, send_timeout_s=60)
+        sock.reader = asyncio.create_task(asyncio.Event().wait())
+        for i in range(4):
+            sock.outbox.put_nowait(f"frame {i}")
+            if sock.outbox.qsize() > sock.max_pending:
+                sock._drop_slow_client("test")
+        await asyncio.sleep(0)
+        return sock
+
+    sock = asyncio.run(run())
+    assert sock.too_slow and sock.jobs["t1"].cancelled and sock.reader.cancelled()
+    assert sock.outbox.get_nowait() == 1013  # what was unread is dropped; the close is what is left to send
+
+
+def test_a_connection_that_never_sends_is_closed_after_the_idle_time_and_one_that_sends_is_not():
+    closed = []
+
+    class Base(asyncio.Protocol):
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            pass
+
+        def connection_lost(self, exc) -> None:
+            closed.append(self)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(closing_idle(Base, 0.2), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        silent, talking = socket.create_connection(("127.0.0.1", port)), socket.create_connection(("127.0.0.1", port))
+        talking.sendall(b"GET / HTTP/1.1\r\n")
+        await asyncio.sleep(0.6)
+        silent.setblocking(False)
+        got = await loop.sock_recv(silent, 1)  # the server closed it: end of stream
+        server.close()
+        talking.close()
+        silent.close()
+        return got
+
+    assert asyncio.run(run()) == b"" and len(closed) >= 1

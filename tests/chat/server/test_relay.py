@@ -1,0 +1,104 @@
+import asyncio
+import threading
+
+import orjson
+
+from chat.engine.events import Delta
+from chat.server.choices import run_turn_batches
+from chat.server.openai_api import ChunkEncoder
+from chat.server.relay import LoopRelay, relay_for
+
+
+def test_calls_made_while_a_wake_up_is_pending_run_in_that_one_wake_up_in_order():
+    loop = asyncio.new_event_loop()
+    try:
+        relay, seen = LoopRelay(loop), []
+        worker = threading.Thread(target=lambda: [relay.call(seen.append, i) for i in range(100)])
+        worker.start()
+        worker.join()
+        assert seen == [] and relay.wakeups == 1  # one wake-up asked for 100 calls
+        loop.run_until_complete(asyncio.sleep(0))
+        assert seen == list(range(100))
+        relay.call(seen.append, 100)  # nothing pending any more: a new wake-up
+        loop.run_until_complete(asyncio.sleep(0))
+        assert seen[-1] == 100 and relay.wakeups == 2
+    finally:
+        loop.close()
+
+
+def test_a_failing_call_does_not_drop_the_calls_after_it():
+    loop = asyncio.new_event_loop()
+    try:
+        relay, seen = LoopRelay(loop), []
+        relay.call(lambda: 1 / 0)
+        relay.call(seen.append, "after")
+        loop.run_until_complete(asyncio.sleep(0))
+        assert seen == ["after"]
+    finally:
+        loop.close()
+
+
+def test_a_call_after_the_loop_closed_is_dropped_quietly():
+    loop = asyncio.new_event_loop()
+    relay = LoopRelay(loop)
+    loop.close()
+    relay.call(print, "never")
+    relay.call(print, "never")
+    assert relay.wakeups == 2  # each found no pending wake-up: the failed one was forgotten
+
+
+def test_each_loop_has_one_relay():
+    one, two = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        assert relay_for(one) is relay_for(one) and relay_for(one) is not relay_for(two)
+    finally:
+        one.close()
+        two.close()
+
+
+class _Steps:
+    """An engine whose turn delivers one delta, then (once the consumer took it) four at once, as one step of a
+    4-turn batch would; the consumer is still busy when they come."""
+
+    def __init__(self) -> None:
+        self.taken, self.sent = threading.Event(), threading.Event()
+
+    def submit(self, request, sink):
+        def deliver() -> None:
+            sink(Delta("t0", (0,)))
+            self.taken.wait(10)
+            for k in range(1, 5):
+                sink(Delta(f"t{k}", (k,)))
+            self.sent.set()
+
+        threading.Thread(target=deliver).start()
+        return self
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_events_that_arrive_while_the_consumer_is_busy_come_as_one_batch():
+    engine = _Steps()
+
+    async def two_batches():
+        batches = run_turn_batches(engine, [object()])
+        try:
+            first = await anext(batches)
+            engine.taken.set()
+            assert engine.sent.wait(10)  # the loop is busy (blocked here) while the four arrive
+            return first, await anext(batches)
+        finally:
+            await batches.aclose()
+
+    first, second = asyncio.run(two_batches())
+    assert [e.text for _, e in first] == ["t0"]
+    assert [e.text for _, e in second] == ["t1", "t2", "t3", "t4"]
+
+
+def test_a_content_chunk_encoded_from_its_template_is_the_generic_chunk():
+    encoder = ChunkEncoder("chatcmpl-x", 123, 'm"odel')
+    for text in ("plain", 'quote " and \\ and \n', "ünï ✓ \u2028", ""):
+        fast, generic = encoder.content(3, text), encoder.chunk(3, {"content": text})
+        assert fast.startswith(b"data: ") and fast.endswith(b"\n\n")
+        assert orjson.loads(fast[6:]) == orjson.loads(generic[6:])

@@ -1,0 +1,46 @@
+import json
+
+from chat.cli import main as cli_main
+from chat.tools.bench.http_bench import Level, summary, targets_met
+
+KEYS = {
+    "levels",
+    "engine_tokens_per_s",
+    "http_tokens_per_s",
+    "ws_tokens_per_s",
+    "http_ttft_p50_ms",
+    "engine_ttft_p50_ms",
+    "served_ratio_http",
+    "served_ratio_ws",
+    "client_cpu_share",
+    "errors",
+}
+
+
+def test_bench_http_prints_one_json_object_with_every_key_measured(capsys):
+    assert cli_main(["bench", "http", "--json", "--model", "tiny-llama", "--levels", "1,3"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == KEYS and result["levels"] == [1, 3] and result["errors"] == 0
+    for key in KEYS - {"levels", "client_cpu_share", "errors"}:
+        assert len(result[key]) == 2 and all(v > 0 for v in result[key]), key
+    assert result["served_ratio_http"][1] == result["http_tokens_per_s"][1] / result["engine_tokens_per_s"][1]
+    assert 0 < result["client_cpu_share"] < 1
+
+
+def test_the_summary_takes_medians_per_level_and_the_clients_share_of_all_cores(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    one = lambda rate, cpu=0.0: Level(rate, 10.0, 0, 2.0, cpu)  # noqa: E731
+    results = {
+        "engine": [[one(100), one(120), one(80)]],
+        "http": [[one(90, 1.0), one(30, 1.0), one(60, 1.0)]],
+        "ws": [[one(50, 0.0), one(50, 0.0), one(50, 0.0)]],
+    }
+    result = summary((8,), results)
+    assert result["engine_tokens_per_s"] == [100] and result["http_tokens_per_s"] == [60]
+    assert result["served_ratio_http"] == [0.6] and result["served_ratio_ws"] == [0.5]
+    assert result["client_cpu_share"] == 3.0 / (12.0 * 2)  # 3 s of client CPU over 6 runs x 2 s x 2 cores
+    assert targets_met(result) == {
+        "errors == 0": True,
+        "served_ratio_http at 8 >= 0.85": False,
+        "served_ratio_ws at 8 >= 0.85": False,
+    }
