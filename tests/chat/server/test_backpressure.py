@@ -14,13 +14,20 @@ from chat.server.ws import ChatSocket
 
 
 class _Flood:
-    """An engine whose turn delivers ``n`` deltas at once and records being cancelled."""
+    """An engine whose turn delivers one delta, then (once the test says the stream has taken it) ``n`` more at
+    once, and records being cancelled."""
 
     def __init__(self, n: int) -> None:
-        self.n, self.cancelled = n, threading.Event()
+        self.n, self.cancelled, self.started = n, threading.Event(), threading.Event()
 
     def submit(self, request, sink):
-        threading.Thread(target=lambda: [sink(Delta("x", (1,))) for _ in range(self.n)]).start()
+        def deliver() -> None:
+            sink(Delta("x", (1,)))
+            self.started.wait(10)  # the flood comes only after the stream has taken its first delta
+            for _ in range(self.n):
+                sink(Delta("x", (1,)))
+
+        threading.Thread(target=deliver).start()
         return self
 
     def cancel(self) -> None:
@@ -34,6 +41,7 @@ def test_a_stream_whose_client_leaves_too_much_unread_cancels_its_turns_with_slo
         batches = run_turn_batches(engine, [object()], max_pending=10)
         try:
             seen = await anext(batches)  # the turn starts
+            engine.started.set()
             await asyncio.sleep(0.3)  # the consumer is stuck writing to its client
             first = len(seen)
             with pytest.raises(SlowClientError):
@@ -44,7 +52,7 @@ def test_a_stream_whose_client_leaves_too_much_unread_cancels_its_turns_with_slo
             await batches.aclose()
 
     first, seen = asyncio.run(consume())
-    assert engine.cancelled.is_set() and len(seen) == first + 10  # the buffer's events, then the error
+    assert first == 1 and engine.cancelled.is_set() and len(seen) == first + 10  # the buffer's events, the error
     assert code_of(SlowClientError("x")) is ErrorCode.SLOW_CLIENT
     assert TRANSPORT[ErrorCode.SLOW_CLIENT].ws_close == 1013
 
