@@ -22,10 +22,11 @@ from chat.engine.errors import EngineError
 from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
 from chat.server import completions_api, openai_api, responses_api, tokenize_api
-from chat.server.auth import KeyRing, Tenant, bearer_of
+from chat.server.auth import KeyRing, Tenant
 from chat.server.backpressure import TimedStreamingResponse
 from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
+from chat.server.guard import GuardMiddleware
 from chat.server.key_store import KeyStore, watch_keys
 from chat.server.media_urls import MediaURLMiddleware
 from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics
@@ -143,21 +144,9 @@ def create_app(
             refuse=error_response,
         )
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_mib * MiB):
-            return error_response(
-                RequestError(ErrorCode.TOO_LARGE, f"request bodies are limited to {settings.max_body_mib} MiB")
-            )
-        path = request.url.path.removeprefix(request.scope.get("root_path", ""))  # as routed, without a mount prefix
-        protected = path.startswith("/v1/") or path in ("/metrics", "/tokenize", "/detokenize")
-        if protected:
-            tenant = keys.authenticate(bearer_of(request.headers.get("authorization")))
-            if tenant is None:
-                return error_response(RequestError(ErrorCode.UNAUTHORIZED, "missing or wrong bearer token"))
-            request.state.tenant = tenant
-        return await call_next(request)
+    app.add_middleware(  # added last: outermost (the media URL fetcher runs only behind a valid key)
+        GuardMiddleware, authenticate=keys.authenticate, max_body=settings.max_body_mib * MiB, refuse=error_response
+    )
 
     def stream_response(events) -> TimedStreamingResponse:
         return TimedStreamingResponse(events, media_type="text/event-stream", send_timeout_s=settings.send_timeout_s)

@@ -1,0 +1,51 @@
+"""The HTTP guard checks a request once and hands the route the server's own ``send`` (a streamed response's chunks
+go straight out, through no memory stream or task of the guard's), refusing bad keys and bodies before any route."""
+
+import asyncio
+
+from fastapi.responses import JSONResponse
+
+from chat.server.guard import GuardMiddleware
+
+
+def _run(headers: dict[str, str], path: str = "/v1/chat/completions"):
+    seen = {}
+
+    async def route(scope, receive, send):
+        seen["send"], seen["tenant"] = send, scope.get("state", {}).get("tenant")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def refuse(exc):
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    guard = GuardMiddleware(route, authenticate={"k1": "tenant-1"}.get, max_body=1024, refuse=refuse)
+    raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+    scope = {"type": "http", "method": "POST", "path": path, "root_path": "", "headers": raw, "query_string": b""}
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    asyncio.run(guard(scope, receive, send))
+    return seen, sent, send
+
+
+def test_a_known_key_reaches_the_route_with_its_tenant_and_the_servers_own_send():
+    seen, sent, send = _run({"authorization": "Bearer k1"})
+    assert seen["send"] is send and seen["tenant"] == "tenant-1"
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+
+
+def test_a_missing_key_or_an_oversized_body_is_refused_before_the_route():
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "Bearer k1", "content-length": "4096"}):
+        seen, sent, _ = _run(headers)
+        assert seen == {} and sent[0]["status"] == 400
+
+
+def test_paths_outside_the_api_need_no_key():
+    seen, _, send = _run({}, path="/health")
+    assert seen["send"] is send and seen["tenant"] is None
