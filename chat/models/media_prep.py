@@ -490,8 +490,17 @@ class PixtralImagePreparer:
 
     def prepare(self, data: bytes, declared: str | None, item: str) -> PreparedMedia:
         decoded = image_mod.decode(data, self.limits, self.options, declared=declared, item=item)
-        out = self.processor(images=[decoded.image], return_tensors="pt")
+        try:
+            out = self.processor(images=[decoded.image], return_tensors="pt")
+        except ValueError as exc:  # a side resized to 0 pixels: an aspect ratio the processor cannot take
+            size = "x".join(str(v) for v in decoded.image.size)
+            message = f"the image ({size} pixels) is too narrow for this model: a side would be resized to nothing"
+            raise UnsupportedFormatError(message, item=item) from exc
         height, width = (int(v) for v in out["image_sizes"][0])
+        if height <= self.markers.patch and width <= self.markers.patch:  # the tower's merger fails on one patch
+            patch = self.markers.patch
+            message = f"the image is too small for this model: at most {patch}x{patch} pixels make a single patch"
+            raise UnsupportedFormatError(message, item=item)
         layout = self.markers.layout(height, width)
         inputs = {"pixel_values": out["pixel_values"].float(), "image_sizes": out["image_sizes"]}
         return PreparedMedia("image", tokens=len(layout), inputs=inputs, layout=layout)

@@ -54,7 +54,6 @@ def test_the_prompt_is_the_processors(smolvlm, sizes):
 @pytest.mark.parametrize(
     ("size", "written"),
     [
-        ((16, 16), "[IMG][IMG_END]"),
         ((32, 16), "[IMG][IMG][IMG_END]"),  # width x height in pixels: two tokens in one row
         ((16, 32), "[IMG][IMG_BREAK][IMG][IMG_END]"),  # two rows
         ((48, 32), "[IMG][IMG][IMG][IMG_BREAK][IMG][IMG][IMG][IMG_END]"),
@@ -68,3 +67,24 @@ def test_a_pixtral_image_is_written_in_rows_with_breaks(size, written):
     (item,) = prompt.items
     tokenizer = model._tokenizer
     assert tokenizer.decode(prompt.tokens[item.span.start : item.span.end]) == written
+
+
+@pytest.mark.parametrize("size", [(1, 1), (16, 16), (3, 700), (2000, 7)])
+def test_a_pixtral_image_it_cannot_take_is_refused_by_name_before_any_compute(size):
+    """Mistral 3: an image of one merged patch (transformers' patch merger fails on it) or one with a side the
+    processor would resize to nothing is a typed error naming the item; nothing is computed or stored."""
+    from cache import PrefixCache
+    from chat.engine.errors import InvalidMediaError
+    from chat.engine.events import TurnRequest
+    from chat.engine.sampling import SamplingParams
+    from chat.engine.turn import Turn
+
+    model = load_model("tiny-mistral3")
+    where = "messages[0].content[3]"
+    bad = image(png(5, width=size[0], height=size[1]), item=where)
+    cache, entries = PrefixCache(), len(model.media_store)
+    request = TurnRequest([user("Look: ", image(png(7, width=32, height=16)), " and ", bad, "?")], SamplingParams())
+    with pytest.raises(InvalidMediaError) as err:
+        Turn(model, cache, request).begin()
+    assert err.value.item == where and ("too small" in str(err.value) or "too narrow" in str(err.value))
+    assert cache.stats().entries == 0 and len(model.media_store) == entries
