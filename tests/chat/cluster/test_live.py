@@ -342,7 +342,10 @@ def test_a_replica_killed_mid_turn_ends_that_turn_typed_and_the_next_turn_runs_e
         (error,) = [e for e in events if e["type"] == "error"]
         assert error["code"] == "unavailable" and home in error["message"] and "send the turn again" in error["message"]
         assert done["finish_reason"] == "error"
-        ws_request(ws, {"type": "session.update", "sampling": {"max_tokens": REPLY_TOKENS}}, "session.updated")
+        # the end token (id 2) forbidden: the turn after the kill must run its full length on the other replica (an
+        # unseeded random reply ended "stop" within six tokens now and then)
+        full_length = {"max_tokens": REPLY_TOKENS, "logit_bias": {"2": -100}}
+        ws_request(ws, {"type": "session.update", "sampling": full_length}, "session.updated")
         after, _ = ws_turn(ws, "Second question about tides.")
         assert after["finish_reason"] == "length" and routing_log(live.affine)[-1]["replica"] != home
         following, _ = ws_turn(ws, "Third question about tides.")  # one re-prefill, then hits again
