@@ -11,14 +11,18 @@ Three workloads, in one process, each on its own loopback server:
    them itself.
 2. **The same loops through** ``/v1/responses``: each step sends only its new input with ``previous_response_id``.
 3. **A thinking model** (``tiny-thinking``, whose template drops the thinking from history, as Qwen3's does): loops
-   of multi-turn chat whose replies think (opened by the grammar of ``response_format: json_object``, the thinking
-   held to ``thinking_budget`` tokens), the client sending back each answer without its reasoning.
+   of multi-turn chat whose replies think (the thinking held to ``thinking_budget`` tokens), then answer with the JSON
+   object the application's instructions ask for (``response_format: json_schema`` with their three keys: the
+   grammar applies after the thinking), the client sending back each answer without its reasoning.
 
 Keys: ``tool_calls_valid`` (share of tool calls whose arguments parse and validate against their function's schema;
 target 1.0), ``tool_calls`` (how many), ``cached_ratio_after_tool`` (cached / prompt tokens over chat-completions
 steps 2+; target >= 0.9), ``cached_ratio_responses`` (the same over ``/v1/responses`` steps 2+; target >= 0.95),
-``cached_ratio_after_thinking`` (turns 2+ of the thinking loops; target >= 0.9), ``errors`` (failed requests;
-target 0), ``wall_s_chat``, ``wall_s_responses``, ``model``, ``cpu``.
+``cached_ratio_after_thinking`` (turns 2+ of the thinking loops; target >= 0.9), ``reusable_ratio_after_thinking``
+(the same steps' share of prompt tokens rendered before the step's new user message, counted by ``POST /tokenize``:
+what a cache that kept every earlier turn would reach, so that the figure before it can be judged; the marker that
+opens the new message may match too, a token a step more), ``errors``
+(failed requests; target 0), ``wall_s_chat``, ``wall_s_responses``, ``model``, ``cpu``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,12 @@ THINKING_SYSTEM = (  # an application's instructions, as agents and apps send th
     "'tips'. Keep every value short. Never invent prices. If you are unsure, say so in 'tips'. Always consider "
     "what the traveller said earlier in the conversation, and do not repeat advice you already gave."
 )
+ADVICE = {  # the answer THINKING_SYSTEM asks for, as the application enforces it (``response_format``)
+    "type": "object",
+    "properties": {key: {"type": "string", "maxLength": 24} for key in ("weather", "pack", "tips")},
+    "required": ["weather", "pack", "tips"],
+    "additionalProperties": False,
+}
 
 
 def cpu_name() -> str:
@@ -82,6 +92,7 @@ class Tally:
         self.calls = 0  # tool calls seen
         self.valid = 0  # of those, valid for their schema
         self.errors = 0  # failed requests
+        self.reusable = 0  # prompt tokens on steps 2+ rendered before the step's new message (thinking loops only)
 
     def add(self, other: Tally) -> None:
         for name in vars(self):
@@ -166,7 +177,10 @@ def _responses_loop(client, model: str, i: int, steps: int, max_tokens: int) -> 
 
 
 def _thinking_loop(client, model: str, i: int, steps: int) -> Tally:
+    import httpx
+
     tally = Tally()
+    root = str(client.base_url).rstrip("/").removesuffix("/v1")  # /tokenize is vLLM's, at the server's root
     messages: list[dict] = [
         {"role": "system", "content": THINKING_SYSTEM},
         {"role": "user", "content": _question(i, 0)},
@@ -177,10 +191,19 @@ def _thinking_loop(client, model: str, i: int, steps: int) -> Tally:
                 model=model,
                 messages=messages,
                 temperature=0,
-                max_tokens=96,
-                response_format={"type": "json_object"},
+                max_tokens=160,
+                response_format={"type": "json_schema", "json_schema": {"name": "advice", "schema": ADVICE}},
                 extra_body={"thinking_budget": 16},
             )
+            if step > 0:  # the history before the new question, as the template renders it: all an ideal cache keeps
+                history = messages[:-1]
+                rendered = httpx.post(
+                    f"{root}/tokenize",
+                    json={"model": model, "messages": history, "add_generation_prompt": False},
+                    timeout=600,
+                )
+                rendered.raise_for_status()
+                tally.reusable += rendered.json()["count"]
         except Exception:
             tally.errors += 1
             return tally
@@ -258,6 +281,7 @@ def run(
         "cached_ratio_after_tool": chat.ratio(),
         "cached_ratio_responses": responses.ratio(),
         "cached_ratio_after_thinking": thinking.ratio(),
+        "reusable_ratio_after_thinking": thinking.reusable / thinking.prompt if thinking.prompt else 0.0,
         "errors": chat.errors + responses.errors + thinking.errors,
         "wall_s_chat": wall_chat,
         "wall_s_responses": wall_responses,
