@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from chat.protocol.base import WireModel
-from chat.protocol.content import ChatMessage, UserContent, check_media_count
+from chat.protocol.content import ChatMessage, UserContent, check_media_count, check_tool_messages
 from chat.protocol.limits import (
     MAX_EVENT_ID_CHARS,
     MAX_ID_CHARS,
@@ -138,11 +138,13 @@ class ConversationGet(_ClientEvent):
     type: Literal["conversation.get"] = "conversation.get"
 
 
-class CompletionCreate(_ClientEvent):
+class CompletionCreate(_ClientEvent, _OffersTools):
     """Stateless mode: the whole message list in, one reply out; no session needed, nothing is kept.
 
-    Rules: a ``system`` message may only come first; the last message is a ``user`` message. Answered by
-    ``turn.started`` (``session_id`` null), ``reply.delta``*, ``reply.done``.
+    Rules: a ``system`` message may only come first; the last message is a ``user`` message or a ``tool`` result;
+    a ``tool`` message answers a call (``tool_call_id``) of an earlier assistant message's ``tool_calls``. The
+    tools the reply may call come with the event, as in ``turn.create``. Answered by ``turn.started``
+    (``session_id`` null), ``reply.delta``*, ``reply.tool_call``* and ``reply.done``.
     """
 
     type: Literal["completion.create"] = "completion.create"
@@ -154,8 +156,9 @@ class CompletionCreate(_ClientEvent):
     def _well_formed(self) -> CompletionCreate:
         if any(m.role == "system" for m in self.messages[1:]):
             raise PydanticCustomError("message_order", "a system message may only come first")
-        if self.messages[-1].role != "user":
-            raise PydanticCustomError("message_order", "the last message must be a user message")
+        if self.messages[-1].role not in ("user", "tool"):
+            raise PydanticCustomError("message_order", "the last message must be a user message or a tool result")
+        check_tool_messages(self.messages)
         check_media_count(self.messages)
         return self
 

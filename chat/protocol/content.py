@@ -34,7 +34,7 @@ from chat.protocol.limits import (
     MAX_TEXT_CHARS,
     AudioFormat,
 )
-from chat.protocol.tools import AssistantToolCall
+from chat.protocol.tools import MAX_TOOL_CALLS, AssistantToolCall
 from modalities import identity
 from modalities.errors import MediaError
 from modalities.identity import MediaDigest
@@ -216,18 +216,47 @@ UserContent = Annotated[Content, AfterValidator(_check_turn_content)]
 
 class ChatMessage(WireModel):
     """One message of a ``completion.create`` list (the HTTP API's messages extend it). Media is allowed in user
-    messages only."""
+    messages only; an assistant message may carry the ``tool_calls`` its reply made, a ``tool`` message the
+    ``tool_call_id`` of the call it answers (and only these: :func:`check_tool_messages` checks the list)."""
 
-    role: Role
+    role: PromptRole
     content: Content
+    tool_calls: Annotated[list[AssistantToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None  # assistant's
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None  # a tool result's call
 
     @model_validator(mode="after")
     def _media_only_from_users(self) -> ChatMessage:
-        if self.role != "user" and media_parts(self.content):
+        if self.role != "user" and self.content is not None and media_parts(self.content):
             raise PydanticCustomError(
                 INVALID_MEDIA, "only user messages may hold media, not {role}", {"role": self.role}
             )
         return self
+
+    @model_validator(mode="after")
+    def _tool_fields_where_they_belong(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("tool_calls", "only assistant messages carry tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise PydanticCustomError("tool_call_id", "a tool message needs tool_call_id (and only a tool message)")
+        return self
+
+    def prompt(self) -> PromptMessage:
+        """The message for a turn's prompt (a missing content is empty)."""
+        content = "" if self.content is None else self.content
+        role = "system" if self.role == "developer" else self.role
+        return PromptMessage(role, content, tuple(self.tool_calls or ()), self.tool_call_id)  # type: ignore[arg-type]
+
+
+def check_tool_messages(messages: list[Any]) -> None:
+    """Refuse a message list in which a ``tool`` message answers no call of an earlier assistant message (the rule
+    of ``/v1/chat/completions``): a pydantic custom error naming the message, for a model validator."""
+    calls: set[str] = set()
+    for i, m in enumerate(messages):
+        calls.update(call.id for call in m.tool_calls or ())
+        if m.role == "tool" and m.tool_call_id not in calls:
+            raise PydanticCustomError(
+                "tool_call_id", "messages.{i}.tool_call_id answers no call of an earlier assistant message", {"i": i}
+            )
 
 
 def check_media_count(messages: list[Any]) -> None:

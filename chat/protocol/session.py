@@ -492,7 +492,7 @@ def plan_completion(event: CompletionCreate, model: str, new_id: IdFactory = new
     The caller must track that the turn is running (for ``busy`` and ``turn.cancel``) and build its events with
     ``plan.delta`` / ``plan.done`` / ``plan.failed``.
     """
-    messages = tuple(PromptMessage(m.role, m.content) for m in event.messages)
+    messages = tuple(m.prompt() for m in event.messages)
     return TurnPlan(
         turn_id=new_id("turn"),
         kind="completion",
@@ -502,4 +502,7 @@ def plan_completion(event: CompletionCreate, model: str, new_id: IdFactory = new
         session_id=None,
         user_message_id=None,
         reply_to=event.event_id,
+        tools=tuple(event.tools or ()),
+        tool_choice=event.tool_choice,
+        parallel_tool_calls=event.parallel_tool_calls,
     )

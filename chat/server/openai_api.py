@@ -30,17 +30,16 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
 
 from chat.engine.constraints import GrammarError, GrammarSpec
 from chat.engine.events import Delta, Done, Event, TurnRequest
 from chat.engine.reasoning import Markers, ReasoningSplitter
 from chat.protocol.client_events import ModelName
-from chat.protocol.content import ChatMessage, Content, PromptMessage, check_media_count
+from chat.protocol.content import ChatMessage, Content, check_media_count
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_MESSAGES
 from chat.protocol.sampling import SamplingSettings
-from chat.protocol.tools import MAX_TOOL_CALLS, MAX_TOOLS, AssistantToolCall, ToolChoiceWire, ToolDef
+from chat.protocol.tools import MAX_TOOLS, ToolChoiceWire, ToolDef
 from chat.server import reasoning_api, tools_api
 from chat.server.choices import chat_logprobs, run_turn_batches, run_turns
 from chat.server.errors import TRANSPORT, RequestError, SlowClientError
@@ -147,8 +146,6 @@ class HttpMessage(ChatMessage):
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # type: ignore[assignment]
     content: Content | None = None  # type: ignore[assignment]
-    tool_calls: Annotated[list[AssistantToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None  # assistant's
-    tool_call_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None  # a tool result's call
     name: Any = None
     function_call: Any = None
     refusal: Any = None
@@ -156,18 +153,6 @@ class HttpMessage(ChatMessage):
     annotations: Any = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("name", "function_call", "refusal", "audio")
-
-    def prompt(self) -> PromptMessage:
-        role = "system" if self.role == "developer" else self.role
-        return PromptMessage(role, "" if self.content is None else self.content)  # type: ignore[arg-type]
-
-    @model_validator(mode="after")
-    def _tool_fields_where_they_belong(self) -> HttpMessage:
-        if self.tool_calls and self.role != "assistant":
-            raise PydanticCustomError("tool_calls", "only assistant messages carry tool_calls")
-        if (self.role == "tool") != (self.tool_call_id is not None):
-            raise PydanticCustomError("tool_call_id", "a tool message needs tool_call_id (and only a tool message)")
-        return self
 
 
 class StreamOptions(BaseModel):

@@ -59,7 +59,13 @@ from chat.server.turns import turn_request, wire_timings, wire_usage
 log = logging.getLogger("turncache.ws")
 WRITE_WAIT_S = 1.0  # the longest an acknowledgment waits for its session's write before it is sent anyway
 STARTS_A_TURN = (TurnCreate, TurnRegenerate, TurnEdit, ToolResults, CompletionCreate)  # a tenant's limits apply
-OFFERS_TOOLS = (TurnCreate, TurnRegenerate, TurnEdit, ToolResults)  # events whose tools are checked before anything
+OFFERS_TOOLS = (
+    TurnCreate,
+    TurnRegenerate,
+    TurnEdit,
+    ToolResults,
+    CompletionCreate,
+)  # events whose tools are checked before anything
 
 
 def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
@@ -347,7 +353,7 @@ def build_turn(plan: TurnPlan, salt: str, runtime, reply_cap: int | None = None)
     return request, ReplyReader(request, tools, reasoning_api.thinking_markers(runtime, None))
 
 
-def check_tools(event: TurnCreate | TurnRegenerate | TurnEdit | ToolResults, runtime) -> None:
+def check_tools(event: TurnCreate | TurnRegenerate | TurnEdit | ToolResults | CompletionCreate, runtime) -> None:
     """Refuse an event whose tools cannot be offered, before it reaches the session (which is then unchanged).
 
     Raises:

@@ -227,16 +227,25 @@ class AsyncChatClient:
         )
 
     def complete(
-        self, messages: Iterable[Mapping[str, Any]], *, sampling: Sampling | None = None, model: str | None = None
+        self,
+        messages: Iterable[Mapping[str, Any]],
+        *,
+        sampling: Sampling | None = None,
+        model: str | None = None,
+        tools: Tools = None,
+        tool_choice: Any = None,
     ) -> ReplyStream:
         """Stateless mode (``completion.create``): the whole message list in, one reply out; no session needed.
 
-        ``messages`` are ``{"role": ..., "content": ...}``; content is converted like :meth:`send`'s.
+        ``messages`` are ``{"role": ..., "content": ...}``; content is converted like :meth:`send`'s. An assistant
+        message may carry its reply's ``tool_calls`` (as :attr:`Reply.tool_calls` gives them) and a ``tool`` message
+        the ``tool_call_id`` it answers; ``tools`` and ``tool_choice`` offer this reply tools, as in :meth:`send`.
         """
+        offered = _tools(tools, tool_choice)
 
         def build() -> dict[str, Any]:
-            wire = [{"role": m["role"], "content": _content((m["content"],))} for m in messages]
-            return _event("completion.create", messages=wire, model=model, sampling=_sampling(sampling))
+            wire = [_wire_message(m) for m in messages]
+            return _event("completion.create", messages=wire, model=model, sampling=_sampling(sampling), **offered)
 
         return ReplyStream(self, build)
 
@@ -442,6 +451,17 @@ def _sampling(sampling: Sampling | None) -> dict[str, Any] | None:
     if isinstance(sampling, SamplingSettings):
         return sampling.model_dump(exclude_unset=True)
     return dict(sampling)
+
+
+def _wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """One message of a ``completion.create`` list: its content converted like :meth:`AsyncChatClient.send`'s, and its
+    tool fields as given (calls as dicts or as the wire models :attr:`Reply.tool_calls` holds)."""
+    wire: dict[str, Any] = {"role": message["role"], "content": _content((message.get("content") or "",))}
+    if message.get("tool_calls"):
+        wire["tool_calls"] = [c.model_dump() if hasattr(c, "model_dump") else dict(c) for c in message["tool_calls"]]
+    if message.get("tool_call_id") is not None:
+        wire["tool_call_id"] = message["tool_call_id"]
+    return wire
 
 
 def _tools(tools: Tools, tool_choice: Any) -> dict[str, Any]:

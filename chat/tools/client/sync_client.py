@@ -123,10 +123,15 @@ class ChatClient:
         *,
         sampling: Sampling | None = None,
         model: str | None = None,
+        tools: Tools = None,
+        tool_choice: Any = None,
         on_delta: OnDelta = None,
     ) -> Reply:
-        """Stateless mode: the whole message list in, one reply out."""
-        return self._run(self._client.complete(list(messages), sampling=sampling, model=model), on_delta)
+        """Stateless mode: the whole message list in, one reply out (tools as in :meth:`send`)."""
+        stream = self._client.complete(
+            list(messages), sampling=sampling, model=model, tools=tools, tool_choice=tool_choice
+        )
+        return self._run(stream, on_delta)
 
     def cancel(self, turn_id: str | None = None) -> None:
         """Ask the server to stop a turn; thread-safe, so it may be called while another thread is in :meth:`send`."""

@@ -265,9 +265,24 @@ STATELESS = {
     "ends with assistant": (
         [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
         ErrorCode.INVALID_EVENT,
-        "the last message must be a user message",
+        "the last message must be a user message or a tool result",
     ),
-    "tool role": ([{"role": "tool", "content": "x"}], ErrorCode.INVALID_EVENT, "messages.0.role"),
+    "function role": ([{"role": "function", "content": "x"}], ErrorCode.INVALID_EVENT, "messages.0.role"),
+    "tool result without its call id": (
+        [{"role": "user", "content": "a"}, {"role": "tool", "content": "x"}],
+        ErrorCode.INVALID_EVENT,
+        "a tool message needs tool_call_id",
+    ),
+    "tool result answering no call": (
+        [{"role": "user", "content": "a"}, {"role": "tool", "tool_call_id": "call_1", "content": "x"}],
+        ErrorCode.INVALID_EVENT,
+        "messages.1.tool_call_id answers no call of an earlier assistant message",
+    ),
+    "tool calls from the user": (
+        [{"role": "user", "content": "a", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}],
+        ErrorCode.INVALID_EVENT,
+        "only assistant messages carry tool_calls",
+    ),
     "media from the assistant": (
         [{"role": "assistant", "content": [IMAGE_PART]}, {"role": "user", "content": "x"}],
         ErrorCode.INVALID_MEDIA,

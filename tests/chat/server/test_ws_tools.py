@@ -161,6 +161,74 @@ def test_a_result_for_an_unknown_call_after_a_real_call_is_refused_and_the_right
     assert second["text"] == "It is sunny in Oslo."
 
 
+# ---------------------------------------------------------------- stateless tool loops (completion.create)
+
+
+def test_a_stateless_tool_round_trip_over_the_socket_hits_the_cache_for_the_whole_history(agent):
+    """completion.create offers tools as turn.create does; the client keeps the conversation (the call, its result)
+    and sends it whole, and the reply after the result finds everything but the result in the cache."""
+    question = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is the weather in Oslo?"}]
+
+    async def scenario():
+        async with connect(ws_url(agent)) as ws:
+            c = Client(ws)
+            await c.send(type="completion.create", messages=question, tools=TOOLS, event_id="x1")
+            first, seen = await _until_done(c)
+            calls = [e["call"] for e in seen if e["type"] == "reply.tool_call"]
+            call = first["tool_calls"][0]
+            history = [
+                *question,
+                {"role": "assistant", "content": "", "tool_calls": first["tool_calls"]},
+                {"role": "tool", "tool_call_id": call["id"], "content": "sunny"},
+            ]
+            await c.send(type="completion.create", messages=history, tools=TOOLS, event_id="x2")
+            second, _ = await _until_done(c)
+            return first, calls, second
+
+    first, calls, second = run(scenario())
+    assert first["finish_reason"] == "tool_calls" and "message_id" not in first and first["reply_to"] == "x1"
+    assert calls == first["tool_calls"] and json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+    assert second["finish_reason"] == "stop" and second["text"] == "It is sunny in Oslo."
+    assert _cached(second) == first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1
+
+
+STATELESS_BAD = [
+    (
+        [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_9", "content": "y"}],
+        {},
+        "tool_call_id",
+    ),
+    ([{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}], {}, "tool_call_id"),
+    ([{"role": "user", "content": "x", "tool_calls": []}, {"role": "assistant", "content": "y"}], {}, "last message"),
+    ([{"role": "user", "content": "x"}], {"tool_choice": "required"}, "tool_choice:"),
+    (
+        [{"role": "user", "content": "x"}],
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
+        "tools[0].function.parameters:",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("messages", "extra", "text"), STATELESS_BAD, ids=["no_call", "no_call_id", "ends_assistant", "choice", "schema"]
+)
+def test_bad_stateless_tool_input_is_refused_before_the_turn_starts(agent, messages, extra, text):
+    async def scenario():
+        async with connect(ws_url(agent)) as ws:
+            c = Client(ws)
+            await c.send(type="completion.create", messages=messages, **extra, event_id="bad")
+            error = await c.recv()
+            await c.send(type="completion.create", messages=[{"role": "user", "content": "hello"}])
+            started, _ = await c.until("turn.started")  # the refused event started nothing: this turn is the next
+            done, _ = await _until_done(c)
+            return error, started, done
+
+    error, started, done = run(scenario())
+    assert error["type"] == "error" and error["reply_to"] == "bad" and text in error["message"], error
+    assert error["code"] in ("invalid_event", "invalid_grammar")
+    assert started.get("reply_to") is None and done["finish_reason"] == "stop"
+
+
 # ---------------------------------------------------------------- exactness inside batches
 
 ZONE = TOOLS[1]  # get_time(zone: "UTC" | "CET"): a call of a few tokens, whatever the weights

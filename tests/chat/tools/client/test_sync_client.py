@@ -78,3 +78,24 @@ def test_tools_and_tool_results_round_trip_through_the_blocking_client():
         assert roles == ["user", "assistant", "tool", "assistant"]
         with pytest.raises(InvalidRequestError, match=r"results\.0\.tool_call_id"):
             client.send_tool_results({"call_unknown": "x"})
+
+
+def test_a_stateless_tool_loop_through_the_blocking_client():
+    from tests.chat.server.test_tools import TOOLS, agent_script
+
+    with fake_server() as (engine, url), ChatClient(url) as client:
+        engine.runtime.script = agent_script
+        messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+        called = client.complete(messages, tools=TOOLS)
+        assert called.finish_reason == "tool_calls" and called.text == ""
+        (call,) = called.tool_calls
+        assert call.function.name == "get_weather"
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": called.tool_calls},
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+        ]
+        answer = client.complete(messages, tools=TOOLS)
+        assert answer.text == "It is sunny in Oslo." and answer.finish_reason == "stop"
+        assert answer.cached_tokens == called.prompt_tokens + called.completion_tokens - 1
+        with pytest.raises(InvalidRequestError, match=r"messages\.1\.tool_call_id"):
+            client.complete([messages[0], {"role": "tool", "tool_call_id": "call_unknown", "content": "x"}])
