@@ -161,19 +161,21 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         "--model",
         default="smollm2" if defaults else None,
         help="'smollm2' (built in), 'tiny-<name>', a local Hugging Face model directory, or a local GGUF file "
-        "(llama.cpp, Ollama, LM Studio; converted once into $TURNCACHE_HOME/models/gguf/)",
+        "(llama.cpp, Ollama, LM Studio; read straight from the file, nothing copied)",
     )
     p.add_argument("--dtype", default="float32" if defaults else None, choices=["float32", "bfloat16"])
     p.add_argument(
         "--weights",
-        choices=["float32", "bfloat16", "int8"],
-        help="format of the linear layers' weights (default: int8 for the built-in smollm2, else the dtype)",
+        choices=["float32", "bfloat16", "int8", "gguf", "gguf-q8"],
+        help="format of the linear layers' weights: gguf keeps a GGUF file's own blocks (weight-only), gguf-q8 the "
+        "same with int8 activations (default: int8 for the built-in smollm2, gguf for another GGUF file, else the "
+        "dtype)",
     )
     p.add_argument(
         "--kv-dtype",
         choices=["float32", "float16", "bfloat16"],
-        help="what attention K/V are stored in (default: float16 with int8 weights where the native kernels run, "
-        "else the dtype)",
+        help="what attention K/V are stored in (default: float16 with int8 or gguf weights where the native kernels "
+        "run, else the dtype)",
     )
     p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")
 
