@@ -248,7 +248,7 @@ def _levels(text: str) -> tuple[int, ...]:
 def _bench_weights(args: argparse.Namespace) -> int:
     from chat.tools.bench.weights_bench import main
 
-    return main(as_json=args.json)
+    return main(as_json=args.json, model=args.model)
 
 
 def _bench_multiturn(args: argparse.Namespace) -> int:
@@ -531,9 +531,12 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--entries", type=int, default=None, help="entries in the lookup benchmark (10,000)")
     cache.set_defaults(run=_bench_cache)
     weights = bench_sub.add_parser(
-        "weights", help="the built-in model in each weight format: next-token agreement, perplexity, speed"
+        "weights",
+        help="a model in each weight format (a GGUF file's own blocks too) against its float32 dequantization: "
+        "next-token agreement, perplexity ratio, decode and 8-session speed",
     )
     weights.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    weights.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
     weights.set_defaults(run=_bench_weights)
     for name, what, run in (
         (

@@ -323,7 +323,8 @@ def load_gguf_file(
     model, tokenizer = gguf_model.load_gguf(path, weights)
     if torch_dtype != torch.float32:
         model.to(torch_dtype)
-    if not kv_asked and kv_dtype == "float16" and not gguf_model.all_in_blocks(model):
+    blocks = weights in ("gguf", "gguf-q8")
+    if blocks and not kv_asked and kv_dtype == "float16" and not gguf_model.all_in_blocks(model):
         kv_dtype = "float32"
     digest = f"gguf-sha256:{identity.sha256}"
     return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype)

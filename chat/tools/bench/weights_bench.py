@@ -1,24 +1,35 @@
 """``turncache bench weights``: what each weight format of the linear layers costs in quality and gives in speed.
 
-For each format (float32, bfloat16, int8) the default model is loaded with its linear layers in that format and
-measured against float32 on the same texts, in one run:
+The model (the built-in ``smollm2``, or ``--model PATH.gguf``) is loaded once per format and every format is measured
+against the file's own float32 dequantization on the same texts, side by side in one run: float32, bfloat16, int8
+(per-channel re-quantization of the dequantized weights), and for a GGUF file its own blocks, ``gguf`` (weight-only:
+float32 activations times the exact weights) and ``gguf-q8`` (activations rounded to int8 per 32 values, VNNI dot
+products; :mod:`chat.models.block_matrices`). Per format, in lists in the order of ``formats``:
 
 - ``next_token_agreement``: the share of positions where the format's most likely next token is float32's;
-- ``perplexity``: exp(mean negative log-likelihood) of the texts' own next tokens;
+- ``perplexity``: exp(mean negative log-likelihood) of the texts' own next tokens; ``perplexity_ratio``: over
+  float32's;
 - ``decode_tokens_per_s``: one greedy reply decoded alone (no speculation), like the engine does;
+- ``batch8_tokens_per_s``: 8 sessions decoding together: greedy steps of 8 runs in one ``forward_batch`` after
+  their prompts (all tokens of the timed steps over their wall time);
 - ``prefill_tokens_per_s``: one forward over a whole text;
-- ``kv_dtypes``: what each format stores its attention K/V in (its default: float16 for int8 where the native kernels
-  run), and ``float16_kv_next_token_agreement`` / ``float16_kv_perplexity``: float32 weights with float16 K/V against
-  float32, what the float16 rows cost on their own.
+- ``kv_dtypes``: what each format stores its attention K/V in (its default), and ``float16_kv_next_token_agreement``
+  / ``float16_kv_perplexity``: float32 weights with float16 K/V against float32, what the float16 rows cost alone;
+- ``meets_default_rule``: whether the format meets the rule a default must meet (agreement >= 0.99, perplexity
+  ratio <= 1.005, decode and batch8 speed >= int8's in this run); ``default_format``: the model's default.
 
-The texts (:data:`TEXTS`) are fixed: plain English paragraphs on everyday subjects, a short dialogue, a recipe and a
-code snippet, written for this benchmark.
+Speeds depend on the machine and its load: compare formats within one run only. The texts (:data:`TEXTS`) are fixed:
+plain English paragraphs on everyday subjects, a short dialogue, a recipe and a code snippet, written for this
+benchmark.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -27,7 +38,11 @@ from chat.engine.sampling import SamplingParams
 from chat.engine.turn import Turn, run_to_end
 from chat.tools.bench.report import emit
 
-FORMATS = ("float32", "bfloat16", "int8")
+FORMATS = ("float32", "bfloat16", "int8")  # every model
+BLOCK_FORMATS = ("gguf", "gguf-q8")  # a GGUF file's
+RULE = {"next_token_agreement": 0.99, "perplexity_ratio": 1.005}  # a default's quality (speed: >= int8's)
+BATCH = 8  # sessions of batch8_tokens_per_s
+BATCH_STEPS = 32  # timed decode steps of the batch
 
 TEXTS = (
     "The river behind the old mill freezes only in the coldest winters. When it does, the children of the village "
@@ -91,31 +106,87 @@ def measure(
         "next_token_agreement": agree / positions if reference is not None else 1.0,
         "perplexity": math.exp(nll / count),
         "decode_tokens_per_s": done.timings.decode_tokens_per_s,
+        "batch8_tokens_per_s": batch_speed(runtime),
         "prefill_tokens_per_s": prefill_tokens / prefill_s,
         "kv_dtype": runtime.dtype,
     }
     return figures, all_logits
 
 
+def batch_speed(runtime, sessions: int = BATCH, steps: int = BATCH_STEPS) -> float:
+    """Tokens per second of ``sessions`` runs decoding greedily together, one ``forward_batch`` per step, after
+    their prompts (each session a different text's first 32 tokens)."""
+    from chat.engine.runtime import Feed
+
+    runs, tokens = [], []
+    for i in range(sessions):
+        run = runtime.new_run()
+        prompt = runtime.encode(TEXTS[i % len(TEXTS)])[:32]
+        tokens.append(int(runtime.forward(run, prompt, last_only=True)[-1].argmax()))
+        runs.append(run)
+    start = time.perf_counter()
+    for _ in range(steps):
+        outs = runtime.forward_batch([Feed(run, [token], 1) for run, token in zip(runs, tokens, strict=True)])
+        tokens = [int(out[-1].argmax()) for out in outs]
+    seconds = time.perf_counter() - start
+    for run in runs:
+        runtime.close_run(run)
+    return sessions * steps / seconds
+
+
+def formats_of(model: str) -> tuple[str, ...]:
+    """The formats measured for ``model``: the block formats too for a GGUF file."""
+    from chat.models.registry import _is_gguf_spec
+
+    return FORMATS + BLOCK_FORMATS if _is_gguf_spec(model) else FORMATS
+
+
+def meets_rule(figures: dict[str, float], int8: dict[str, float]) -> bool:
+    """Whether a format may be the default: quality within :data:`RULE` and no slower than int8 in the same run."""
+    return (
+        figures["next_token_agreement"] >= RULE["next_token_agreement"]
+        and figures["perplexity_ratio"] <= RULE["perplexity_ratio"]
+        and figures["decode_tokens_per_s"] >= int8["decode_tokens_per_s"]
+        and figures["batch8_tokens_per_s"] >= int8["batch8_tokens_per_s"]
+    )
+
+
 def run(model: str = "smollm2") -> dict:
+    from chat.models.registry import parse_weights
+
+    formats = formats_of(model)
     results: dict[str, dict[str, float]] = {}
     reference = None
-    for weights in FORMATS:
+    for weights in formats:
         figures, logits = measure(weights, reference, model=model)
         if weights == "float32":
             reference = logits
         results[weights] = figures
-    out: dict = {"model": model, "formats": list(FORMATS)}
-    for key in ("next_token_agreement", "perplexity", "decode_tokens_per_s", "prefill_tokens_per_s"):
-        out[key] = [round(results[w][key], 4) for w in FORMATS]
-    out["kv_dtypes"] = [results[w]["kv_dtype"] for w in FORMATS]
+    for weights in formats:
+        results[weights]["perplexity_ratio"] = results[weights]["perplexity"] / results["float32"]["perplexity"]
+    out: dict = {"model": model, "formats": list(formats), "default_format": parse_weights(None, "float32", model)}
+    keys = ("next_token_agreement", "perplexity", "perplexity_ratio", "decode_tokens_per_s", "batch8_tokens_per_s")
+    for key in (*keys, "prefill_tokens_per_s"):
+        out[key] = [round(results[w][key], 4) for w in formats]
+    out["kv_dtypes"] = [results[w]["kv_dtype"] for w in formats]
+    out["meets_default_rule"] = [meets_rule(results[w], results["int8"]) for w in formats]
     half, _ = measure("float32", reference, kv_dtype="float16", model=model)  # what float16 rows alone cost
     out["float16_kv_next_token_agreement"] = round(half["next_token_agreement"], 4)
     out["float16_kv_perplexity"] = round(half["perplexity"], 4)
     out["text_tokens"] = sum(len(t.split()) for t in TEXTS)
+    out["cpu"] = _cpu_model()
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
 
-def main(as_json: bool) -> int:
-    emit(run(), {}, as_json)
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+
+
+def main(as_json: bool, model: str = "smollm2") -> int:
+    emit(run(model), {"perplexity_ratio": ("<=", RULE["perplexity_ratio"])}, as_json)
     return 0
