@@ -166,10 +166,10 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument("--dtype", default="float32" if defaults else None, choices=["float32", "bfloat16"])
     p.add_argument(
         "--weights",
-        choices=["float32", "bfloat16", "int8", "gguf", "gguf-q8"],
-        help="format of the linear layers' weights: gguf keeps a GGUF file's own blocks (weight-only), gguf-q8 the "
-        "same with int8 activations (default: int8 for the built-in smollm2, gguf for another GGUF file, else the "
-        "dtype)",
+        choices=["float32", "bfloat16", "int8", "gguf", "gguf-q16", "gguf-q8"],
+        help="format of the linear layers' weights: gguf keeps a GGUF file's own blocks (weight-only), gguf-q16 / "
+        "gguf-q8 the same with int16 / int8 activations (default: int8 for the built-in smollm2, gguf for another "
+        "GGUF file, else the dtype)",
     )
     p.add_argument(
         "--kv-dtype",

@@ -1,5 +1,5 @@
 """Linear layers whose weights stay in a GGUF file's own block formats (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), the weight
-matrices of the formats ``gguf`` and ``gguf-q8`` (:data:`BLOCK_FORMATS`), with the interface of
+matrices of the formats ``gguf``, ``gguf-q8`` and ``gguf-q16`` (:data:`BLOCK_FORMATS`), with the interface of
 :mod:`chat.models.fast_paths`' matrices: ``matrix(x) -> y``, ``matrix.rows(lo, hi)``, ``matrix.fuse_rows``.
 
 ::
@@ -16,8 +16,9 @@ the K-quants, times the quant), and so is ``-bias * s``; a fused multiply-add th
 ``dequantize`` does, and the weights used are the file's own dequantization, bit for bit (tested).
 The native kernels (``blocks.c``) read that layout repacked for AVX-512 (16 output channels per vector); it costs 5
 bits a weight for Q4_0, 6 for Q4_1 / Q4_K (4.5-5 in the file: float32 scales, offsets), 9 for Q8_0 and 10 for Q6_K
-(8-bit quants). See ``blocks.c`` for the two designs, weight-only (``gguf``: float32 activations times the exact
-weights) and activations quantized per 32-block to int8 with VNNI dot products (``gguf-q8``, llama.cpp's design).
+(8-bit quants). See ``blocks.c`` for the three designs: weight-only (``gguf``: float32 activations times the exact
+weights), activations quantized per 32-block to int8 with VNNI dot products (``gguf-q8``, llama.cpp's design), and
+to int16 with 16-bit VNNI dot products (``gguf-q16``: the weights exact, the activations' rounding 256 times finer).
 
 **Why our own kernels.** llama.cpp's (ggml) run on its own thread pool and graph API, not callable per layer from
 torch without a second threading runtime in the process; torch has no kernel for these formats (its int4 CPU kernel
@@ -26,7 +27,8 @@ few hundred lines with the same build, fallback and exactness rules as ``native.
 
 **Without the native kernels** (``TURNCACHE_NATIVE=0``, no compiler, a CPU without AVX-512 VNNI) a matrix keeps its
 weights dequantized in float32 (4 bytes a weight) and multiplies with torch: ``gguf`` with ``F.linear``, ``gguf-q8``
-after rounding the activations to the same int8 block grid; the same function, up to float summation order.
+(and ``gguf-q16``) after rounding the activations to the same block grid; the same function, up to float summation
+order.
 
 A fused group (q/k/v, gate/up) is one matrix when its parts share a layout (:func:`concat`), else a
 :class:`StackedMatrix` of one matrix per layout. A layer whose tensor type has no kernel (:data:`KERNEL_TYPES`) is
@@ -47,10 +49,11 @@ import torch.nn.functional as F
 
 from chat.models import native
 
-BLOCK_FORMATS = ("gguf", "gguf-q8")  # weight formats served from a GGUF file's blocks: weight-only, int8 activations
+BLOCK_FORMATS = ("gguf", "gguf-q8", "gguf-q16")  # served from a GGUF file's blocks: weight-only, int8 / int16
+# activations
 KERNEL_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # ggml tensor types kept in blocks (others: dequantized)
 SOURCE = Path(__file__).with_name("blocks.c")
-ABI_VERSION = 1
+ABI_VERSION = 2
 CHANNELS = 16  # output channels per packed block (a part of a fused matrix computes alone if it starts on one)
 BLOCK = 32  # inputs per tile (activations are quantized per this many in gguf-q8)
 
@@ -240,7 +243,7 @@ class Kernels:
             BLOCK // matrix.sub,
             int(matrix.stored_offsets),
             matrix.bias_value,
-            int(matrix.q8),
+            matrix.mode,
             None if matrix.bias is None else matrix.bias.data_ptr(),
             out.data_ptr(),
             matrix.out_features,
@@ -280,7 +283,8 @@ class BlockMatrix:
     (format ``gguf``)."""
 
     fuse_rows = 1 << 30  # a fused group always computes all its parts at once (one pass, one call)
-    q8 = False  # activations stay float32
+    mode = 0  # blocks.c's design: activations stay float32
+    levels = 0  # activations rounded to this many steps a side per 32-block (0: not rounded)
 
     def __init__(self, weight: Unpacked, bias: torch.Tensor | None) -> None:
         self.out_features, self.in_features = weight.shape
@@ -305,7 +309,7 @@ class BlockMatrix:
             rows = rows.float().contiguous()
         if self.kernels is None:
             assert self.dense is not None
-            out = F.linear(quantize_activations(rows) if self.q8 else rows, self.dense, self.bias)
+            out = F.linear(quantize_activations(rows, self.levels) if self.levels else rows, self.dense, self.bias)
         else:
             out = self.kernels.linear(rows, self)
         if self.columns is not None:
@@ -332,15 +336,22 @@ class BlockQ8Matrix(BlockMatrix):
     """A weight matrix in its file's blocks, with the activations quantized per 32-block to int8 and integer dot
     products (format ``gguf-q8``)."""
 
-    q8 = True
+    mode, levels = 1, 127
 
 
-def quantize_activations(rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` [m, in] rounded to their int8 grid per 32-block (scale max|x| / 127, nearest even), as float32: what
-    the ``gguf-q8`` kernel multiplies (the torch path's stand-in)."""
+class BlockQ16Matrix(BlockMatrix):
+    """A weight matrix in its file's blocks, with the activations quantized per 32-block to int16 and 16-bit
+    integer dot products (format ``gguf-q16``)."""
+
+    mode, levels = 2, 32767
+
+
+def quantize_activations(rows: torch.Tensor, levels: int = 127) -> torch.Tensor:
+    """``rows`` [m, in] rounded to their integer grid per 32-block (scale max|x| / levels, nearest even), as float32:
+    what the ``gguf-q8`` (127) and ``gguf-q16`` (32767) kernels multiply (the torch path's stand-in)."""
     m, k = rows.shape
     blocks = rows.reshape(m, k // BLOCK, BLOCK)
-    step = blocks.abs().amax(dim=-1, keepdim=True) / 127.0
+    step = blocks.abs().amax(dim=-1, keepdim=True) / float(levels)
     safe = torch.where(step > 0, step, torch.ones_like(step))
     return (torch.round(blocks / safe) * step).reshape(m, k)
 
@@ -380,7 +391,7 @@ class BlockFormat:
     :class:`BlockWeight`) is computed from its blocks; any other (dequantized: a type without a kernel) in float32."""
 
     def __init__(self, matrix: type[BlockMatrix]) -> None:
-        self.matrix = matrix  # BlockMatrix or BlockQ8Matrix
+        self.matrix = matrix  # BlockMatrix, BlockQ8Matrix or BlockQ16Matrix
 
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
         from chat.models.fast_paths import Float32Matrix
@@ -400,4 +411,8 @@ class BlockFormat:
         return StackedMatrix([self.from_layers([layer]) for layer in layers])
 
 
-MATRICES = {"gguf": BlockFormat(BlockMatrix), "gguf-q8": BlockFormat(BlockQ8Matrix)}
+MATRICES = {
+    "gguf": BlockFormat(BlockMatrix),
+    "gguf-q8": BlockFormat(BlockQ8Matrix),
+    "gguf-q16": BlockFormat(BlockQ16Matrix),
+}

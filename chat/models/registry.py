@@ -129,14 +129,16 @@ def parse_kv_dtype(kv_dtype: str | None, dtype: str, weights: str) -> str:
     else the dtype's own. float16 K/V take half the memory and half the attention traffic of float32 (next-token
     agreement 1.0 with float32 K/V on smollm2's texts, docs/benchmarks.md). With int8 weights, whose products are
     exact per token, a position's K/V round the same way however its prompt was cut, so cached turns stay bit for
-    bit those computed from scratch; with float32 weights, the last-bit differences of other chunkings can move a
-    float16 rounding (about 1e-3 in the logits), so float16 is chosen there only when asked for. A float32 model
-    computes in float32 either way; a bfloat16 model keeps bfloat16 K/V."""
+    bit those computed from scratch; so are the block formats' products with the native block kernels (a GGUF file
+    some of whose layers run in float32 gets float32 K/V: :func:`load_gguf_file`); with float32 weights, the
+    last-bit differences of other chunkings can move a float16 rounding (about 1e-3 in the logits), so float16 is
+    chosen there only when asked for. A float32 model computes in float32 either way; a bfloat16 model keeps bfloat16
+    K/V."""
     if kv_dtype is None:
-        if dtype != "float32" or weights not in ("int8", "gguf", "gguf-q8"):
-            return dtype
         from chat.models import block_matrices, native
 
+        if dtype != "float32" or weights not in ("int8", *block_matrices.BLOCK_FORMATS):
+            return dtype
         if weights in block_matrices.BLOCK_FORMATS:  # exact per token only with the block kernels
             return "float16" if block_matrices.kernels() is not None else "float32"
         return "float16" if native.kernels() is not None else "float32"
@@ -323,7 +325,7 @@ def load_gguf_file(
     model, tokenizer = gguf_model.load_gguf(path, weights)
     if torch_dtype != torch.float32:
         model.to(torch_dtype)
-    blocks = weights in ("gguf", "gguf-q8")
+    blocks = weights in gguf_model.block_matrices.BLOCK_FORMATS
     if blocks and not kv_asked and kv_dtype == "float16" and not gguf_model.all_in_blocks(model):
         kv_dtype = "float32"
     digest = f"gguf-sha256:{identity.sha256}"

@@ -3,8 +3,8 @@
 The model (the built-in ``smollm2``, or ``--model PATH.gguf``) is loaded once per format and every format is measured
 against the file's own float32 dequantization on the same texts, side by side in one run: float32, bfloat16, int8
 (per-channel re-quantization of the dequantized weights), and for a GGUF file its own blocks, ``gguf`` (weight-only:
-float32 activations times the exact weights) and ``gguf-q8`` (activations rounded to int8 per 32 values, VNNI dot
-products; :mod:`chat.models.block_matrices`). Per format, in lists in the order of ``formats``:
+float32 activations times the exact weights), ``gguf-q16`` and ``gguf-q8`` (activations rounded to int16 / int8 per
+32 values, VNNI dot products; :mod:`chat.models.block_matrices`). Per format, in lists in the order of ``formats``:
 
 - ``next_token_agreement``: the share of positions where the format's most likely next token is float32's;
 - ``perplexity``: exp(mean negative log-likelihood) of the texts' own next tokens; ``perplexity_ratio``: over
@@ -39,7 +39,7 @@ from chat.engine.turn import Turn, run_to_end
 from chat.tools.bench.report import emit
 
 FORMATS = ("float32", "bfloat16", "int8")  # every model
-BLOCK_FORMATS = ("gguf", "gguf-q8")  # a GGUF file's
+BLOCK_FORMATS = ("gguf", "gguf-q16", "gguf-q8")  # a GGUF file's
 RULE = {"next_token_agreement": 0.99, "perplexity_ratio": 1.005}  # a default's quality (speed: >= int8's)
 BATCH = 8  # sessions of batch8_tokens_per_s
 BATCH_STEPS = 32  # timed decode steps of the batch

@@ -1,8 +1,8 @@
 """The block-format matrices (chat.models.block_matrices): every kernel type unpacks to gguf-py's own dequantization
-bit for bit; both designs compute the product with those weights (weight-only: float32 rounding only; gguf-q8: the
-activations on their int8 block grid, as the torch path rounds them too); a row's result in a batch is its result
-alone, bit for bit; a part of a fused matrix computes its own columns; without the native kernels the torch path
-gives the same function."""
+bit for bit; the three designs compute the product with those weights (weight-only: float32 rounding only; gguf-q8 /
+gguf-q16: the activations on their int8 / int16 block grid, as the torch path rounds them too); a row's result in a
+batch is its result alone, bit for bit; a part of a fused matrix computes its own columns; without the native
+kernels the torch path gives the same function."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from chat.models import block_matrices, native
-from chat.models.block_matrices import BlockMatrix, BlockQ8Matrix, BlockWeight, StackedMatrix, unpack
+from chat.models.block_matrices import BlockMatrix, BlockQ8Matrix, BlockQ16Matrix, BlockWeight, StackedMatrix, unpack
 
 needs_kernels = pytest.mark.skipif(block_matrices.kernels() is None, reason="no native block kernels on this machine")
-DESIGNS = [BlockMatrix, BlockQ8Matrix]
+DESIGNS = [BlockMatrix, BlockQ8Matrix, BlockQ16Matrix]
 SCALES = {  # (byte offset of a float16 field in a block, its range): sane scales for random blocks
     "Q4_0": [(0, -0.02, 0.02)],
     "Q4_1": [(0, 0.0, 0.02), (2, -0.1, 0.1)],
@@ -63,7 +63,7 @@ def test_the_kernels_compute_the_product_with_the_files_weights(qtype, design, b
     got = design(unpack(weight), b)(x)
     with native.disabled():  # the torch path: the same weights, the same activation rounding (gguf-q8)
         torch_path = design(unpack(weight), b)(x)
-    inputs = block_matrices.quantize_activations(x) if design.q8 else x
+    inputs = block_matrices.quantize_activations(x, design.levels) if design.levels else x
     exact = F.linear(inputs.double(), reference(weight).double(), None if b is None else b.double())
     scale = exact.abs().max().item()
     assert (got.double() - exact).abs().max().item() <= 1e-5 * scale

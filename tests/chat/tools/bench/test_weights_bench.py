@@ -23,7 +23,7 @@ def test_the_json_path_measures_every_format_against_float32(tmp_path, capsys):
     path = write_tiny_gguf(tmp_path / "tiny-q4_1.gguf", reference_llama(), qtype="Q4_1")
     assert main(["bench", "weights", "--json", "--model", str(path)]) == 0
     result = json.loads(capsys.readouterr().out)  # the whole of stdout: one object
-    formats = ["float32", "bfloat16", "int8", "gguf", "gguf-q8"]
+    formats = ["float32", "bfloat16", "int8", "gguf", "gguf-q16", "gguf-q8"]
     assert result["formats"] == formats and result["default_format"] == "gguf" and result["model"] == str(path)
     per_format = [key for key, value in result.items() if isinstance(value, list) and len(value) == len(formats)]
     figures = {key: dict(zip(formats, result[key], strict=True)) for key in per_format}
@@ -34,8 +34,8 @@ def test_the_json_path_measures_every_format_against_float32(tmp_path, capsys):
         assert all(v > 0 for v in figures[key].values()), key
     blocks_kv = "float16" if block_matrices.kernels() is not None else "float32"
     int8_kv = "float16" if native.kernels() is not None else "float32"
-    assert result["kv_dtypes"] == ["float32", "float32", int8_kv, blocks_kv, blocks_kv]
-    assert len(result["meets_default_rule"]) == 5 and isinstance(result["load_average"], list) and result["cpu"]
+    assert result["kv_dtypes"] == ["float32", "float32", int8_kv, blocks_kv, blocks_kv, blocks_kv]
+    assert len(result["meets_default_rule"]) == 6 and isinstance(result["load_average"], list) and result["cpu"]
 
 
 def test_the_default_rule_needs_quality_and_int8s_speed():
