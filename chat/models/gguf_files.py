@@ -176,9 +176,10 @@ def read_header(path: Path) -> GgufHeader:
         raise ModelFileError(path, f"cannot be read ({exc.strerror or exc})") from exc
 
 
-def check_header(header: GgufHeader) -> Any:
+def check_header(header: GgufHeader, family: bool = True) -> Any:
     """Refuse, before any weights are read, what transformers cannot load or turncache cannot serve; return the
-    model config transformers builds from the metadata.
+    model config transformers builds from the metadata (None without ``family``: the config is neither built nor
+    checked, for a file whose config was checked before).
 
     Raises:
         UnsupportedArchitectureError: transformers has no GGUF loader for the architecture, or its family is refused
@@ -217,7 +218,7 @@ def check_header(header: GgufHeader) -> Any:
             "has no chat template (tokenizer.chat_template) in its metadata; the server renders every conversation "
             "with it, so use a chat (instruct) model's GGUF",
         )
-    return _check_family(header)
+    return _check_family(header) if family else None
 
 
 @functools.cache

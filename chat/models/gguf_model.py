@@ -26,6 +26,7 @@ are dequantized whole by transformers, in memory; a block format then runs them 
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections.abc import Iterator
@@ -43,17 +44,18 @@ from chat.models.errors import ModelFileError, ModelLoadError
 _log = logging.getLogger(__name__)
 
 
-def load_gguf(path: Path, weights: str) -> tuple[Any, Any]:
+def load_gguf(path: Path, weights: str, digest: str | None = None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of the GGUF file ``path`` (checked first), the model in float32 eval mode with the
-    linear layers that keep their blocks marked for ``weights`` (see the module docstring).
+    linear layers that keep their blocks marked for ``weights`` (see the module docstring). With the file's
+    ``digest`` (sha256), the config and tokenizer transformers built for the same bytes earlier in this process are
+    reused (copies): parsing the metadata takes seconds (SmolLM2's 49k-token vocabulary, several passes).
 
     Raises:
         ModelFileError, UnsupportedArchitectureError: see :func:`chat.models.gguf_files.check_header`.
         ModelLoadError: the tensors do not fill the model, or transformers failed to read the file.
     """
     header = gguf_files.read_header(path)
-    config = gguf_files.check_header(header)
-    tokenizer = load_tokenizer(path)
+    config, tokenizer = _metadata(path, header, digest)
     ignored = [t.name for t in header.tensors if t.name in gguf_files.IGNORED_TENSORS]
     for name in ignored:
         _log.warning("%s: its tensor %s is not read: %s", path, name, gguf_files.IGNORED_TENSORS[name])
@@ -75,6 +77,26 @@ def load_gguf(path: Path, weights: str) -> tuple[Any, Any]:
     _fill(model, path, header, config, blocks)
     model.eval()
     return model, tokenizer
+
+
+_parsed: dict[tuple[str, str], tuple[Any, Any]] = {}  # (path, sha256) -> (config, tokenizer): the last file parsed
+
+
+def _metadata(path: Path, header: Any, digest: str | None) -> tuple[Any, Any]:
+    """The file's config (once its header passed every check) and tokenizer; copies of those parsed before when the
+    digest is known."""
+    key = (str(path.resolve()), digest or "")
+    if digest is None or key not in _parsed:
+        config = gguf_files.check_header(header)
+        tokenizer = load_tokenizer(path)
+        if digest is None:
+            return config, tokenizer
+        _parsed.clear()
+        _parsed[key] = (config, tokenizer)
+    else:
+        gguf_files.check_header(header, family=False)  # the family was checked on this config already
+    config, tokenizer = _parsed[key]
+    return copy.deepcopy(config), copy.deepcopy(tokenizer)
 
 
 def all_in_blocks(model: nn.Module) -> bool:

@@ -322,7 +322,7 @@ def load_gguf_file(
     _quiet()
     gguf_files.check_magic(path)
     identity = gguf_files.identify(path)
-    model, tokenizer = gguf_model.load_gguf(path, weights)
+    model, tokenizer = gguf_model.load_gguf(path, weights, identity.sha256)
     if torch_dtype != torch.float32:
         model.to(torch_dtype)
     blocks = weights in gguf_model.block_matrices.BLOCK_FORMATS

@@ -190,6 +190,19 @@ def test_a_second_load_does_not_hash_again(files, f32_model, monkeypatch):
     assert again.fingerprint == f32_model.fingerprint
 
 
+def test_a_second_load_of_the_same_bytes_reuses_the_parsed_metadata(files, monkeypatch):
+    first = load_model(str(files["q4_0"]), weights="float32")
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("the metadata was parsed again")
+
+    monkeypatch.setattr(gguf_model, "load_tokenizer", no_parsing)
+    monkeypatch.setattr(gguf_files, "_check_family", no_parsing)
+    again = load_model(str(files["q4_0"]), weights="float32")
+    assert again.fingerprint == first.fingerprint and again.render(MESSAGES) == first.render(MESSAGES)
+    assert again._tokenizer is not first._tokenizer and again._model.config is not first._model.config  # copies
+
+
 def test_a_copy_with_the_same_bytes_shares_the_namespace(files, f32_model, tmp_path):
     copy = shutil.copyfile(files["f32"], tmp_path / "tiny-llama-f32.gguf")
     assert load_model(str(copy), weights="float32").fingerprint == f32_model.fingerprint
