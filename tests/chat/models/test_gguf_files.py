@@ -317,6 +317,18 @@ def test_a_tensor_type_transformers_cannot_dequantize(reference, tmp_path, monke
     refused(path, ModelFileError, monkeypatch, home, "F64", "blk.0.extra_scale.weight", "Q8_0")
 
 
+def test_a_tensor_of_a_type_nobody_knows(files, tmp_path, monkeypatch, home):
+    data = bytearray(files["f32"].read_bytes())
+    name = b"token_embd.weight"
+    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)  # in the tensor table: dims, shape, type
+    dims = int.from_bytes(data[at : at + 4], "little")
+    at += 4 + 8 * dims
+    data[at : at + 4] = (200).to_bytes(4, "little")
+    path = tmp_path / "unknown-type.gguf"
+    path.write_bytes(bytes(data))
+    refused(path, ModelFileError, monkeypatch, home, "tensor token_embd.weight has the unknown ggml type id 200")
+
+
 def test_a_file_without_a_chat_template(reference, tmp_path, monkeypatch, home):
     path = write_tiny_gguf(tmp_path / "base.gguf", reference, chat_template=None)
     refused(path, ModelFileError, monkeypatch, home, "no chat template")
