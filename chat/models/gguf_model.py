@@ -5,10 +5,12 @@ One load, step by step::
     read_header + check_header   metadata and tensor table checked before any weights are read: typed errors for a
                                  truncated file, an unknown tensor type, an architecture not served, no chat
                                  template, or tensor shapes that disagree with the metadata (chat.models.gguf_files)
-    config, tokenizer            built by transformers from the metadata (nothing executed: GGUF holds no code)
+    config, tokenizer            built by transformers from the metadata (nothing executed: GGUF holds no code);
+                                 reused, as copies, by a later load of the same bytes in the process
     model on the meta device     the family's transformers model, without memory for its weights (its
                                  buffers, e.g. rope frequencies, computed as usual)
-    tensors                      read from a memory map of the file (gguf.GGUFReader) through transformers' name map
+    tensors                      read from a memory map of the file (the table read_header checked) through
+                                 transformers' name map
                                  and per-architecture fixes (llama's q/k row order, gemma's norms), one at a time:
                                  - a linear layer's weight in a block format with a kernel (block_matrices
                                    .KERNEL_TYPES), when the format asked for is one of block_matrices.BLOCK_FORMATS:
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,5 +321,5 @@ def _check_shapes(model: nn.Module, state: dict[str, torch.Tensor], kept: dict[s
             )
     for name, weight in kept.items():
         want = tuple(params[name].shape)
-        if weight.shape != want or math.prod(weight.shape) != math.prod(want):
+        if weight.shape != want:
             raise ModelFileError(path, f"tensor for {name} has shape {weight.shape} but the metadata makes it {want}")
