@@ -248,7 +248,7 @@ def _levels(text: str) -> tuple[int, ...]:
 def _bench_weights(args: argparse.Namespace) -> int:
     from chat.tools.bench.weights_bench import main
 
-    return main(as_json=args.json, model=args.model)
+    return main(as_json=args.json, model=args.model, rounds=args.rounds)
 
 
 def _bench_multiturn(args: argparse.Namespace) -> int:
@@ -537,6 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     weights.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     weights.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    weights.add_argument("--rounds", type=int, default=3, help="interleaved speed rounds, best kept (%(default)s)")
     weights.set_defaults(run=_bench_weights)
     for name, what, run in (
         (

@@ -21,7 +21,7 @@ def test_the_json_path_measures_every_format_against_float32(tmp_path, capsys):
     from chat.cli import main
 
     path = write_tiny_gguf(tmp_path / "tiny-q4_1.gguf", reference_llama(), qtype="Q4_1")
-    assert main(["bench", "weights", "--json", "--model", str(path)]) == 0
+    assert main(["bench", "weights", "--json", "--model", str(path), "--rounds", "1"]) == 0
     result = json.loads(capsys.readouterr().out)  # the whole of stdout: one object
     formats = ["float32", "bfloat16", "int8", "gguf", "gguf-q16", "gguf-q8"]
     assert result["formats"] == formats and result["default_format"] == "gguf" and result["model"] == str(path)
@@ -36,6 +36,7 @@ def test_the_json_path_measures_every_format_against_float32(tmp_path, capsys):
     int8_kv = "float16" if native.kernels() is not None else "float32"
     assert result["kv_dtypes"] == ["float32", "float32", int8_kv, blocks_kv, blocks_kv, blocks_kv]
     assert len(result["meets_default_rule"]) == 6 and isinstance(result["load_average"], list) and result["cpu"]
+    assert result["rounds"] == 1
 
 
 def test_the_default_rule_needs_quality_and_int8s_speed():
