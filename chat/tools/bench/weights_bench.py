@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -159,7 +160,10 @@ def run(model: str = "smollm2", rounds: int = ROUNDS) -> dict:
     from chat.models.registry import parse_weights
 
     formats = formats_of(model)
-    runtimes = {weights: load_model(model, weights=weights) for weights in formats}
+    runtimes = {}
+    for weights in formats:
+        _progress(f"loading {model} with {weights} weights")
+        runtimes[weights] = load_model(model, weights=weights)
     results: dict[str, dict[str, float]] = {}
     reference = None
     for weights in formats:
@@ -169,7 +173,8 @@ def run(model: str = "smollm2", rounds: int = ROUNDS) -> dict:
     for weights in formats:
         results[weights]["perplexity_ratio"] = results[weights]["perplexity"] / results["float32"]["perplexity"]
         results[weights]["decode_tokens_per_s"] = results[weights]["batch8_tokens_per_s"] = 0.0
-    for _ in range(rounds):
+    for turn in range(rounds):
+        _progress(f"speed round {turn + 1} of {rounds}")
         for weights in formats:
             figures = results[weights]
             figures["decode_tokens_per_s"] = max(figures["decode_tokens_per_s"], decode_speed(runtimes[weights]))
@@ -189,6 +194,10 @@ def run(model: str = "smollm2", rounds: int = ROUNDS) -> dict:
     out["cpu"] = _cpu_model()
     out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return out
+
+
+def _progress(what: str) -> None:
+    print(f"bench weights: {what}", file=sys.stderr, flush=True)
 
 
 def _cpu_model() -> str:
