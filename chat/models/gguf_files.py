@@ -82,7 +82,7 @@ def models_home() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class FileIdentity:
-    """What a GGUF file is, for the converted directory's name, its DONE_FILE and the cache namespace."""
+    """What a GGUF file is: the record of its digest and the cache namespace's weights digest."""
 
     size: int  # bytes
     mtime_ns: int  # modification time when the sha256 was computed
@@ -233,7 +233,7 @@ def transformers_architectures() -> frozenset[str]:
 @functools.cache
 def served_architectures() -> tuple[str, ...]:
     """GGUF architectures that transformers reads and whose family turncache serves (judged on each family's
-    default config: a file's own config is checked again before it is converted)."""
+    default config: a file's own config is checked again before it is loaded)."""
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
