@@ -161,19 +161,21 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         "--model",
         default="smollm2" if defaults else None,
         help="'smollm2' (built in), 'tiny-<name>', a local Hugging Face model directory, or a local GGUF file "
-        "(llama.cpp, Ollama, LM Studio; converted once into $TURNCACHE_HOME/models/gguf/)",
+        "(llama.cpp, Ollama, LM Studio; read straight from the file, nothing copied)",
     )
     p.add_argument("--dtype", default="float32" if defaults else None, choices=["float32", "bfloat16"])
     p.add_argument(
         "--weights",
-        choices=["float32", "bfloat16", "int8"],
-        help="format of the linear layers' weights (default: int8 for the built-in smollm2, else the dtype)",
+        choices=["float32", "bfloat16", "int8", "gguf", "gguf-q16", "gguf-q8"],
+        help="format of the linear layers' weights: gguf keeps a GGUF file's own blocks (weight-only), gguf-q16 / "
+        "gguf-q8 the same with int16 / int8 activations (default: int8 for the built-in smollm2, gguf for another "
+        "GGUF file, else the dtype)",
     )
     p.add_argument(
         "--kv-dtype",
         choices=["float32", "float16", "bfloat16"],
-        help="what attention K/V are stored in (default: float16 with int8 weights where the native kernels run, "
-        "else the dtype)",
+        help="what attention K/V are stored in (default: float16 with int8 or gguf weights where the native kernels "
+        "run, else the dtype)",
     )
     p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")
 
@@ -246,7 +248,7 @@ def _levels(text: str) -> tuple[int, ...]:
 def _bench_weights(args: argparse.Namespace) -> int:
     from chat.tools.bench.weights_bench import main
 
-    return main(as_json=args.json)
+    return main(as_json=args.json, model=args.model, rounds=args.rounds)
 
 
 def _bench_multiturn(args: argparse.Namespace) -> int:
@@ -529,9 +531,13 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--entries", type=int, default=None, help="entries in the lookup benchmark (10,000)")
     cache.set_defaults(run=_bench_cache)
     weights = bench_sub.add_parser(
-        "weights", help="the built-in model in each weight format: next-token agreement, perplexity, speed"
+        "weights",
+        help="a model in each weight format (a GGUF file's own blocks too) against its float32 dequantization: "
+        "next-token agreement, perplexity ratio, decode and 8-session speed",
     )
     weights.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    weights.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    weights.add_argument("--rounds", type=int, default=3, help="interleaved speed rounds, best kept (%(default)s)")
     weights.set_defaults(run=_bench_weights)
     for name, what, run in (
         (

@@ -52,9 +52,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chat.models import native, ragged, smoothing
+from chat.models import block_matrices, native, ragged, smoothing
 
-WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
+WEIGHT_FORMATS = ("float32", "bfloat16", "int8", *block_matrices.BLOCK_FORMATS)
 FEW_ROWS = 16  # most rows (tokens) a float32 layer runs with its calibrated few-rows kernel, or fused
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # sibling layers fused, in output order
 _CALIBRATION_ROWS = 5  # rows the few-rows kernels are timed with (a verification of 4 draft tokens)
@@ -240,7 +240,8 @@ def int8_linear(
     return out.view(*x.shape[:-1], q.shape[0])
 
 
-_MATRICES = {"float32": Float32Matrix, "bfloat16": BFloat16Matrix, "int8": Int8Matrix}
+_MATRICES: dict[str, Any] = {"float32": Float32Matrix, "bfloat16": BFloat16Matrix, "int8": Int8Matrix}
+_MATRICES.update(block_matrices.MATRICES)  # a GGUF file's own blocks (chat.models.block_matrices): built from layers
 
 
 # ==================================================================== layers
@@ -424,7 +425,8 @@ def _fuse(patches: Patches, make: type) -> list[_FusedGroup]:
             for m in layers:
                 bounds.append((lo, lo + m.out_features))
                 lo += m.out_features
-            group = _FusedGroup(make(weight, bias), bounds)
+            matrix = make.from_layers(layers) if hasattr(make, "from_layers") else make(weight, bias)
+            group = _FusedGroup(matrix, bounds)
             for i, (name, m) in enumerate(zip(names, layers, strict=True)):
                 if make is Float32Matrix:  # the parts' weights become views of the fused matrix: held once
                     m.weight.data = weight[bounds[i][0] : bounds[i][1]]
@@ -442,7 +444,8 @@ def _wrap_others(patches: Patches, make: type) -> None:
     for parent in list(patches.model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.dim() == 2:
-                layer = FastLinear(child, make(child.weight, child.bias))
+                matrix = make.from_layers([child]) if hasattr(make, "from_layers") else make(child.weight, child.bias)
+                layer = FastLinear(child, matrix)
                 setattr(parent, name, layer)
                 patches.replaced.append((parent, name, child, layer))
 

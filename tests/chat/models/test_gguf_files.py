@@ -1,12 +1,12 @@
-"""Any GGUF file loads (``load_model("/path/x.gguf")``): tiny GGUF files written here from the seeded tiny-llama give
-that model's logits (F32) or its dequantized weights' logits (Q8_0), render with the template from their metadata,
-serve a turn through the engine whose second turn hits the cache, are converted once per distinct file, and every
-file that cannot be served is refused with a typed error naming it, before any conversion starts."""
+"""Any GGUF file loads (``load_model("/path/x.gguf")``) straight from its bytes: tiny GGUF files written here from the
+seeded tiny-llama give that model's logits (F32) or its dequantized weights' logits (Q8_0 ...), render with the
+template from their metadata, serve a turn through the engine whose second turn hits the cache, write nothing to disk
+but the record of their digest, get one cache namespace per distinct file, and every file that cannot be served is
+refused with a typed error naming it, before any weights are read. (The block formats: test_gguf_blocks.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 
@@ -18,7 +18,7 @@ from cache import PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.events import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
-from chat.models import ModelFileError, UnsupportedArchitectureError, gguf_files, load_model, load_renderer
+from chat.models import ModelFileError, UnsupportedArchitectureError, gguf_files, gguf_model, load_model, load_renderer
 from tests.chat.models.gguf_helpers import (
     dequantized_copy,
     reference_lfm2,
@@ -34,7 +34,7 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France? Tell me 
 
 @pytest.fixture(scope="module", autouse=True)
 def home(tmp_path_factory):
-    """Conversions and digests of this module go to a fresh $TURNCACHE_HOME."""
+    """Digests of this module go to a fresh $TURNCACHE_HOME."""
     home = tmp_path_factory.mktemp("turncache-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TURNCACHE_HOME", str(home))
@@ -59,12 +59,12 @@ def files(tmp_path_factory, reference):
 
 @pytest.fixture(scope="module")
 def f32_model(files):
-    return load_model(str(files["f32"]))
+    return load_model(str(files["f32"]), weights="float32")
 
 
 @pytest.fixture(scope="module")
 def q8_model(files):
-    return load_model(str(files["q8_0"]))
+    return load_model(str(files["q8_0"]), weights="float32")
 
 
 def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
@@ -72,11 +72,17 @@ def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0].float()
 
 
-def no_conversions(monkeypatch):
-    def refuse(gguf, out):
-        raise AssertionError(f"{gguf} was converted")
+def no_weights_read(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("tensors were read")
 
-    monkeypatch.setattr(gguf_files, "_convert", refuse)
+    monkeypatch.setattr(gguf_model, "_fill", refuse)
+    monkeypatch.setattr(gguf_model, "_dequantized_by_transformers", refuse)
+
+
+def written(home) -> list[str]:
+    """Files under $TURNCACHE_HOME/models, but the records of file digests."""
+    return sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file() and ".identities" not in p.parts)
 
 
 # ==================================================================== files that load
@@ -95,7 +101,7 @@ def test_an_f32_gguf_gives_the_float32_models_logits_and_template(f32_model, ref
 
 @pytest.mark.parametrize("qtype", QUANTIZED)
 def test_a_quantized_gguf_gives_its_dequantized_weights_logits(files, q8_model, f32_model, reference, qtype):
-    model = q8_model if qtype == "Q8_0" else load_model(str(files[qtype.lower()]))
+    model = q8_model if qtype == "Q8_0" else load_model(str(files[qtype.lower()]), weights="float32")
     tokens = random_tokens(model, 40, seed=3)
     logits = full_logits(model, tokens)
     assert (logits - hf_logits(dequantized_copy(reference, qtype), tokens)).abs().max().item() <= TOLERANCE
@@ -105,7 +111,8 @@ def test_a_quantized_gguf_gives_its_dequantized_weights_logits(files, q8_model, 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
 def test_a_qwen3_gguf_gives_its_models_logits(tmp_path, qtype):
     reference = reference_qwen3()
-    model = load_model(str(write_tiny_gguf(tmp_path / f"tiny-qwen3-{qtype.lower()}.gguf", reference, qtype=qtype)))
+    path = write_tiny_gguf(tmp_path / f"tiny-qwen3-{qtype.lower()}.gguf", reference, qtype=qtype)
+    model = load_model(str(path), weights="float32")
     assert model.vocab_size == reference.config.vocab_size and not model.has_recurrent_state
     tokens = model.render(MESSAGES)
     assert tokens == tiny("tiny-llama").render(MESSAGES)  # the same tokenizer and template, from the metadata
@@ -128,19 +135,12 @@ def test_the_renderer_alone_renders_as_the_model_does(files, f32_model):
     assert renderer.name == f32_model.name and renderer.render(MESSAGES) == f32_model.render(MESSAGES)
 
 
-def test_different_files_have_different_directories_and_namespaces(files, f32_model, q8_model, home):
+def test_different_files_have_different_namespaces_and_nothing_is_written_but_digests(files, f32_model, q8_model, home):
     assert f32_model.fingerprint.split("@")[1] != q8_model.fingerprint.split("@")[1]
     assert tiny("tiny-llama").fingerprint.split("@")[1] != f32_model.fingerprint.split("@")[1]  # weights' origin
-    directories = []
-    for name in ("f32", "q8_0"):
-        path = files[name]
-        identity = gguf_files.identify(path)
-        directory = gguf_files.converted_directory(path, identity)
-        marker = json.loads((directory / gguf_files.DONE_FILE).read_text())
-        assert marker["sha256"] == identity.sha256 and marker["size"] == path.stat().st_size, name
-        assert directory.parent == home / gguf_files.GGUF_DIR and directory.name.startswith(f"tiny-llama-{name}-")
-        directories.append(directory)
-    assert directories[0] != directories[1]
+    assert written(home) == []  # no converted copy: the weights come from the file itself
+    records = list((home / gguf_files.GGUF_DIR / gguf_files.IDENTITY_DIR).iterdir())
+    assert len(records) >= 2 and all(r.stat().st_size < 1000 for r in records)
 
 
 def test_a_turn_through_the_engine_and_a_second_turn_from_the_cache(f32_model):
@@ -178,55 +178,56 @@ def test_the_header_reader_agrees_with_gguf_py(files, name):
     assert [t.shape for t in header.tensors] == [tuple(int(d) for d in t.shape) for t in reference.tensors]
 
 
-# ==================================================================== converted once per distinct file
+# ==================================================================== one namespace per distinct file
 
 
-def test_a_second_load_neither_converts_nor_hashes_again(files, f32_model, monkeypatch):
-    no_conversions(monkeypatch)
-
+def test_a_second_load_does_not_hash_again(files, f32_model, monkeypatch):
     def no_hashing(*args, **kwargs):
         raise AssertionError("the file was hashed again")
 
     monkeypatch.setattr(gguf_files.hashlib, "file_digest", no_hashing)
-    again = load_model(str(files["f32"]))
+    again = load_model(str(files["f32"]), weights="float32")
     assert again.fingerprint == f32_model.fingerprint
 
 
-def test_a_copy_with_the_same_bytes_shares_the_conversion(files, f32_model, tmp_path, monkeypatch):
-    no_conversions(monkeypatch)
+def test_a_second_load_of_the_same_bytes_reuses_the_parsed_metadata(files, monkeypatch):
+    first = load_model(str(files["q4_0"]), weights="float32")
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("the metadata was parsed again")
+
+    monkeypatch.setattr(gguf_model, "load_tokenizer", no_parsing)
+    monkeypatch.setattr(gguf_files, "_check_family", no_parsing)
+    again = load_model(str(files["q4_0"]), weights="float32")
+    assert again.fingerprint == first.fingerprint and again.render(MESSAGES) == first.render(MESSAGES)
+    assert again._tokenizer is not first._tokenizer and again._model.config is not first._model.config  # copies
+
+
+def test_a_copy_with_the_same_bytes_shares_the_namespace(files, f32_model, tmp_path):
     copy = shutil.copyfile(files["f32"], tmp_path / "tiny-llama-f32.gguf")
-    assert load_model(str(copy)).fingerprint == f32_model.fingerprint
+    assert load_model(str(copy), weights="float32").fingerprint == f32_model.fingerprint
 
 
-def test_a_changed_file_is_converted_anew(files, f32_model, q8_model, tmp_path):
+def test_a_changed_file_gets_a_new_namespace(files, f32_model, q8_model, tmp_path):
     path = shutil.copyfile(files["f32"], tmp_path / "tiny-llama-f32.gguf")
     before = gguf_files.identify(path)
     shutil.copyfile(files["q8_0"], path)  # new bytes at the same path
     os.utime(path, ns=(before.mtime_ns + 10**9, before.mtime_ns + 10**9))
     after = gguf_files.identify(path)
     assert after.sha256 != before.sha256 and after.sha256 == gguf_files.identify(files["q8_0"]).sha256
-    changed = load_model(str(path))
+    changed = load_model(str(path), weights="float32")
     digest = changed.fingerprint.split("@")[1]  # after the name, which is the file's
     assert digest == q8_model.fingerprint.split("@")[1] != f32_model.fingerprint.split("@")[1]
     tokens = random_tokens(changed, 12, seed=5)
     assert torch.equal(full_logits(changed, tokens), full_logits(q8_model, tokens))
 
 
-def test_a_half_written_conversion_is_replaced(files, tmp_path, home):
-    path = shutil.copyfile(files["f32"], tmp_path / "half.gguf")
-    target = gguf_files.converted_directory(path, gguf_files.identify(path))
-    target.mkdir(parents=True)
-    (target / "config.json").write_text("{}")  # no DONE_FILE: a conversion that died
-    model = load_model(str(path))
-    assert model.name == "half" and json.loads((target / gguf_files.DONE_FILE).read_text())["version"] == 1
-
-
 def test_a_tensor_transformers_skips_is_named_at_every_load(reference, tmp_path, caplog):
     rope_freqs = {"rope_freqs.weight": np.ones(8, dtype=np.float32)}  # how llama.cpp stores Llama 3.1's rope scaling
     path = write_tiny_gguf(tmp_path / "llama31.gguf", reference, extra_tensors=rope_freqs)
-    for _ in range(2):  # converting, then from the converted directory
+    for _ in range(2):  # said at every load
         caplog.clear()
-        with caplog.at_level("WARNING", logger="chat.models.gguf_files"):
+        with caplog.at_level("WARNING", logger="chat.models.gguf_model"):
             load_model(str(path))
         assert any("rope_freqs.weight" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
 
@@ -234,18 +235,19 @@ def test_a_tensor_transformers_skips_is_named_at_every_load(reference, tmp_path,
 # ==================================================================== files that are refused
 
 
-def refused(spec, error, monkeypatch, home, *fragments):
-    """Load ``spec``; expect ``error`` naming the file and each fragment, and no conversion started."""
-    no_conversions(monkeypatch)
-    before = sorted(p.name for p in (home / gguf_files.GGUF_DIR).iterdir()) if (home / "gguf").exists() else []
+def refused(spec, error, monkeypatch, home, *fragments, read: bool = False):
+    """Load ``spec``; expect ``error`` naming the file and each fragment, no tensor read (unless ``read``: a fault
+    found in the tensors themselves) and nothing written."""
+    if not read:
+        no_weights_read(monkeypatch)
+    before = written(home)
     with pytest.raises(error) as info:
         load_model(str(spec))
     message = str(info.value)
     assert str(spec) in message, message
     for fragment in fragments:
         assert fragment in message, message
-    after = sorted(p.name for p in (home / gguf_files.GGUF_DIR).iterdir()) if (home / "gguf").exists() else []
-    assert [name for name in after if not name.startswith(".")] == [name for name in before if not name.startswith(".")]
+    assert written(home) == before
     return info.value
 
 
@@ -263,7 +265,7 @@ def test_a_file_that_is_not_gguf(tmp_path, monkeypatch, home, content):
 
 def test_a_file_without_the_gguf_suffix_is_read_as_one(files, f32_model, tmp_path):
     path = shutil.copyfile(files["f32"], tmp_path / "sha256-0123abcd")  # how Ollama names its blobs
-    model = load_model(str(path))
+    model = load_model(str(path), weights="float32")
     assert model.name == "sha256-0123abcd" and model.fingerprint.split("@")[1] == f32_model.fingerprint.split("@")[1]
     elf = tmp_path / "sha256-4567cdef"
     elf.write_bytes(b"\x7fELF" + bytes(100))
@@ -313,6 +315,18 @@ def test_a_tensor_type_transformers_cannot_dequantize(reference, tmp_path, monke
     extra = {"blk.0.extra_scale.weight": np.ones(32, dtype=np.float64)}  # written as F64
     path = write_tiny_gguf(tmp_path / "f64.gguf", reference, extra_tensors=extra)
     refused(path, ModelFileError, monkeypatch, home, "F64", "blk.0.extra_scale.weight", "Q8_0")
+
+
+def test_a_tensor_of_a_type_nobody_knows(files, tmp_path, monkeypatch, home):
+    data = bytearray(files["f32"].read_bytes())
+    name = b"token_embd.weight"
+    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)  # in the tensor table: dims, shape, type
+    dims = int.from_bytes(data[at : at + 4], "little")
+    at += 4 + 8 * dims
+    data[at : at + 4] = (200).to_bytes(4, "little")
+    path = tmp_path / "unknown-type.gguf"
+    path.write_bytes(bytes(data))
+    refused(path, ModelFileError, monkeypatch, home, "tensor token_embd.weight has the unknown ggml type id 200")
 
 
 def test_a_file_without_a_chat_template(reference, tmp_path, monkeypatch, home):

@@ -1,5 +1,5 @@
-"""The built-in default model: converted once into $TURNCACHE_HOME (then reused by every later session), answers a
-factual question greedily in float32, restores a cached prefix exactly, and loads in its default weight format."""
+"""The built-in default model, read straight from its GGUF file: answers a factual question greedily in float32 and
+in the file's own blocks, restores a cached prefix exactly, and loads in its default weight format."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_model("smollm2", weights="float32")  # the converted weights as they are
+    return load_model("smollm2", weights="float32")  # the file's weights dequantized
 
 
 def greedy(model, messages, max_tokens=16):
@@ -37,6 +37,12 @@ def test_the_default_model_knows_the_capital_of_france(smollm2):
     assert smollm2.eos_token_ids == {2} and not smollm2.has_recurrent_state
     reply = greedy(smollm2, [{"role": "user", "content": "What is the capital of France?"}])
     assert "Paris" in reply
+
+
+def test_the_files_own_blocks_answer_as_float32_does(smollm2):
+    blocks = load_model("smollm2", weights="gguf")
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    assert greedy(blocks, question) == greedy(smollm2, question)
 
 
 def test_the_default_model_restores_a_prefix_exactly(smollm2):
