@@ -10,12 +10,20 @@ nothing fills its socket, then its buffer:
   with 1013) and its turns cancelled.
 
 Connections that open and never send a request are closed by :func:`closing_idle` after ``idle_connection_s``.
+
+What a connection whose client reads nothing holds, at most: its stream's unread events (``stream_buffer_events``),
+the transport's write buffer (asyncio's 64 KiB high-water mark: a write waits beyond it, for ``send_timeout_s`` at
+most) and the kernel's send buffer. Linux grows the last by itself up to ``net.ipv4.tcp_wmem``'s maximum (4 MiB
+here: 3 MB of a stream were taken on loopback before a write waited); ``send_buffer_kib`` fixes it per connection
+(``SO_SNDBUF``, which the kernel doubles), so that a client that stops reading costs that much of kernel memory and
+its writes start waiting (then its turns end) after that many bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 from fastapi.responses import StreamingResponse
 
@@ -49,20 +57,29 @@ class TimedStreamingResponse(StreamingResponse):
                 await close()
 
 
-def http_protocol(idle_s: float) -> type:
-    """uvicorn's HTTP protocol (httptools where installed, else h11), closing idle connections
-    (:func:`closing_idle`)."""
+def send_buffer_bytes(kib: int | None) -> int | None:
+    """``--send-buffer-kib`` in bytes (None stays None)."""
+    return None if kib is None else kib * 1024
+
+
+def http_protocol(idle_s: float, send_buffer_bytes: int | None = None) -> type:
+    """uvicorn's HTTP protocol (httptools where installed, else h11), closing idle connections and setting each
+    connection's kernel send buffer (:func:`closing_idle`)."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    return closing_idle(AutoHTTPProtocol, idle_s)
+    return closing_idle(AutoHTTPProtocol, idle_s, send_buffer_bytes)
 
 
-def closing_idle(protocol_class: type, idle_s: float) -> type:
+def closing_idle(protocol_class: type, idle_s: float, send_buffer_bytes: int | None = None) -> type:
     """``protocol_class`` (one of uvicorn's HTTP protocols) that closes a connection which sent no byte within
-    ``idle_s`` of opening (uvicorn's keep-alive timeout only starts after a first response)."""
+    ``idle_s`` of opening (uvicorn's keep-alive timeout only starts after a first response), and sets its socket's
+    send buffer to ``send_buffer_bytes`` (None: the kernel's, which grows by itself)."""
 
     class ClosingIdle(protocol_class):  # type: ignore[misc, valid-type]
         def connection_made(self, transport) -> None:
+            sock = transport.get_extra_info("socket")
+            if send_buffer_bytes is not None and sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
             super().connection_made(transport)
             self._turncache_heard = False
             self._turncache_idle = asyncio.get_running_loop().call_later(idle_s, self._turncache_close_if_idle)
