@@ -85,6 +85,7 @@ def serve(settings: ServerSettings) -> int:
             host=settings.host,
             port=settings.port,
             log_level="warning",
+            access_log=False,  # never printed at "warning"; off, it costs no work per response either
             ws="websockets-sansio",
             ws_max_size=settings.max_ws_frame_mib * MiB,
             http=http_protocol(settings.idle_connection_s, send_buffer_bytes(settings.send_buffer_kib)),

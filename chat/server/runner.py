@@ -26,6 +26,7 @@ class BackgroundServer:
             host=host,
             port=port,
             log_level="warning",
+            access_log=False,  # never printed at "warning"; off, it costs no work per response either
             ws="websockets-sansio",
             ws_max_size=ws_max_size,
             lifespan="off",
