@@ -34,20 +34,44 @@ log = logging.getLogger("turncache.backpressure")
 
 class TimedStreamingResponse(StreamingResponse):
     """A streaming response whose every write must be taken by the client within ``send_timeout_s``; else the
-    stream ends (its body iterator closed, which cancels its turns) and the connection is closed."""
+    stream ends (its body iterator closed, which cancels its turns) and the connection is closed.
+
+    One timer per response watches the write in progress (``asyncio.timeout`` around each write made and cancelled a
+    timer per write: per token and stream)."""
 
     def __init__(self, content, *, send_timeout_s: float, **kwargs) -> None:
         super().__init__(content, **kwargs)
         self.send_timeout_s = send_timeout_s  # the longest one write may wait for the client
 
     async def __call__(self, scope, receive, send) -> None:
-        async def timed_send(message) -> None:
-            try:
-                async with asyncio.timeout(self.send_timeout_s):
-                    await send(message)
-            except TimeoutError:
-                raise SlowClientError(f"a write waited more than {self.send_timeout_s} s for the client") from None
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        limit = self.send_timeout_s
+        since: float | None = None  # when the write in progress began (None: none is)
+        timed_out = False
 
+        def watch() -> None:  # on the loop: cancel the response's task inside a write that waited too long
+            nonlocal timed_out, timer
+            if since is not None and loop.time() - since >= limit:
+                timed_out = True
+                task.cancel()
+                return
+            timer = loop.call_later(limit if since is None else since + limit - loop.time(), watch)
+
+        async def timed_send(message) -> None:
+            nonlocal since
+            since = loop.time()
+            try:
+                await send(message)
+            except asyncio.CancelledError:
+                if not timed_out:
+                    raise
+                task.uncancel()
+                raise SlowClientError(f"a write waited more than {limit} s for the client") from None
+            finally:
+                since = None
+
+        timer = loop.call_later(limit, watch)
         try:
             await super().__call__(scope, receive, timed_send)
         except SlowClientError as exc:  # the response is cut short: the server closes the connection
@@ -55,6 +79,8 @@ class TimedStreamingResponse(StreamingResponse):
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
                 await close()
+        finally:
+            timer.cancel()
 
 
 def send_buffer_bytes(kib: int | None) -> int | None:
