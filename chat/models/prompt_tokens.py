@@ -61,7 +61,7 @@ class EncoderStats:
     reused: int = 0  # of those, the ones that took ids from an earlier render
     reused_tokens: int = 0  # ids taken from earlier renders
     encoded_tokens: int = 0  # ids the tokenizer produced
-    checked: int = 0  # reuses compared with a full encode
+    checked: int = 0  # renders compared with a full encode
 
 
 class CutFinder:
