@@ -41,6 +41,7 @@ def _settings(args: argparse.Namespace):
         "stream_buffer_events": args.stream_buffer_events,
         "send_timeout_s": args.send_timeout_s,
         "idle_connection_s": args.idle_connection_s,
+        "send_buffer_kib": args.send_buffer_kib,
         "tenant_cache_share": args.tenant_cache_share,
         "tenant_concurrent_turns": args.tenant_concurrent_turns,
         "tenant_requests_per_minute": args.tenant_requests_per_minute,
@@ -231,7 +232,14 @@ def _bench_batch(args: argparse.Namespace) -> int:
 def _bench_http(args: argparse.Namespace) -> int:
     from chat.tools.bench.http_bench import main
 
-    return main(as_json=args.json, model=args.model, levels=args.levels)
+    return main(
+        as_json=args.json,
+        model=args.model,
+        levels=args.levels,
+        rounds=args.rounds,
+        bad_level=args.bad_level,
+        bad_pause_s=args.bad_pause_s,
+    )
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -243,6 +251,28 @@ def _levels(text: str) -> tuple[int, ...]:
     if not levels or min(levels) < 1:
         raise argparse.ArgumentTypeError(f"every level must be at least 1: {text!r}")
     return levels
+
+
+def _positive_int(text: str) -> int:
+    """An integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """A finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0: {text!r}")
+    return value
 
 
 def _bench_weights(args: argparse.Namespace) -> int:
@@ -346,6 +376,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="S",
         help="seconds a new HTTP connection may stay silent before it is closed (30)",
+    )
+    slow.add_argument(
+        "--send-buffer-kib",
+        type=int,
+        metavar="KIB",
+        help="each connection's kernel send buffer (the kernel doubles it); default: the kernel's, which grows by "
+        "itself (to 4 MiB on Linux): bounds what a client that stops reading holds in the kernel",
     )
     serve.add_argument("--device-cache-mib", type=int, help="prefix cache budget on the model's device (1024)")
     serve.add_argument("--host-cache-mib", type=int, help="prefix cache budget on the host tier (2048)")
@@ -590,6 +627,22 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
     http.add_argument(
         "--levels", type=_levels, default=(1, 8, 32), metavar="N,N,...", help="concurrent sessions (1,8,32)"
+    )
+    http.add_argument("--rounds", type=_positive_int, default=3, help="runs of each level and way; medians (3)")
+    http.add_argument(
+        "--bad-level",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="sessions of the bad-client phase, run without and with slow readers, silent connections and a flood "
+        "of tiny requests beside them (default: the largest level)",
+    )
+    http.add_argument(
+        "--bad-pause-s",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="seconds a slow reader of the bad-client phase reads nothing after its request (5)",
     )
     http.set_defaults(run=_bench_http)
     restart = bench_sub.add_parser(

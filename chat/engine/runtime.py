@@ -92,7 +92,9 @@ class ModelRuntime(ChatRenderer, Protocol):
     whole_media_spans: bool  # a media item's tokens attend to each other both ways: a prefill chunk never cuts one
 
     def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
-        """The prompt of ``messages`` (text, or text and ``modalities.parts.MediaInput`` s).
+        """The prompt of ``messages`` (text, or text and ``modalities.parts.MediaInput`` s). A runtime with a
+        ``prompt_encoder`` (``chat.models.prompt_tokens``) also takes ``salt=`` (the turn's tenant salt): it may
+        reuse the ids of that tenant's earlier renders, and gives the ids a full render would.
 
         Raises:
             modalities.errors.MediaError: a media item is corrupt, over a limit, or of a kind the model does not take.

@@ -248,6 +248,8 @@ class Turn:
                 extra: dict = {"tools": req.tools} if req.tools else {}  # only for runtimes that take them
                 if req.template_kwargs:
                     extra["template_kwargs"] = req.template_kwargs
+                if getattr(rt, "prompt_encoder", None) is not None:  # a runtime that reuses earlier renders' ids:
+                    extra["salt"] = req.salt  # only this tenant's (as the prefix cache's namespace)
                 rendered = rt.render_prompt(req.messages, **extra)
             except MediaError as exc:
                 raise InvalidMediaError(str(exc.item or "messages"), str(exc)) from exc

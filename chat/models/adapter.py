@@ -37,6 +37,7 @@ from chat.models.detokenizer import IncrementalDetokenizer
 from chat.models.errors import InvalidSettingError, RunStateError
 from chat.models.fast_paths import install
 from chat.models.hf_cache import CacheLayout, RunCache
+from chat.models.prompt_tokens import PromptEncoder
 from chat.models.renderer import render_chat
 from chat.models.smoothing import CALIBRATION_TEXT
 from chat.models.vocabulary import Vocabulary, generation_defaults
@@ -92,6 +93,7 @@ class ModelAdapter:
         self.generation_defaults = generation_defaults(getattr(model, "generation_config", None))  # sampling
         # settings the model's generation_config sets (for request fields left out)
         self._vocabulary = Vocabulary(tokenizer, logits_width=self.vocab_size, eos_token_ids=self.eos_token_ids)
+        self.prompt_encoder = PromptEncoder(tokenizer)  # a prompt's ids, reusing those of earlier renders per salt
         self.reasoning = markers_of(getattr(tokenizer, "chat_template", None))  # thinking markers, if it thinks
         self.tool_format = format_of(getattr(tokenizer, "chat_template", None))  # how it calls tools
         # (chat.engine.tool_calls.FORMATS); "generic" when its template takes no tools
@@ -127,15 +129,23 @@ class ModelAdapter:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Any] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        salt: str = "",
     ) -> TextPrompt:
         """The prompt of ``messages`` (string contents) with the generation prompt: a text model has no media.
         ``tools`` go to a template that renders them (``tool_format`` is not "generic"); ``template_kwargs`` to the
-        template as variables (``enable_thinking``).
+        template as variables (``enable_thinking``). The ids are what a full encode of the rendered text gives,
+        reusing those of earlier renders with the same ``salt`` (a tenant's) that the text begins with
+        (:mod:`chat.models.prompt_tokens`).
 
         Raises:
             InvalidSettingError: a message is not a role/content pair of strings.
         """
-        return TextPrompt(tuple(render_chat(self._tokenizer, messages, True, tools, template_kwargs)))
+
+        def encode(text: str) -> list[int]:
+            return self.prompt_encoder.encode(text, salt)
+
+        return TextPrompt(tuple(render_chat(self._tokenizer, messages, True, tools, template_kwargs, encode)))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain ``text`` (no chat template, no special tokens added)."""

@@ -235,9 +235,11 @@ class MultimodalAdapter(ModelAdapter):
 
     # ================================================================ prompts
 
-    def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
+    def render_prompt(self, messages: Sequence[Mapping[str, Any]], *, salt: str = "") -> RenderedPrompt:
         """The prompt of ``messages`` whose content is a string or a list of ``{"type": "text", "text"}`` dicts and
         :class:`~modalities.parts.MediaInput` s, through the chat template, with each item's placeholder expanded.
+        The rendered text's ids reuse those of earlier renders with the same ``salt``
+        (:mod:`chat.models.prompt_tokens`).
 
         Raises:
             MediaError: an item is corrupt, mislabeled, over a limit, or of a kind this model does not take (its
@@ -267,7 +269,7 @@ class MultimodalAdapter(ModelAdapter):
         text = self._tokenizer.apply_chat_template(template_messages, tokenize=False, add_generation_prompt=True)
         for written, meant in self.family.template_text.items():
             text = text.replace(written, meant)
-        ids = list(self._tokenizer.encode(text, add_special_tokens=False))
+        ids = self.prompt_encoder.encode(text, salt)
         rendered = self._expand(ids, parts, prepared)
         for key, value in prepared:  # only a prompt that renders leaves its items in the store
             if not self.media_store.contains(key, PREPARED):

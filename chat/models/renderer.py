@@ -8,7 +8,7 @@ renders text messages to the same token ids.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from chat.models.errors import InvalidSettingError
@@ -20,10 +20,13 @@ def render_chat(
     add_generation_prompt: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    encode: Callable[[str], list[int]] | None = None,
 ) -> list[int]:
     """Token ids of ``messages`` (``{"role", "content"}`` with string content; an assistant message may carry
     ``tool_calls`` and a ``tool`` message ``tool_call_id``) through ``tokenizer``'s chat template, given ``tools``
-    (OpenAI's function definitions) when the template takes them.
+    (OpenAI's function definitions) when the template takes them. ``encode``: the rendered text's ids (default
+    ``tokenizer.encode`` without special tokens added; a :class:`~chat.models.prompt_tokens.PromptEncoder` gives the
+    same ids, reusing earlier renders').
 
     Raises:
         InvalidSettingError: a message is not a role/content pair of strings (``field`` names which).
@@ -37,7 +40,7 @@ def render_chat(
         clean.append({k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if k in m})
     extra = {**(template_kwargs or {}), **({"tools": list(tools)} if tools else {})}  # template variables
     text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=add_generation_prompt, **extra)
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return encode(text) if encode is not None else list(tokenizer.encode(text, add_special_tokens=False))
 
 
 class TemplateRenderer:

@@ -144,8 +144,18 @@ def create_app(
             refuse=error_response,
         )
 
-    app.add_middleware(  # added last: outermost (the media URL fetcher runs only behind a valid key)
-        GuardMiddleware, authenticate=keys.authenticate, max_body=settings.max_body_mib * MiB, refuse=error_response
+    def admit_early(tenant: Tenant) -> RateLimitedError | None:
+        """Refuse a tenant over a limit before its request's body is read (a request holds at least one turn: the
+        route's own admission, which knows how many, would refuse it too)."""
+        refusal = gate.check(tenant.id)
+        return RateLimitedError(refusal) if refusal is not None else None
+
+    app.add_middleware(  # added last: outermost (the media URL fetcher runs only behind a valid key, within limits)
+        GuardMiddleware,
+        authenticate=keys.authenticate,
+        max_body=settings.max_body_mib * MiB,
+        refuse=error_response,
+        admit_early=admit_early,
     )
 
     def stream_response(events) -> TimedStreamingResponse:

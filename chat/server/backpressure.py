@@ -10,12 +10,20 @@ nothing fills its socket, then its buffer:
   with 1013) and its turns cancelled.
 
 Connections that open and never send a request are closed by :func:`closing_idle` after ``idle_connection_s``.
+
+What a connection whose client reads nothing holds, at most: its stream's unread events (``stream_buffer_events``),
+the transport's write buffer (asyncio's 64 KiB high-water mark: a write waits beyond it, for ``send_timeout_s`` at
+most) and the kernel's send buffer. Linux grows the last by itself up to ``net.ipv4.tcp_wmem``'s maximum (4 MiB
+here: 3 MB of a stream were taken on loopback before a write waited); ``send_buffer_kib`` fixes it per connection
+(``SO_SNDBUF``, which the kernel doubles), so that a client that stops reading costs that much of kernel memory and
+its writes start waiting (then its turns end) after that many bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 from fastapi.responses import StreamingResponse
 
@@ -26,20 +34,44 @@ log = logging.getLogger("turncache.backpressure")
 
 class TimedStreamingResponse(StreamingResponse):
     """A streaming response whose every write must be taken by the client within ``send_timeout_s``; else the
-    stream ends (its body iterator closed, which cancels its turns) and the connection is closed."""
+    stream ends (its body iterator closed, which cancels its turns) and the connection is closed.
+
+    One timer per response watches the write in progress (``asyncio.timeout`` around each write made and cancelled a
+    timer per write: per token and stream)."""
 
     def __init__(self, content, *, send_timeout_s: float, **kwargs) -> None:
         super().__init__(content, **kwargs)
         self.send_timeout_s = send_timeout_s  # the longest one write may wait for the client
 
     async def __call__(self, scope, receive, send) -> None:
-        async def timed_send(message) -> None:
-            try:
-                async with asyncio.timeout(self.send_timeout_s):
-                    await send(message)
-            except TimeoutError:
-                raise SlowClientError(f"a write waited more than {self.send_timeout_s} s for the client") from None
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        limit = self.send_timeout_s
+        since: float | None = None  # when the write in progress began (None: none is)
+        timed_out = False
 
+        def watch() -> None:  # on the loop: cancel the response's task inside a write that waited too long
+            nonlocal timed_out, timer
+            if since is not None and loop.time() - since >= limit:
+                timed_out = True
+                task.cancel()
+                return
+            timer = loop.call_later(limit if since is None else since + limit - loop.time(), watch)
+
+        async def timed_send(message) -> None:
+            nonlocal since
+            since = loop.time()
+            try:
+                await send(message)
+            except asyncio.CancelledError:
+                if not timed_out:
+                    raise
+                task.uncancel()
+                raise SlowClientError(f"a write waited more than {limit} s for the client") from None
+            finally:
+                since = None
+
+        timer = loop.call_later(limit, watch)
         try:
             await super().__call__(scope, receive, timed_send)
         except SlowClientError as exc:  # the response is cut short: the server closes the connection
@@ -47,22 +79,33 @@ class TimedStreamingResponse(StreamingResponse):
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
                 await close()
+        finally:
+            timer.cancel()
 
 
-def http_protocol(idle_s: float) -> type:
-    """uvicorn's HTTP protocol (httptools where installed, else h11), closing idle connections
-    (:func:`closing_idle`)."""
+def send_buffer_bytes(kib: int | None) -> int | None:
+    """``--send-buffer-kib`` in bytes (None stays None)."""
+    return None if kib is None else kib * 1024
+
+
+def http_protocol(idle_s: float, send_buffer_bytes: int | None = None) -> type:
+    """uvicorn's HTTP protocol (httptools where installed, else h11), closing idle connections and setting each
+    connection's kernel send buffer (:func:`closing_idle`)."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    return closing_idle(AutoHTTPProtocol, idle_s)
+    return closing_idle(AutoHTTPProtocol, idle_s, send_buffer_bytes)
 
 
-def closing_idle(protocol_class: type, idle_s: float) -> type:
+def closing_idle(protocol_class: type, idle_s: float, send_buffer_bytes: int | None = None) -> type:
     """``protocol_class`` (one of uvicorn's HTTP protocols) that closes a connection which sent no byte within
-    ``idle_s`` of opening (uvicorn's keep-alive timeout only starts after a first response)."""
+    ``idle_s`` of opening (uvicorn's keep-alive timeout only starts after a first response), and sets its socket's
+    send buffer to ``send_buffer_bytes`` (None: the kernel's, which grows by itself)."""
 
     class ClosingIdle(protocol_class):  # type: ignore[misc, valid-type]
         def connection_made(self, transport) -> None:
+            sock = transport.get_extra_info("socket")
+            if send_buffer_bytes is not None and sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
             super().connection_made(transport)
             self._turncache_heard = False
             self._turncache_idle = asyncio.get_running_loop().call_later(idle_s, self._turncache_close_if_idle)

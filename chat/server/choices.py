@@ -56,8 +56,11 @@ async def run_turn_batches(
     Raises:
         as :func:`run_turns`; SlowClientError (see above).
     """
-    relay = relay_for(asyncio.get_running_loop())
-    events: asyncio.Queue[tuple[int, Event | BaseException]] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    relay = relay_for(loop)
+    pending: list[tuple[int, Event | BaseException]] = []  # arrived, not yet taken (a list and one waiter: cheaper
+    # per event than an asyncio.Queue, whose every put and get is several calls)
+    waiter: asyncio.Future | None = None  # set while the consumer waits for an event
     handles = []
     overflowed = False
 
@@ -65,13 +68,14 @@ async def run_turn_batches(
         nonlocal overflowed
         if overflowed:
             return
-        if max_pending is not None and events.qsize() >= max_pending:
+        if max_pending is not None and len(pending) >= max_pending:
             overflowed = True
             for handle in handles:
                 handle.cancel()
-            events.put_nowait((item[0], SlowClientError(f"the client left more than {max_pending} events unread")))
-            return
-        events.put_nowait(item)
+            item = (item[0], SlowClientError(f"the client left more than {max_pending} events unread"))
+        pending.append(item)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     try:
         for i, request in enumerate(requests):
@@ -79,9 +83,14 @@ async def run_turn_batches(
             handles.append(engine.submit(request, sink))
         running = len(requests)
         while running:
-            batch = [await events.get()]
-            while not events.empty():
-                batch.append(events.get_nowait())
+            if not pending:
+                waiter = loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    waiter = None
+            batch = pending.copy()
+            pending.clear()
             out = []
             for i, item in batch:
                 if isinstance(item, BaseException):

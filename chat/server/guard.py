@@ -7,8 +7,12 @@ response's chunks go straight from the route to the server.
 
 Checks, in order: a ``content-length`` that is not a number or over the body limit is ``too_large``; a path under
 ``/v1/`` (or ``/metrics``, ``/tokenize``, ``/detokenize``) needs a known bearer key (``unauthorized``), and its
-tenant is put in the request's state (``request.state.tenant``). WebSocket and lifespan scopes pass through (the
-WebSocket checks its key itself, ``chat/server/ws.py``).
+tenant is put in the request's state (``request.state.tenant``); a ``POST`` to a route that starts turns
+(:data:`GENERATING`) from a tenant that is over one of its limits already is refused by ``admit_early`` (429
+``rate_limited``) before its body is read: a client flooding the server past its limits costs it the headers'
+parsing and a refusal, not a JSON body parsed and validated per request (``turncache bench http``'s bad clients).
+The route still admits each request itself (its number of turns is in the body). WebSocket and lifespan scopes pass
+through (the WebSocket checks its key itself, ``chat/server/ws.py``).
 """
 
 from __future__ import annotations
@@ -26,14 +30,24 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 PROTECTED = ("/metrics", "/tokenize", "/detokenize")  # besides everything under /v1/
+GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses")  # POST routes that start turns
 
 
 class GuardMiddleware:
-    def __init__(self, app, *, authenticate: Callable[[str | None], Any], max_body: int, refuse) -> None:
+    def __init__(
+        self,
+        app,
+        *,
+        authenticate: Callable[[str | None], Any],
+        max_body: int,
+        refuse,
+        admit_early: Callable[[Any], BaseException | None] | None = None,
+    ) -> None:
         self.app = app
         self.authenticate = authenticate  # bearer token (or None) -> tenant, or None when unknown
         self.max_body = max_body  # bytes
         self.refuse = refuse  # exception -> ASGI response
+        self.admit_early = admit_early  # tenant -> why a request of it that starts turns is refused now, or None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -56,4 +70,9 @@ class GuardMiddleware:
                 )
                 return
             request.state.tenant = tenant  # scope["state"]: the route's Request sees it
+            if self.admit_early is not None and scope["method"] == "POST" and path in GENERATING:
+                refusal = self.admit_early(tenant)
+                if refusal is not None:
+                    await self.refuse(refusal)(scope, receive, send)
+                    return
         await self.app(scope, receive, send)

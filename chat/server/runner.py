@@ -10,7 +10,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from chat.protocol.limits import MAX_FRAME_BYTES
-from chat.server.backpressure import http_protocol
+from chat.server.backpressure import http_protocol, send_buffer_bytes
 
 IDLE_CONNECTION_S = 30.0  # an app without server settings: how long a connection may stay silent before it closes
 
@@ -20,15 +20,20 @@ class BackgroundServer:
     the app's session store (which writes what is pending)."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, ws_max_size: int = MAX_FRAME_BYTES):
+        settings = getattr(app.state, "settings", None)  # the app's server settings, if create_app made it
         config = uvicorn.Config(
             app,
             host=host,
             port=port,
             log_level="warning",
+            access_log=False,  # never printed at "warning"; off, it costs no work per response either
             ws="websockets-sansio",
             ws_max_size=ws_max_size,
             lifespan="off",
-            http=http_protocol(getattr(getattr(app.state, "settings", None), "idle_connection_s", IDLE_CONNECTION_S)),
+            http=http_protocol(
+                getattr(settings, "idle_connection_s", IDLE_CONNECTION_S),
+                send_buffer_bytes(getattr(settings, "send_buffer_kib", None)),
+            ),
         )
         self.app = app  # what it serves
         self.server = uvicorn.Server(config)

@@ -117,6 +117,13 @@ class ServerSettings(BaseSettings):
     idle_connection_s: float = Field(
         30.0, gt=0, description="seconds an HTTP connection may stay open without sending a request before it closes"
     )
+    send_buffer_kib: int | None = Field(
+        None,
+        ge=4,
+        le=65536,
+        description="each connection's kernel send buffer, KiB (the kernel doubles it; None: the kernel's own, which "
+        "grows to net.ipv4.tcp_wmem's maximum): bounds what a client that stops reading holds in the kernel",
+    )
     sessions_db: str | None = Field(
         None, description="SQLite file where sessions persist across restarts (None or '': memory only)"
     )

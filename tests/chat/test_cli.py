@@ -66,6 +66,7 @@ def test_bench_cache_table_without_json(capsys):
         (["--tenant-cache-share", "1.5"], "--tenant-cache-share"),
         (["--media-url-host", "not a host"], "--media-url-host:"),
         (["--media-url-timeout-s", "0"], "--media-url-timeout-s"),
+        (["--send-buffer-kib", "1"], "--send-buffer-kib"),
     ],
 )
 def test_serve_refuses_engine_settings_out_of_range_naming_the_setting(flags, named, monkeypatch, capsys):
@@ -126,3 +127,25 @@ def test_media_url_flags_reach_the_settings():
     on = _settings(build_parser().parse_args(args))
     assert on.media_url_hosts == ["images.example.com", "*.cdn.example.org:8443"]
     assert (on.media_url_max_bytes, on.media_url_timeout_s, on.media_url_allow_private) == (1000, 2.5, True)
+
+
+def test_the_send_buffer_flag_reaches_the_settings(monkeypatch):
+    from chat.cli import _settings, build_parser
+
+    monkeypatch.delenv("TURNCACHE_SEND_BUFFER_KIB", raising=False)
+    assert _settings(build_parser().parse_args(["serve"])).send_buffer_kib is None  # the kernel's own
+    assert _settings(build_parser().parse_args(["serve", "--send-buffer-kib", "64"])).send_buffer_kib == 64
+
+
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--rounds", "0"], "--rounds"),
+        (["--bad-level", "x"], "--bad-level"),
+        (["--bad-pause-s", "nan"], "--bad-pause-s"),
+    ],
+)
+def test_bench_http_refuses_bad_settings_naming_the_flag(flags, named, capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "http", "--json", *flags])
+    assert refused.value.code == 2 and named in capsys.readouterr().err

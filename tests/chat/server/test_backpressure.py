@@ -172,3 +172,32 @@ def test_a_connection_that_never_sends_is_closed_after_the_idle_time_and_one_tha
         return got
 
     assert asyncio.run(run()) == b"" and len(closed) >= 1
+
+
+def test_each_connections_kernel_send_buffer_is_the_one_set_and_the_setting_is_checked():
+    import pydantic
+
+    from chat.server.backpressure import send_buffer_bytes
+    from chat.server.settings import ServerSettings
+
+    buffers = []
+
+    class Base(asyncio.Protocol):
+        def connection_made(self, transport) -> None:
+            buffers.append(transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+
+    async def run(size):
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(closing_idle(Base, 5, size), "127.0.0.1", 0)
+        client = socket.create_connection(("127.0.0.1", server.sockets[0].getsockname()[1]))
+        while len(buffers) < (1 if size else 2):
+            await asyncio.sleep(0.01)
+        client.close()
+        server.close()
+
+    asyncio.run(run(send_buffer_bytes(16)))
+    asyncio.run(run(None))
+    assert buffers[0] == 2 * 16 * 1024  # the kernel doubles what is set
+    assert buffers[1] != buffers[0]  # not set: the kernel's own
+    with pytest.raises(pydantic.ValidationError, match="send_buffer_kib"):
+        ServerSettings(send_buffer_kib=1)

@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from chat.server.guard import GuardMiddleware
 
 
-def _run(headers: dict[str, str], path: str = "/v1/chat/completions"):
+def _run(headers: dict[str, str], path: str = "/v1/chat/completions", method: str = "POST", admit_early=None):
     seen = {}
 
     async def route(scope, receive, send):
@@ -19,15 +19,18 @@ def _run(headers: dict[str, str], path: str = "/v1/chat/completions"):
     def refuse(exc):
         return JSONResponse({"error": str(exc)}, status_code=400)
 
-    guard = GuardMiddleware(route, authenticate={"k1": "tenant-1"}.get, max_body=1024, refuse=refuse)
+    guard = GuardMiddleware(
+        route, authenticate={"k1": "tenant-1"}.get, max_body=1024, refuse=refuse, admit_early=admit_early
+    )
     raw = [(k.encode(), v.encode()) for k, v in headers.items()]
-    scope = {"type": "http", "method": "POST", "path": path, "root_path": "", "headers": raw, "query_string": b""}
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "headers": raw, "query_string": b""}
     sent = []
 
     async def send(message):
         sent.append(message)
 
     async def receive():
+        seen["body read"] = True
         return {"type": "http.request", "body": b"", "more_body": False}
 
     asyncio.run(guard(scope, receive, send))
@@ -49,3 +52,23 @@ def test_a_missing_key_or_an_oversized_body_is_refused_before_the_route():
 def test_paths_outside_the_api_need_no_key():
     seen, _, send = _run({}, path="/health")
     assert seen["send"] is send and seen["tenant"] is None
+
+
+def test_a_request_that_starts_turns_from_a_tenant_over_its_limits_is_refused_before_its_body_is_read():
+    asked = []
+
+    def over_limit(tenant):
+        asked.append(tenant)
+        return RuntimeError("over")
+
+    key = {"authorization": "Bearer k1"}
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        seen, sent, _ = _run(key, path=path, admit_early=over_limit)
+        assert seen == {} and sent[0]["status"] == 400  # refused: no route, no body read
+    assert asked == ["tenant-1"] * 3
+    for path, method in (("/v1/models", "GET"), ("/v1/responses/abc", "GET"), ("/tokenize", "POST")):
+        seen, sent, _ = _run(key, path=path, method=method, admit_early=over_limit)
+        assert seen["tenant"] == "tenant-1" and sent[0]["status"] == 200  # nothing that starts a turn: untouched
+    assert len(asked) == 3
+    seen, sent, _ = _run(key, admit_early=lambda tenant: None)  # within its limits: the route runs
+    assert seen["tenant"] == "tenant-1" and sent[0]["status"] == 200

@@ -64,6 +64,21 @@ def test_requests_over_the_minute_get_429_with_retry_after_and_other_tenants_go_
     engine.close()
 
 
+def test_a_tenant_over_its_limit_is_refused_before_its_body_is_parsed_and_counted_once(tmp_path):
+    engine, srv, clock = limited_server(tmp_path, "requests_per_minute=1")
+    with srv:
+        assert post(srv, KEY_A).status_code == 200
+        assert post(srv, KEY_B, messages=[]).status_code == 400  # a body that fails validation: 400 within limits
+        refused = post(srv, KEY_A, messages=[])  # over the limit: refused before the body is looked at
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
+        assert post(srv, KEY_A, "/v1/completions", prompt="x").status_code == 429
+        assert httpx.get(f"{srv.url}/v1/models", headers={"authorization": f"Bearer {KEY_A}"}).status_code == 200
+        assert srv.app.state.gate.figures_of("alice").rate_limited == 2  # each refusal counted once
+        clock.now += 60
+        assert post(srv, KEY_A, messages=[]).status_code == 400  # within its limit again: the body is checked
+    engine.close()
+
+
 def test_concurrent_turns_and_a_request_that_alone_needs_more(tmp_path):
     engine, srv, _ = limited_server(tmp_path, "concurrent_turns=2")
     engine.runtime.script = lambda prompt: "word " * 40

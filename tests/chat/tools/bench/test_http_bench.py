@@ -15,16 +15,38 @@ KEYS = {
     "client_cpu_share",
     "errors",
 }
+BAD_KEYS = {
+    "bad_client_level",
+    "bad_client_clean_tokens_per_s",
+    "bad_client_loaded_tokens_per_s",
+    "bad_client_tokens_per_s_ratio",
+    "bad_client_outcomes",
+    "bad_client_cpu_share",
+    "bad_client_rss_growth_mib",
+    "bad_client_settings",
+}
 
 
 def test_bench_http_prints_one_json_object_with_every_key_measured(capsys):
-    assert cli_main(["bench", "http", "--json", "--model", "tiny-llama", "--levels", "1,3"]) == 0
+    args = ["bench", "http", "--json", "--model", "tiny-llama", "--levels", "1,3"]
+    args += ["--rounds", "1", "--bad-pause-s", "1"]
+    assert cli_main(args) == 0
     result = json.loads(capsys.readouterr().out)
-    assert set(result) == KEYS and result["levels"] == [1, 3] and result["errors"] == 0
+    assert set(result) == KEYS | BAD_KEYS and result["levels"] == [1, 3] and result["errors"] == 0
     for key in KEYS - {"levels", "client_cpu_share", "errors"}:
         assert len(result[key]) == 2 and all(v > 0 for v in result[key]), key
     assert result["served_ratio_http"][1] == result["http_tokens_per_s"][1] / result["engine_tokens_per_s"][1]
     assert 0 < result["client_cpu_share"] < 1
+    assert result["bad_client_level"] == 3 and result["bad_client_settings"]["pause_s"] == 1.0
+    ratio = result["bad_client_loaded_tokens_per_s"] / result["bad_client_clean_tokens_per_s"]
+    assert result["bad_client_tokens_per_s_ratio"] == ratio > 0
+    assert 0 < result["bad_client_cpu_share"] < 1 and isinstance(result["bad_client_rss_growth_mib"], float)
+    slow, silent, flood = (result["bad_client_outcomes"][k] for k in ("slow_reader", "silent", "flood"))
+    flood_minutes = int(flood["requests"] / result["bad_client_settings"]["flood_rps"] / 60)  # the run's length
+    assert sum(slow.values()) >= 2  # two slow readers in the run with them: each ends one cycle at least
+    assert silent["closed"] + silent["open_at_stop"] >= 16
+    assert flood["requests"] == flood["ok"] + flood["rate_limited"] + flood["other"] > 0 and flood["other"] == 0
+    assert flood["ok"] <= 10 * (1 + flood_minutes)  # the flood's tenant may make 10 requests a minute
 
 
 def test_the_summary_takes_medians_per_level_and_the_clients_share_of_all_cores(monkeypatch):
@@ -35,12 +57,13 @@ def test_the_summary_takes_medians_per_level_and_the_clients_share_of_all_cores(
         "http": [[one(90, 1.0), one(30, 1.0), one(60, 1.0)]],
         "ws": [[one(50, 0.0), one(50, 0.0), one(50, 0.0)]],
     }
-    result = summary((8,), results)
+    result = {**summary((8,), results), "bad_client_tokens_per_s_ratio": 0.95}
     assert result["engine_tokens_per_s"] == [100] and result["http_tokens_per_s"] == [60]
     assert result["served_ratio_http"] == [0.6] and result["served_ratio_ws"] == [0.5]
     assert result["client_cpu_share"] == 3.0 / (12.0 * 2)  # 3 s of client CPU over 6 runs x 2 s x 2 cores
     assert targets_met(result) == {
         "errors == 0": True,
+        "bad_client_tokens_per_s_ratio >= 0.9": True,
         "served_ratio_http at 8 >= 0.85": False,
         "served_ratio_ws at 8 >= 0.85": False,
     }
