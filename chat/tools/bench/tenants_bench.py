@@ -45,8 +45,8 @@ own ``timings.ttft_ms``, without HTTP), ``noisy_turns_done`` (B's requests answe
 ``noisy_prompt_tokens_per_s``, ``noisy_cache_fills`` (K/V of every B conversation of the run / the budget),
 ``noisy_cache_fills_planned`` (of its first 32), ``quiet_cache_mib_planned``, ``cache_budget_mib``,
 ``state_bytes_per_token``, ``cache_bytes_quiet_mib`` / ``cache_bytes_noisy_mib`` (what each tenant held at the end),
-``cache_evictions``, the settings (``quiet_*``, ``noisy_*``, ``tenant_share``, ``token_budget``, ``retry_after``),
-``model``, ``date``, ``cpu``, ``wall_s``.
+``cache_evictions``, the settings (``quiet_*``, ``noisy_*``, ``tenant_share``, the server's ``token_budget``,
+``yield_budget`` and ``yield_hold_s``, ``retry_after``), ``model``, ``date``, ``cpu``, ``wall_s``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chat.engine.scheduler import DEFAULT_TOKEN_BUDGET
 from chat.tools.bench.constrained_bench import cpu_model
 from chat.tools.bench.multiturn_bench import user_message
 from chat.tools.bench.report import emit
@@ -100,11 +99,13 @@ class TenantsConfig:
     cache_fills: float = 4.0  # B's 32 conversations hold this many device budgets
     tenant_share: float | None = 0.5  # --tenant-cache-share (None: shares off)
     token_budget: int | None = None  # the server's --token-budget (None: its default, 256)
+    yield_budget: int | None = None  # the server's --yield-budget (None: its default, 16)
+    yield_hold_s: float | None = None  # the server's --yield-hold-s (None: its default, 10)
     seed: int = 0
 
     def __post_init__(self) -> None:
         """Raises :class:`TenantsSettingError` naming the first setting out of range."""
-        from chat.engine.scheduler import TOKEN_BUDGET_RANGE
+        from chat.engine.scheduler import TOKEN_BUDGET_RANGE, YIELD_HOLD_RANGE
         from chat.protocol.limits import MAX_PRIORITY
 
         counts = ("quiet_sessions", "quiet_turns", "quiet_reply_tokens", "noisy_conversations", "noisy_turns")
@@ -118,6 +119,10 @@ class TenantsConfig:
         low, high = TOKEN_BUDGET_RANGE
         if self.token_budget is not None and not low <= self.token_budget <= high:
             raise TenantsSettingError("token_budget", f"must be in [{low}, {high}]")
+        if self.yield_budget is not None and not (self.yield_budget == 0 or low <= self.yield_budget <= high):
+            raise TenantsSettingError("yield_budget", f"must be 0 (off) or in [{low}, {high}]")
+        if self.yield_hold_s is not None and not 0 <= self.yield_hold_s <= YIELD_HOLD_RANGE[1]:
+            raise TenantsSettingError("yield_hold_s", f"must be in [0, {YIELD_HOLD_RANGE[1]:g}]")
         if self.tenant_share is not None and not 0 < self.tenant_share <= 1:
             raise TenantsSettingError("tenant_share", "must be in (0, 1]")
         if not self.cache_fills > 0 or self.think_s < 0:
@@ -421,7 +426,6 @@ def run_on(runtime, cfg: TenantsConfig) -> dict:
     leave_parallelism_to_engines()
     from cache import PrefixCache
     from chat.engine.engine import Engine
-    from chat.engine.scheduler import BatchSettings
     from chat.server.app import create_app
     from chat.server.runner import BackgroundServer
     from chat.server.settings import ServerSettings
@@ -462,7 +466,7 @@ def run_on(runtime, cfg: TenantsConfig) -> dict:
             sessions_db=None,
         )
         cache = PrefixCache(device_budget_bytes=budget, host_budget_bytes=0, tenant_share=cfg.tenant_share)
-        batch = BatchSettings(token_budget=cfg.token_budget or DEFAULT_TOKEN_BUDGET)
+        batch = batch_settings(cfg)
         engine = Engine(runtime, cache=cache, batch=batch, threads=engine_threads())
         try:
             app = create_app(engine, settings, model_name=runtime.name)
@@ -483,6 +487,14 @@ def run_on(runtime, cfg: TenantsConfig) -> dict:
     }
 
 
+def batch_settings(cfg: TenantsConfig):
+    """The server's scheduler settings: its defaults, but for those ``cfg`` gives."""
+    from chat.engine.scheduler import BatchSettings
+
+    given = {"token_budget": cfg.token_budget, "yield_budget": cfg.yield_budget, "yield_hold_s": cfg.yield_hold_s}
+    return BatchSettings(**{k: v for k, v in given.items() if v is not None})
+
+
 def summarize(runtime, cfg: TenantsConfig, phases: dict, stats, per_token: float, planned: tuple, budget: int) -> dict:
     """The benchmark's keys from what each phase measured and the cache's statistics at the end; ``planned``: the
     K/V rows B's first conversations and A's sessions of one phase hold, as planned."""
@@ -492,6 +504,7 @@ def summarize(runtime, cfg: TenantsConfig, phases: dict, stats, per_token: float
     noisy: NoisyTally = phases["noisy"]
     wall = phases["noisy_wall_s"]
     held = stats.bytes_per_tenant
+    batch = batch_settings(cfg)
     result = {
         "quiet_ttft_p50_ratio": loaded["ttft_p50_ms"] / alone["ttft_p50_ms"],
         "quiet_cached_ratio": loaded["cached_ratio"],
@@ -531,7 +544,9 @@ def summarize(runtime, cfg: TenantsConfig, phases: dict, stats, per_token: float
         "cpu": cpu_model(),
         "retry_after": "honoured",
         **{key: value for key, value in asdict(cfg).items() if key != "seed"},
-        "token_budget": cfg.token_budget or DEFAULT_TOKEN_BUDGET,
+        "token_budget": batch.token_budget,
+        "yield_budget": batch.yield_budget,
+        "yield_hold_s": batch.yield_hold_s,
     }
     return result
 
@@ -546,12 +561,16 @@ def main(
     noisy_conversations: int | None = None,
     quiet_priority: int | None = None,
     token_budget: int | None = None,
+    yield_budget: int | None = None,
+    yield_hold_s: float | None = None,
 ) -> int:
     given = {
         "quiet_turns": quiet_turns,
         "noisy_conversations": noisy_conversations,
         "quiet_priority": quiet_priority,
         "token_budget": token_budget,
+        "yield_budget": yield_budget,
+        "yield_hold_s": yield_hold_s,
     }
     try:
         cfg = TenantsConfig(**{k: v for k, v in given.items() if v is not None})
