@@ -1,6 +1,6 @@
 """`turncache bench tenants`: a quiet tenant's chat while a noisy tenant runs a batch eval on the same server.
 
-One loopback server (in process, over HTTP) with a keys file of two tenants:
+One loopback server (in this process, over HTTP) with a keys file of two tenants:
 
 - **quiet** (A): ``quiet_sessions`` (2) interactive chat sessions of ``quiet_turns`` (10) turns each, both at once.
   Each turn is a streaming ``POST /v1/chat/completions`` carrying the whole conversation (a short question, a reply of
@@ -13,7 +13,9 @@ One loopback server (in process, over HTTP) with a keys file of two tenants:
   none shares a prefix with another) until the measurement ends. B's keys-file entry sets ``concurrent_turns`` to
   ``noisy_concurrent_turns`` (8): 32 workers exceed it, so the server answers some requests 429. **Retry-After is
   honoured**: a refused request is sent again, unchanged, after the header's seconds (each 429 is counted in
-  ``rate_limited``; a 429 is not an error).
+  ``rate_limited``; a 429 is not an error). B's workers run in a child process (:mod:`chat.tools.bench.noisy_client`),
+  so that their own HTTP and JSON work does not take the GIL from the server's event loop and the engine's worker:
+  the benchmark measures the server, not its own client. A's two sessions run in this process.
 
 **Cache budget.** The device tier's budget is sized so that B's 32 conversations alone fill it ``cache_fills`` (4)
 times over: a probe run of the model gives its state's bytes per token (:func:`state_bytes_per_token`); a
@@ -52,7 +54,6 @@ own ``timings.ttft_ms``, without HTTP), ``noisy_turns_done`` (B's requests answe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import json
 import random
@@ -60,18 +61,19 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from chat.tools.bench import noisy_client
 from chat.tools.bench.constrained_bench import cpu_model
 from chat.tools.bench.multiturn_bench import user_message
+from chat.tools.bench.noisy_client import NOISY_KEY, NoisyChild, NoisyPlan, NoisyTally, noisy_system
 from chat.tools.bench.report import emit
 from chat.tools.bench.serve_bench import QUESTIONS
 from chat.tools.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
 
 MiB = 1024 * 1024
 QUIET_KEY = "quiet-tenant-bench-key-0001"  # tenant "quiet" (A)
-NOISY_KEY = "noisy-tenant-bench-key-0001"  # tenant "noisy" (B)
 QUIET_SYSTEM = (  # an application's instructions, as chat apps send them with every request
     "You are the help desk assistant of a small bookshop. Answer the customer's questions in one or two short, "
     "friendly sentences. If a question is about an order, ask for the order number first. Never invent prices, "
@@ -79,7 +81,6 @@ QUIET_SYSTEM = (  # an application's instructions, as chat apps send them with e
     "most three, each with its author. Keep a polite tone even when the customer is rude, and do not repeat what "
     "you said earlier in the conversation."
 )
-NOISY_SYSTEM = "You are graded on an evaluation set. Read each passage and summarize it in one sentence."
 QUIET_PHASES = ("alone", "loaded", "unprioritized")  # A's phases, as _measure names them
 PROBE_TOKENS = 8  # tokens of the probe run that measures the state's bytes per token
 
@@ -149,25 +150,6 @@ class QuietTurn:
     error: str | None = None
 
 
-@dataclass
-class NoisyTally:
-    """What B's workers did."""
-
-    turns: int = 0  # requests answered 200
-    conversations: int = 0  # conversations finished
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    rate_limited: int = 0  # 429s
-    errors: int = 0  # other failures
-    error_samples: list[str] = field(default_factory=list)
-    kv_rows: int = 0  # K/V rows (held_rows) of each finished conversation's whole sequence
-
-    def fail(self, what: str) -> None:
-        self.errors += 1
-        if len(self.error_samples) < 5:
-            self.error_samples.append(what[:300])
-
-
 # ---------------------------------------------------------------- sizing
 
 
@@ -198,10 +180,6 @@ def noisy_messages(runtime, cfg: TenantsConfig) -> list[list[str]]:
     ]
 
 
-def noisy_system(conversation: int) -> str:
-    return f"[eval item {conversation}] {NOISY_SYSTEM}"
-
-
 def planned_tokens(runtime, system: str, messages: list[str], reply_tokens: int) -> int:
     """Tokens of a whole conversation: its messages rendered (empty replies) plus every reply at its cap."""
     conversation = [{"role": "system", "content": system}]
@@ -214,7 +192,7 @@ def held_rows(tokens: int) -> int:
     """The fewest K/V buffer rows a sequence of ``tokens`` tokens is held in (a whole multiple of ROW_ALIGN)."""
     from chat.models.kv_rows import ROW_ALIGN
 
-    return -(-tokens // ROW_ALIGN) * ROW_ALIGN
+    return noisy_client.held_rows(tokens, ROW_ALIGN)
 
 
 def quiet_questions(session: int, turns: int) -> list[str]:
@@ -304,49 +282,6 @@ def progress(line: str) -> None:
     print(f"turncache bench tenants: {line}", file=sys.stderr, flush=True)
 
 
-async def _noisy_request(client, messages: list[dict], cfg: TenantsConfig, tally: NoisyTally, stop) -> dict | None:
-    """B's request answered 200, its body; None when it failed (counted) or the run is over. A 429 is counted and
-    sent again after its Retry-After."""
-    body = {"messages": messages, "max_tokens": cfg.noisy_reply_tokens, "temperature": 0.0}
-    while not stop.is_set():
-        try:
-            response = await client.post("/v1/chat/completions", json=body, headers=_headers(NOISY_KEY))
-        except Exception as exc:
-            tally.fail(f"{type(exc).__name__}: {exc}")
-            return None
-        if response.status_code == 429:
-            tally.rate_limited += 1
-            wait = float(response.headers.get("retry-after", "1"))
-            with contextlib.suppress(TimeoutError):  # Retry-After honoured, unless the run ends first
-                await asyncio.wait_for(stop.wait(), wait)
-            continue
-        if response.status_code != 200:
-            tally.fail(f"HTTP {response.status_code}: {response.text}")
-            return None
-        return response.json()
-    return None
-
-
-async def _noisy_worker(client, cfg: TenantsConfig, texts: list[list[str]], worker: int, tally, stop) -> None:
-    conversation = worker
-    while not stop.is_set():
-        messages = [{"role": "system", "content": noisy_system(conversation)}]
-        for text in texts[conversation % len(texts)]:
-            messages.append({"role": "user", "content": text})
-            reply = await _noisy_request(client, messages, cfg, tally, stop)
-            if reply is None:
-                break
-            usage = reply["usage"]
-            tally.turns += 1
-            tally.prompt_tokens += usage["prompt_tokens"]
-            tally.completion_tokens += usage["completion_tokens"]
-            messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"] or ""})
-        else:
-            tally.conversations += 1
-            tally.kv_rows += held_rows(usage["prompt_tokens"] + usage["completion_tokens"])
-        conversation += cfg.noisy_conversations
-
-
 # ---------------------------------------------------------------- figures
 
 
@@ -371,7 +306,10 @@ async def _measure(url: str, cfg: TenantsConfig, texts: list[list[str]], reload_
     """Every phase against the server at ``url``; ``reload_keys()`` takes A's priority out of the keys in force."""
     import httpx
 
-    limits = httpx.Limits(max_connections=cfg.noisy_conversations + cfg.quiet_sessions + 4)
+    from chat.models.kv_rows import ROW_ALIGN
+
+    limits = httpx.Limits(max_connections=cfg.quiet_sessions + 4)
+    plan = NoisyPlan(url, texts, cfg.noisy_conversations, cfg.noisy_reply_tokens, ROW_ALIGN)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         warm = await client.post(  # first-call costs, before anything is measured
             "/v1/chat/completions",
@@ -381,23 +319,16 @@ async def _measure(url: str, cfg: TenantsConfig, texts: list[list[str]], reload_
         warm_errors = int(warm.status_code != 200)
         alone = await _quiet_phase(client, cfg, "alone")
 
-        tally, stop = NoisyTally(), asyncio.Event()
         noisy_start = time.perf_counter()
-        workers = [
-            asyncio.create_task(_noisy_worker(client, cfg, texts, w, tally, stop))
-            for w in range(cfg.noisy_conversations)
-        ]
-        steady = min(cfg.noisy_concurrent_turns, cfg.noisy_conversations)
-        while tally.turns < steady and not all(w.done() for w in workers):  # B in steady state
-            await asyncio.sleep(0.05)
-        progress(f"noisy tenant in steady state after {time.perf_counter() - noisy_start:.1f} s")
-        loaded = await _quiet_phase(client, cfg, "loaded")
-        unprioritized = None
-        if cfg.quiet_priority:
-            reload_keys()
-            unprioritized = await _quiet_phase(client, cfg, "loaded-no-priority")
-        stop.set()
-        await asyncio.gather(*workers)
+        async with NoisyChild(plan) as noisy:  # B's workers, in a process of their own
+            await noisy.wait_for_turns(min(cfg.noisy_concurrent_turns, cfg.noisy_conversations))  # steady state
+            progress(f"noisy tenant in steady state after {time.perf_counter() - noisy_start:.1f} s")
+            loaded = await _quiet_phase(client, cfg, "loaded")
+            unprioritized = None
+            if cfg.quiet_priority:
+                reload_keys()
+                unprioritized = await _quiet_phase(client, cfg, "loaded-no-priority")
+            tally = await noisy.stop()
         noisy_wall = time.perf_counter() - noisy_start
         progress(f"noisy tenant: {tally.turns} turns, {tally.rate_limited} refused with 429, {tally.errors} errors")
     return {
