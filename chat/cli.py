@@ -298,6 +298,7 @@ def _bench_tenants(args: argparse.Namespace) -> int:
         token_budget=args.token_budget,
         yield_budget=args.yield_budget,
         yield_hold_s=args.yield_hold_s,
+        threads=args.threads,
     )
 
 
@@ -667,6 +668,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="seconds a priority stays around after its last turn, as serve --yield-hold-s (10)",
+    )
+    tenants.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch threads of the server's engine, as serve --threads (the number of CPU cores)",
     )
     tenants.set_defaults(run=_bench_tenants)
     return parser

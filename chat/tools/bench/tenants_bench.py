@@ -48,7 +48,7 @@ own ``timings.ttft_ms``, without HTTP), ``noisy_turns_done`` (B's requests answe
 ``noisy_cache_fills_planned`` (of its first 32), ``quiet_cache_mib_planned``, ``cache_budget_mib``,
 ``state_bytes_per_token``, ``cache_bytes_quiet_mib`` / ``cache_bytes_noisy_mib`` (what each tenant held at the end),
 ``cache_evictions``, the settings (``quiet_*``, ``noisy_*``, ``tenant_share``, the server's ``token_budget``,
-``yield_budget`` and ``yield_hold_s``, ``retry_after``), ``model``, ``date``, ``cpu``, ``wall_s``.
+``yield_budget``, ``yield_hold_s`` and ``threads``, ``retry_after``), ``model``, ``date``, ``cpu``, ``wall_s``.
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class TenantsConfig:
     token_budget: int | None = None  # the server's --token-budget (None: its default, 256)
     yield_budget: int | None = None  # the server's --yield-budget (None: its default, 16)
     yield_hold_s: float | None = None  # the server's --yield-hold-s (None: its default, 10)
+    threads: int | None = None  # torch threads of the server's engine (None: every core, as serve's default)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -124,6 +125,8 @@ class TenantsConfig:
             raise TenantsSettingError("yield_budget", f"must be 0 (off) or in [{low}, {high}]")
         if self.yield_hold_s is not None and not 0 <= self.yield_hold_s <= YIELD_HOLD_RANGE[1]:
             raise TenantsSettingError("yield_hold_s", f"must be in [0, {YIELD_HOLD_RANGE[1]:g}]")
+        if self.threads is not None and (isinstance(self.threads, bool) or not 1 <= self.threads <= 256):
+            raise TenantsSettingError("threads", "must be an integer in [1, 256]")
         if self.tenant_share is not None and not 0 < self.tenant_share <= 1:
             raise TenantsSettingError("tenant_share", "must be in (0, 1]")
         if not self.cache_fills > 0 or self.think_s < 0:
@@ -398,7 +401,7 @@ def run_on(runtime, cfg: TenantsConfig) -> dict:
         )
         cache = PrefixCache(device_budget_bytes=budget, host_budget_bytes=0, tenant_share=cfg.tenant_share)
         batch = batch_settings(cfg)
-        engine = Engine(runtime, cache=cache, batch=batch, threads=engine_threads())
+        engine = Engine(runtime, cache=cache, batch=batch, threads=cfg.threads or engine_threads())
         try:
             app = create_app(engine, settings, model_name=runtime.name)
 
@@ -478,6 +481,7 @@ def summarize(runtime, cfg: TenantsConfig, phases: dict, stats, per_token: float
         "token_budget": batch.token_budget,
         "yield_budget": batch.yield_budget,
         "yield_hold_s": batch.yield_hold_s,
+        "threads": cfg.threads or engine_threads(),
     }
     return result
 
@@ -494,6 +498,7 @@ def main(
     token_budget: int | None = None,
     yield_budget: int | None = None,
     yield_hold_s: float | None = None,
+    threads: int | None = None,
 ) -> int:
     given = {
         "quiet_turns": quiet_turns,
@@ -502,6 +507,7 @@ def main(
         "token_budget": token_budget,
         "yield_budget": yield_budget,
         "yield_hold_s": yield_hold_s,
+        "threads": threads,
     }
     try:
         cfg = TenantsConfig(**{k: v for k, v in given.items() if v is not None})

@@ -30,7 +30,7 @@ KEYS = {"quiet_ttft_p50_ratio", "quiet_cached_ratio", "noisy_tokens_per_s", "rat
 
 def test_the_json_path_runs_both_tenants_end_to_end_on_a_tiny_model(capsys, monkeypatch):
     monkeypatch.setattr("chat.tools.bench.tenants_bench.TenantsConfig", lambda **given: TenantsConfig(**SMALL | given))
-    assert main(as_json=True, model="tiny-llama", quiet_priority=-10) == 0
+    assert main(as_json=True, model="tiny-llama", quiet_priority=-10, threads=1) == 0
     result = json.loads(capsys.readouterr().out)  # one JSON object on stdout, nothing else
     assert result.keys() >= KEYS | set(TARGETS)
     assert result["errors"] == 0, result["error_samples"]
@@ -48,6 +48,7 @@ def test_the_json_path_runs_both_tenants_end_to_end_on_a_tiny_model(capsys, monk
     assert result["quiet_ttft_p50_ratio"] == result["quiet_ttft_p50_ms_loaded"] / result["quiet_ttft_p50_ms_alone"]
     assert result["quiet_ttft_p50_ms_loaded_no_priority"] > 0
     assert (result["token_budget"], result["yield_budget"], result["yield_hold_s"]) == (256, 16, 10.0)  # the server's
+    assert result["threads"] == 1
 
 
 def test_the_keys_file_limits_the_noisy_tenant_and_gives_the_quiet_one_its_priority(tmp_path):
@@ -71,7 +72,7 @@ def test_the_cli_registers_the_benchmark():
     args = build_parser().parse_args(["bench", "tenants", "--json", "--turns", "3", "--conversations", "5"])
     assert args.run is _bench_tenants and args.json and args.model == "smollm2"
     assert (args.turns, args.conversations, args.quiet_priority, args.token_budget) == (3, 5, None, None)
-    assert (args.yield_budget, args.yield_hold_s) == (None, None)
+    assert (args.yield_budget, args.yield_hold_s, args.threads) == (None, None, None)
     given = build_parser().parse_args(["bench", "tenants", "--yield-budget", "0", "--yield-hold-s", "2.5"])
     assert (given.yield_budget, given.yield_hold_s) == (0, 2.5)
 
@@ -92,6 +93,7 @@ def test_the_scheduler_settings_given_reach_the_server_and_the_others_are_its_de
         ({"token_budget": 8}, "token_budget"),
         ({"yield_budget": 8}, "yield_budget"),
         ({"yield_hold_s": -1.0}, "yield_hold_s"),
+        ({"threads": 0}, "threads"),
         ({"tenant_share": 1.5}, "tenant_share"),
     ],
 )
