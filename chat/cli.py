@@ -27,6 +27,8 @@ def _settings(args: argparse.Namespace):
         "max_batch": args.max_batch,
         "threads": args.threads,
         "token_budget": args.token_budget,
+        "yield_budget": args.yield_budget,
+        "yield_hold_s": args.yield_hold_s,
         "device_cache_mib": args.device_cache_mib,
         "host_cache_mib": args.host_cache_mib,
         "auth_token": args.auth_token,
@@ -326,6 +328,9 @@ def _bench_tenants(args: argparse.Namespace) -> int:
         noisy_conversations=args.conversations,
         quiet_priority=args.quiet_priority,
         token_budget=args.token_budget,
+        yield_budget=args.yield_budget,
+        yield_hold_s=args.yield_hold_s,
+        threads=args.threads,
     )
 
 
@@ -354,6 +359,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", type=int, help="most turns in one batched forward (32)")
     serve.add_argument("--threads", type=int, help="torch threads of the engine (the number of CPU cores)")
     serve.add_argument("--token-budget", type=int, help="most tokens in one batched forward (256)")
+    serve.add_argument(
+        "--yield-budget",
+        type=int,
+        help="while a turn of better priority is active or ended less than --yield-hold-s ago, turns of worse "
+        "priorities share this many tokens per step, so a better turn that arrives waits for a short step (16; 0: "
+        "off; chat/engine/scheduler.py, Yielding)",
+    )
+    serve.add_argument(
+        "--yield-hold-s",
+        type=float,
+        help="seconds a priority counts as around after its last turn ended (10; 0: only while one is active)",
+    )
     serve.add_argument(
         "--max-reply-tokens", type=int, help="reply length of a request without max_tokens (the context's room)"
     )
@@ -695,6 +712,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="the server's most tokens in one batched forward, as serve --token-budget (256)",
+    )
+    tenants.add_argument(
+        "--yield-budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the server's tokens per step for worse priorities while a better one is around, as serve "
+        "--yield-budget (16; 0: off)",
+    )
+    tenants.add_argument(
+        "--yield-hold-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a priority stays around after its last turn, as serve --yield-hold-s (10)",
+    )
+    tenants.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch threads of the server's engine, as serve --threads (the number of CPU cores)",
     )
     tenants.set_defaults(run=_bench_tenants)
     return parser

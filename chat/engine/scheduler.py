@@ -6,7 +6,8 @@
    one step and nothing of theirs enters the forward.
 2. Every decoding turn feeds its next token, up to ``max_batch`` turns (one seat is kept for a waiting prefill).
    When more turns decode than fit, they take seats by rank (see *Priorities and fairness*): with equal
-   priorities round-robin, each getting a token at least every ``ceil(decoding / seats)`` steps.
+   priorities round-robin, each getting a token at least every ``ceil(decoding / seats)`` steps. Turns of a worse
+   priority than one around take fewer seats (see *Yielding*).
 3. Prefilling turns share what is left of ``token_budget`` by rank (oldest first among equal priorities), each a
    chunk of its prompt (a chunk also ends where a recurrent snapshot is wanted). The first waiting prefill always
    gets at least :data:`MIN_PREFILL_CHUNK` tokens, even when decode tokens took the whole budget, so a long prompt
@@ -42,19 +43,38 @@ of every constrained turn of a step are computed (in llguidance's threads, witho
 take the seats in order of rank when more decode than fit; among equal priorities the order is first come, first
 served (prefills) and round-robin (seats), and new turns join at the next step.
 
-*A better priority's prefill keeps its step short*: a prefill ranked after a prefill of better priority in the same
-step sits that step out, even when budget is left, so the step that computes an interactive turn's prompt (and its
-first token) costs what that prompt costs, not a full ``token_budget`` of batch prompts riding along; the worse ones
-go on at the next step. The first prefill of a step, by rank, is never left out, so the bound below holds.
+*A better priority's prompt gets a short step*: a prefill ranked after a prefill of better priority in the same step
+sits that step out, even when budget is left; and a decoding turn ranked after a prefill of better priority sits out
+the step that computes that prefill's last chunk (the one that gives its first token). So the step that computes an
+interactive turn's prompt and first token costs what that prompt costs, not a full ``token_budget`` of batch prompts
+(or a row per batch reply) riding along; the worse ones go on at the next step. The first prefill of a step, by
+rank, is never left out, so the bound below holds.
 
-*Aging rule*: a waiting turn's priority improves by one every :data:`AGING_STEPS` steps. So the rank of a prefill is
-``priority * AGING_STEPS + the step it arrived at`` and the rank of a decoding turn is
-``priority * AGING_STEPS + the step it last had a seat`` (smaller goes first; ties: who came first). A turn of
-priority ``p`` therefore goes after a turn of priority ``q < p`` only if that one arrived (or last sat) less than
-``(p - q) * AGING_STEPS`` steps after it: only turns arriving within ``(p - q_min) * AGING_STEPS`` steps of it can
-overtake it, and at most 200 x 4 = 800 steps' worth of arrivals ever can. A decoding turn gets a seat at least every
-``(p - q_min) * AGING_STEPS + ceil(decoding / seats)`` steps. Nothing starves, however many turns of higher priority
-keep coming (``tests/chat/engine/test_scheduler.py``).
+*Yielding*: a turn that arrives waits for the step in flight (a forward is not interrupted), and a full
+``token_budget`` of batch prompts costs several times an interactive turn's own step, so what the step in flight
+holds matters as much as what the turn's own step holds. While a better priority is *around* — a turn of it is
+active, or one ended less than ``yield_hold_s`` seconds ago (its user reading the reply and writing the next
+question) — the turns of every worse priority share ``yield_budget`` tokens per step: their decoding turns one
+token each (no drafts), by rank, then their prefills what is left, except that the first prefill of a step keeps its
+:data:`MIN_PREFILL_CHUNK`. A step then holds at most ``yield_budget + MIN_PREFILL_CHUNK`` tokens of worse priorities,
+so a better turn that arrives waits for a short step, and its own decoding is not slowed by full batch steps either.
+The price is the worse priorities' throughput while a better one is around: each step pays the forward's fixed cost
+for fewer of their tokens (docs/benchmarks.md, bench tenants, measures both sides). Turns of the best priority
+around, and every turn when all have one priority, are not affected. ``yield_budget`` 0 turns yielding off;
+settings ``--yield-budget`` (default :data:`DEFAULT_YIELD_BUDGET`, the least prefill chunk) and ``--yield-hold-s``
+(default :data:`DEFAULT_YIELD_HOLD_S`; 0: only while a better turn is active).
+
+*Aging rule*: a waiting turn's priority improves by one every :data:`AGING_STEPS` steps. The rank of a decoding turn
+is ``priority * AGING_STEPS + the step it last had a seat``; the rank of a prefill is ``priority * AGING_STEPS + the
+step it arrived at or, if later, the last step a prefill of its priority got a chunk`` (smaller goes first; ties: who
+came first). Counting from the last chunk its priority got (not from its arrival) keeps prefills that wait only for
+their own priority's older turns, as they do while yielding, from overtaking every new turn of a better priority;
+prefills of a priority that gets nothing age as before. So a turn of priority ``p`` goes after a turn of priority
+``q < p`` only if that one arrived less than ``(p - q) * AGING_STEPS`` steps after turns of priority ``p`` last got
+work (a decoding turn: after it last sat): only turns arriving within ``(p - q_min) * AGING_STEPS`` steps of that
+can overtake them, and at most 200 x 4 = 800 steps' worth of arrivals ever can. A decoding turn gets a seat at least
+every ``(p - q_min) * AGING_STEPS + 1 + ceil(decoding / seats)`` steps (``seats``: at most ``yield_budget`` while it
+yields). Nothing starves, however many turns of higher priority keep coming (``tests/chat/engine/test_scheduler.py``).
 
 **Failure isolation.** The runtime reports an error per feed: a feed that fails alone ends only its own turn
 (finish_reason "error", nothing stored); when a batched forward fails, the runtime rolls every run back and runs each
@@ -67,7 +87,9 @@ Not thread-safe: the engine's worker thread owns it (a turn's ``cancel`` may com
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from chat.engine.constraints import MaskBatch
@@ -85,6 +107,10 @@ MIN_PREFILL_CHUNK = 16  # a waiting prefill gets at least this many tokens per s
 SPECULATE_UP_TO = 2  # most decoding turns in a step that still carries draft tokens
 SHARE_MIN = 16  # a fresh turn waits for an older prefilling turn only to share at least this many new tokens
 AGING_STEPS = 4  # a waiting turn's priority improves by one every this many steps (see Priorities and fairness)
+DEFAULT_YIELD_BUDGET = 16  # tokens per step of worse priorities while a better one is around (see Yielding); 0: off
+DEFAULT_YIELD_HOLD_S = 10.0  # seconds a priority stays around after its last turn ended
+YIELD_BUDGET_RANGE = (MIN_PREFILL_CHUNK, 8192)  # or 0: off
+YIELD_HOLD_RANGE = (0.0, 3600.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,16 +120,27 @@ class BatchSettings:
     max_batch: int = DEFAULT_MAX_BATCH  # most turns in one forward
     token_budget: int = DEFAULT_TOKEN_BUDGET  # most tokens in one forward (but see MIN_PREFILL_CHUNK)
     draft_tokens: int = DRAFT_TOKENS  # most draft tokens a greedy reply verifies per step; 0: no speculation
+    yield_budget: int = DEFAULT_YIELD_BUDGET  # tokens per step of worse priorities while a better one is around; 0: off
+    yield_hold_s: float = DEFAULT_YIELD_HOLD_S  # how long a priority stays around after its last turn ended
 
     def __post_init__(self) -> None:
         for name, (low, high) in (
             ("max_batch", MAX_BATCH_RANGE),
             ("token_budget", TOKEN_BUDGET_RANGE),
             ("draft_tokens", DRAFT_TOKENS_RANGE),
+            ("yield_budget", YIELD_BUDGET_RANGE),
         ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise InvalidBatchSettingError(name, f"must be an integer in [{low}, {high}], got {value!r}")
+            off = name == "yield_budget" and value == 0
+            if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high or off):
+                either = " or 0 (off)" if name == "yield_budget" else ""
+                raise InvalidBatchSettingError(name, f"must be an integer in [{low}, {high}]{either}, got {value!r}")
+        low, high = YIELD_HOLD_RANGE
+        hold = self.yield_hold_s
+        if isinstance(hold, bool) or not isinstance(hold, int | float) or not low <= hold <= high:
+            raise InvalidBatchSettingError(
+                "yield_hold_s", f"must be a number of seconds in [{low}, {high}], got {hold!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +156,22 @@ class Scheduler:
     """Active turns and the step that advances them. Add begun turns with :meth:`add`; call :meth:`step` while
     :attr:`busy`."""
 
-    def __init__(self, runtime: ModelRuntime, settings: BatchSettings | None = None) -> None:
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        settings: BatchSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.runtime = runtime  # the model every turn runs on
         self.settings = settings or BatchSettings()
+        self.clock = clock  # seconds, for the yield hold (tests give their own)
+        self._ended: dict[int, float] = {}  # priority -> when its last turn ended (within the yield hold)
         self._decoding: list[Turn] = []  # decoding turns, in the order they joined
         self._prefilling: list[Turn] = []  # prefilling turns, by rank (see Priorities and fairness)
         self._rank: dict[Turn, tuple[int, int]] = {}  # every turn -> (rank, arrival number): smaller goes first
         self._now = 0  # steps run so far: the clock of the aging rule
+        self._served: dict[int, int] = {}  # priority -> the last step a prefill of that priority got a chunk
         self._arrivals = itertools.count()  # breaks ties of rank: who came (or sat) first
         self._leaders: dict[Turn, Turn | None] = {}  # prefilling turn -> the older turn it waits for (None: none)
         self.last: StepReport | None = None  # what the latest step did
@@ -149,7 +195,7 @@ class Scheduler:
             self._decoding.append(turn)
         else:
             self._prefilling.append(turn)
-            self._prefilling.sort(key=self._rank.__getitem__)  # stable: equal ranks keep their arrival order
+            self._prefilling.sort(key=self._prefill_rank)  # stable: equal ranks keep their arrival order
 
     def step(self) -> list[tuple[Turn, list[Event]]]:
         """Run one step (see the module docstring); return each affected turn's events."""
@@ -194,6 +240,8 @@ class Scheduler:
         self._prefilling.clear()
         self._leaders.clear()
         self._rank.clear()
+        self._ended.clear()
+        self._served.clear()
         return out
 
     # ---------------------------------------------------------------- internals
@@ -201,32 +249,93 @@ class Scheduler:
     def _plan(self) -> list[tuple[Turn, Feed]]:
         """The feeds of the next forward: decode seats first, then prefill chunks."""
         s = self.settings
+        top = self._top_priority() if s.yield_budget else sys.maxsize  # worse priorities yield; off: none is worse
         seats = s.max_batch - (1 if self._prefilling else 0)  # one seat kept for the oldest waiting prefill
-        decoders = self._take_decoders(max(seats, 0))
-        drafts = len(decoders) <= SPECULATE_UP_TO and not self._prefilling
+        decoders = self._seat(max(seats, 0), top)
+        worse = sum(_priority(t) > top for t in decoders)  # each takes one token of the yield budget
+        prefills = self._plan_prefills(s.token_budget - len(decoders), s.max_batch - len(decoders), top, worse)
+        firsts = [(*self._prefill_rank(t), _priority(t)) for t, _ in prefills if t.pending_ends_prompt]
+        drafts = len(decoders) <= SPECULATE_UP_TO and not self._prefilling  # so 1 token each when a prefill waits
         budget = s.token_budget
         plan: list[tuple[Turn, Feed]] = []
         for turn in decoders:
-            feed = turn.next_feed(max(1, budget - len(decoders) + 1), drafts=drafts)
+            rank, priority = self._rank[turn], _priority(turn)
+            if any(p < priority and (r, n) < rank for r, n, p in firsts):
+                continue  # ranked after a better priority whose first token this step computes: sits it out
+            self._stamp(turn)
+            room = max(1, budget - len(decoders) + 1) if priority <= top else 1  # no drafts while yielding
+            feed = turn.next_feed(room, drafts=drafts)
             budget -= len(feed.tokens)
             plan.append((turn, feed))
+        return plan + prefills
+
+    def _seat(self, seats: int, top: int) -> list[Turn]:
+        """Up to ``seats`` decoding turns, by rank, of which at most ``yield_budget`` of priority worse than ``top``
+        (each one seated ranks again from this step: with equal priorities, round-robin)."""
+        cap = self.settings.yield_budget
+        if len(self._decoding) <= seats and sum(_priority(t) > top for t in self._decoding) <= cap:
+            return list(self._decoding)
+        taken: list[Turn] = []
+        for turn in sorted(self._decoding, key=self._rank.__getitem__):
+            if len(taken) == seats:
+                break
+            if _priority(turn) > top:
+                if cap == 0:
+                    continue
+                cap -= 1
+            taken.append(turn)
+        return taken
+
+    def _plan_prefills(self, budget: int, room: int, top: int, worse: int) -> list[tuple[Turn, Feed]]:
+        """Prefill chunks of at most ``budget`` tokens in all for at most ``room`` turns, by rank; those of priority
+        worse than ``top`` share what ``worse`` decode tokens left of the yield budget (see Priorities and fairness,
+        Yielding)."""
+        plan: list[tuple[Turn, Feed]] = []
         lead: int | None = None  # the best priority among this step's prefills so far
+        yield_left = self.settings.yield_budget - worse  # tokens left this step for priorities worse than top
+        self._prefilling.sort(key=self._prefill_rank)  # ranks move as priorities are served (stable)
         for turn in self._prefilling:
-            if len(plan) >= s.max_batch:
+            if len(plan) >= room:
                 break
             if self._waits(turn):
                 continue
-            priority = turn.request.params.priority or 0
+            priority = _priority(turn)
             if lead is not None and priority > lead:
                 continue  # ranked after a prefill of better priority: sits this step out (Priorities and fairness)
-            give = max(budget, MIN_PREFILL_CHUNK) if turn is self._prefilling[0] else budget
+            first = turn is self._prefilling[0]
+            give = max(budget, MIN_PREFILL_CHUNK) if first else budget
             if give <= 0:
                 break
+            yields = priority > top
+            if yields:
+                give = min(give, max(yield_left, MIN_PREFILL_CHUNK if first else 0))
+                if give <= 0:
+                    continue  # the worse priorities' share of this step is spent; a better one may still come
             feed = turn.next_feed(give)
             budget -= len(feed.tokens)
+            if yields:
+                yield_left -= len(feed.tokens)
             plan.append((turn, feed))
             lead = priority if lead is None else min(lead, priority)
+        for turn, _ in plan:
+            self._served[_priority(turn)] = self._now
         return plan
+
+    def _prefill_rank(self, turn: Turn) -> tuple[int, int]:
+        """A prefill's rank: ``priority * AGING_STEPS`` + the step it arrived at or, if later, the last step a
+        prefill of its priority got a chunk (see Priorities and fairness); ties: who came first."""
+        arrived, number = self._rank[turn]
+        priority = _priority(turn)
+        return max(arrived, priority * AGING_STEPS + self._served.get(priority, 0)), number
+
+    def _top_priority(self) -> int:
+        """The best (lowest) priority around: of an active turn, or of a turn that ended less than ``yield_hold_s``
+        ago (see Yielding)."""
+        now, hold = self.clock(), self.settings.yield_hold_s
+        for priority in [p for p, ended in self._ended.items() if now - ended > hold]:
+            del self._ended[priority]
+        around = [_priority(t) for t in self._prefilling] + [_priority(t) for t in self._decoding]
+        return min(around + list(self._ended), default=0)
 
     def _waits(self, turn: Turn) -> bool:
         """True while ``turn`` sits out for an older prefilling turn that computes a prefix the two share (decided
@@ -260,26 +369,20 @@ class Scheduler:
         gain, own = shared - turn.cached_tokens, len(turn.prompt) - turn.cached_tokens
         return best if gain >= SHARE_MIN and 4 * gain >= own else None
 
-    def _take_decoders(self, seats: int) -> Sequence[Turn]:
-        """Up to ``seats`` decoding turns, by rank; each one taken ranks again from this step (with equal
-        priorities: round-robin)."""
-        if len(self._decoding) <= seats:
-            taken = list(self._decoding)
-        else:
-            taken = sorted(self._decoding, key=self._rank.__getitem__)[:seats]
-        for turn in taken:
-            self._stamp(turn)
-        return taken
-
     def _stamp(self, turn: Turn) -> None:
         """Rank ``turn`` from now: ``priority * AGING_STEPS + now`` (see Priorities and fairness)."""
-        priority = turn.request.params.priority or 0
-        self._rank[turn] = (priority * AGING_STEPS + self._now, next(self._arrivals))
+        self._rank[turn] = (_priority(turn) * AGING_STEPS + self._now, next(self._arrivals))
 
     def _remove(self, turn: Turn) -> None:
+        self._ended[_priority(turn)] = self.clock()
         self._leaders.pop(turn, None)
         self._rank.pop(turn, None)
         if turn in self._prefilling:
             self._prefilling.remove(turn)
         elif turn in self._decoding:
             self._decoding.remove(turn)
+
+
+def _priority(turn: Turn) -> int:
+    """The turn's own priority (None counts as 0), without aging."""
+    return turn.request.params.priority or 0

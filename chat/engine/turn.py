@@ -413,6 +413,15 @@ class Turn:
                 return span.start if span.start > start else span.end
         return end
 
+    @property
+    def pending_ends_prompt(self) -> bool:
+        """Whether the prefill chunk handed out by :meth:`next_feed` (not yet absorbed) is the prompt's last: its
+        result gives the reply's first token."""
+        feed = self._pending
+        return (
+            feed is not None and self.phase is Phase.PREFILL and len(self._fed) + len(feed.tokens) == len(self.prompt)
+        )
+
     def pending_constraint(self) -> Constraint | None:
         """The grammar whose mask the pending feed's result will need (its last row is sampled), if any: a
         scheduler computes that mask while the forward runs."""

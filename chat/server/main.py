@@ -28,8 +28,19 @@ def build_engine(settings: ServerSettings) -> Engine:
     return Engine.load(
         lambda: load_model(settings.model, settings.dtype, settings.weights, settings.kv_dtype),
         cache=build_cache(settings),
-        batch=BatchSettings(settings.max_batch, settings.token_budget),
+        batch=batch_settings(settings),
         threads=settings.threads,
+    )
+
+
+def batch_settings(settings: ServerSettings) -> BatchSettings:
+    """What one step of the engine may hold (``--max-batch``, ``--token-budget``, ``--yield-budget``,
+    ``--yield-hold-s``)."""
+    return BatchSettings(
+        settings.max_batch,
+        settings.token_budget,
+        yield_budget=settings.yield_budget,
+        yield_hold_s=settings.yield_hold_s,
     )
 
 

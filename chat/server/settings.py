@@ -14,6 +14,9 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 
 
+YIELD_BUDGET_LEAST = 16  # chat.engine.scheduler.MIN_PREFILL_CHUNK (not imported: it would load torch here)
+
+
 class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TURNCACHE_", extra="ignore")
 
@@ -40,6 +43,15 @@ class ServerSettings(BaseSettings):
         default_factory=lambda: os.cpu_count() or 1, ge=1, le=256, description="torch threads of the engine"
     )
     token_budget: int = Field(256, ge=16, le=8192, description="most tokens in one batched forward")
+    yield_budget: int = Field(
+        16,
+        ge=0,
+        le=8192,
+        description="tokens per step of worse priorities while a better priority is around (0: off; else >= 16)",
+    )
+    yield_hold_s: float = Field(
+        10.0, ge=0, le=3600, description="seconds a priority stays around after its last turn ended"
+    )
     prefix_cache: bool = Field(True, description="reuse cached prefixes (off: --no-prefix-cache)")
     device_cache_mib: int = Field(1024, ge=0, description="prefix cache budget on the model's device, MiB")
     host_cache_mib: int = Field(2048, ge=0, description="prefix cache budget on the host (offload tier), MiB")
@@ -90,6 +102,13 @@ class ServerSettings(BaseSettings):
         False, description="let media hosts resolve to private, loopback or link-local addresses"
     )
     media_url_ca_file: str | None = Field(None, description="CA certificates for media hosts instead of the system's")
+
+    @field_validator("yield_budget")
+    @classmethod
+    def _yield_budget(cls, value: int) -> int:
+        if 0 < value < YIELD_BUDGET_LEAST:
+            raise ValueError(f"must be 0 (off) or at least {YIELD_BUDGET_LEAST}")
+        return value
 
     @field_validator("media_url_hosts")
     @classmethod

@@ -60,6 +60,9 @@ def test_bench_cache_table_without_json(capsys):
         (["--max-batch", "0"], "--max-batch"),
         (["--max-batch", "1000"], "--max-batch"),
         (["--token-budget", "8"], "--token-budget"),
+        (["--yield-budget", "15"], "--yield-budget"),
+        (["--yield-budget", "-1"], "--yield-budget"),
+        (["--yield-hold-s", "-1"], "--yield-hold-s"),
         (["--weights", "int4"], "--weights"),
         (["--kv-dtype", "int8"], "--kv-dtype"),
         (["--tenant-cache-share", "0"], "--tenant-cache-share"),
@@ -115,6 +118,24 @@ def test_the_tenant_cache_share_flag_reaches_the_prefix_cache(monkeypatch):
     monkeypatch.setenv("TURNCACHE_TENANT_CACHE_SHARE", "0.5")
     assert build_cache(_settings(build_parser().parse_args(["serve", "--cache-dir", ""]))).stats().tenant_share == 0.5
     assert build_cache(shared.model_copy(update={"prefix_cache": False})) is None
+
+
+def test_the_yield_flags_reach_the_scheduler(monkeypatch):
+    from chat.cli import _settings, build_parser
+    from chat.engine.scheduler import DEFAULT_YIELD_BUDGET, DEFAULT_YIELD_HOLD_S, MIN_PREFILL_CHUNK
+    from chat.server.main import batch_settings
+    from chat.server.settings import YIELD_BUDGET_LEAST
+
+    assert YIELD_BUDGET_LEAST == MIN_PREFILL_CHUNK
+    monkeypatch.delenv("TURNCACHE_YIELD_BUDGET", raising=False)
+    default = batch_settings(_settings(build_parser().parse_args(["serve"])))
+    assert (default.yield_budget, default.yield_hold_s) == (DEFAULT_YIELD_BUDGET, DEFAULT_YIELD_HOLD_S)
+    given = batch_settings(
+        _settings(build_parser().parse_args(["serve", "--yield-budget", "0", "--yield-hold-s", "2"]))
+    )
+    assert (given.yield_budget, given.yield_hold_s) == (0, 2.0)
+    monkeypatch.setenv("TURNCACHE_YIELD_BUDGET", "48")
+    assert batch_settings(_settings(build_parser().parse_args(["serve"]))).yield_budget == 48
 
 
 def test_media_url_flags_reach_the_settings():

@@ -1,6 +1,6 @@
 """`turncache bench tenants`: a quiet tenant's chat while a noisy tenant runs a batch eval on the same server.
 
-One loopback server (in process, over HTTP) with a keys file of two tenants:
+One loopback server (in this process, over HTTP) with a keys file of two tenants:
 
 - **quiet** (A): ``quiet_sessions`` (2) interactive chat sessions of ``quiet_turns`` (10) turns each, both at once.
   Each turn is a streaming ``POST /v1/chat/completions`` carrying the whole conversation (a short question, a reply of
@@ -13,7 +13,9 @@ One loopback server (in process, over HTTP) with a keys file of two tenants:
   none shares a prefix with another) until the measurement ends. B's keys-file entry sets ``concurrent_turns`` to
   ``noisy_concurrent_turns`` (8): 32 workers exceed it, so the server answers some requests 429. **Retry-After is
   honoured**: a refused request is sent again, unchanged, after the header's seconds (each 429 is counted in
-  ``rate_limited``; a 429 is not an error).
+  ``rate_limited``; a 429 is not an error). B's workers run in a child process (:mod:`chat.tools.bench.noisy_client`),
+  so that their own HTTP and JSON work does not take the GIL from the server's event loop and the engine's worker:
+  the benchmark measures the server, not its own client. A's two sessions run in this process.
 
 **Cache budget.** The device tier's budget is sized so that B's 32 conversations alone fill it ``cache_fills`` (4)
 times over: a probe run of the model gives its state's bytes per token (:func:`state_bytes_per_token`); a
@@ -45,14 +47,13 @@ own ``timings.ttft_ms``, without HTTP), ``noisy_turns_done`` (B's requests answe
 ``noisy_prompt_tokens_per_s``, ``noisy_cache_fills`` (K/V of every B conversation of the run / the budget),
 ``noisy_cache_fills_planned`` (of its first 32), ``quiet_cache_mib_planned``, ``cache_budget_mib``,
 ``state_bytes_per_token``, ``cache_bytes_quiet_mib`` / ``cache_bytes_noisy_mib`` (what each tenant held at the end),
-``cache_evictions``, the settings (``quiet_*``, ``noisy_*``, ``tenant_share``, ``token_budget``, ``retry_after``),
-``model``, ``date``, ``cpu``, ``wall_s``.
+``cache_evictions``, the settings (``quiet_*``, ``noisy_*``, ``tenant_share``, the server's ``token_budget``,
+``yield_budget``, ``yield_hold_s`` and ``threads``, ``retry_after``), ``model``, ``date``, ``cpu``, ``wall_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import json
 import random
@@ -60,19 +61,19 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from chat.engine.scheduler import DEFAULT_TOKEN_BUDGET
+from chat.tools.bench import noisy_client
 from chat.tools.bench.constrained_bench import cpu_model
 from chat.tools.bench.multiturn_bench import user_message
+from chat.tools.bench.noisy_client import NOISY_KEY, NoisyChild, NoisyPlan, NoisyTally, noisy_system
 from chat.tools.bench.report import emit
 from chat.tools.bench.serve_bench import QUESTIONS
 from chat.tools.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
 
 MiB = 1024 * 1024
 QUIET_KEY = "quiet-tenant-bench-key-0001"  # tenant "quiet" (A)
-NOISY_KEY = "noisy-tenant-bench-key-0001"  # tenant "noisy" (B)
 QUIET_SYSTEM = (  # an application's instructions, as chat apps send them with every request
     "You are the help desk assistant of a small bookshop. Answer the customer's questions in one or two short, "
     "friendly sentences. If a question is about an order, ask for the order number first. Never invent prices, "
@@ -80,7 +81,6 @@ QUIET_SYSTEM = (  # an application's instructions, as chat apps send them with e
     "most three, each with its author. Keep a polite tone even when the customer is rude, and do not repeat what "
     "you said earlier in the conversation."
 )
-NOISY_SYSTEM = "You are graded on an evaluation set. Read each passage and summarize it in one sentence."
 QUIET_PHASES = ("alone", "loaded", "unprioritized")  # A's phases, as _measure names them
 PROBE_TOKENS = 8  # tokens of the probe run that measures the state's bytes per token
 
@@ -100,11 +100,14 @@ class TenantsConfig:
     cache_fills: float = 4.0  # B's 32 conversations hold this many device budgets
     tenant_share: float | None = 0.5  # --tenant-cache-share (None: shares off)
     token_budget: int | None = None  # the server's --token-budget (None: its default, 256)
+    yield_budget: int | None = None  # the server's --yield-budget (None: its default, 16)
+    yield_hold_s: float | None = None  # the server's --yield-hold-s (None: its default, 10)
+    threads: int | None = None  # torch threads of the server's engine (None: every core, as serve's default)
     seed: int = 0
 
     def __post_init__(self) -> None:
         """Raises :class:`TenantsSettingError` naming the first setting out of range."""
-        from chat.engine.scheduler import TOKEN_BUDGET_RANGE
+        from chat.engine.scheduler import TOKEN_BUDGET_RANGE, YIELD_HOLD_RANGE
         from chat.protocol.limits import MAX_PRIORITY
 
         counts = ("quiet_sessions", "quiet_turns", "quiet_reply_tokens", "noisy_conversations", "noisy_turns")
@@ -118,6 +121,12 @@ class TenantsConfig:
         low, high = TOKEN_BUDGET_RANGE
         if self.token_budget is not None and not low <= self.token_budget <= high:
             raise TenantsSettingError("token_budget", f"must be in [{low}, {high}]")
+        if self.yield_budget is not None and not (self.yield_budget == 0 or low <= self.yield_budget <= high):
+            raise TenantsSettingError("yield_budget", f"must be 0 (off) or in [{low}, {high}]")
+        if self.yield_hold_s is not None and not 0 <= self.yield_hold_s <= YIELD_HOLD_RANGE[1]:
+            raise TenantsSettingError("yield_hold_s", f"must be in [0, {YIELD_HOLD_RANGE[1]:g}]")
+        if self.threads is not None and (isinstance(self.threads, bool) or not 1 <= self.threads <= 256):
+            raise TenantsSettingError("threads", "must be an integer in [1, 256]")
         if self.tenant_share is not None and not 0 < self.tenant_share <= 1:
             raise TenantsSettingError("tenant_share", "must be in (0, 1]")
         if not self.cache_fills > 0 or self.think_s < 0:
@@ -142,25 +151,6 @@ class QuietTurn:
     prompt_tokens: int
     cached_tokens: int
     error: str | None = None
-
-
-@dataclass
-class NoisyTally:
-    """What B's workers did."""
-
-    turns: int = 0  # requests answered 200
-    conversations: int = 0  # conversations finished
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    rate_limited: int = 0  # 429s
-    errors: int = 0  # other failures
-    error_samples: list[str] = field(default_factory=list)
-    kv_rows: int = 0  # K/V rows (held_rows) of each finished conversation's whole sequence
-
-    def fail(self, what: str) -> None:
-        self.errors += 1
-        if len(self.error_samples) < 5:
-            self.error_samples.append(what[:300])
 
 
 # ---------------------------------------------------------------- sizing
@@ -193,10 +183,6 @@ def noisy_messages(runtime, cfg: TenantsConfig) -> list[list[str]]:
     ]
 
 
-def noisy_system(conversation: int) -> str:
-    return f"[eval item {conversation}] {NOISY_SYSTEM}"
-
-
 def planned_tokens(runtime, system: str, messages: list[str], reply_tokens: int) -> int:
     """Tokens of a whole conversation: its messages rendered (empty replies) plus every reply at its cap."""
     conversation = [{"role": "system", "content": system}]
@@ -209,7 +195,7 @@ def held_rows(tokens: int) -> int:
     """The fewest K/V buffer rows a sequence of ``tokens`` tokens is held in (a whole multiple of ROW_ALIGN)."""
     from chat.models.kv_rows import ROW_ALIGN
 
-    return -(-tokens // ROW_ALIGN) * ROW_ALIGN
+    return noisy_client.held_rows(tokens, ROW_ALIGN)
 
 
 def quiet_questions(session: int, turns: int) -> list[str]:
@@ -299,49 +285,6 @@ def progress(line: str) -> None:
     print(f"turncache bench tenants: {line}", file=sys.stderr, flush=True)
 
 
-async def _noisy_request(client, messages: list[dict], cfg: TenantsConfig, tally: NoisyTally, stop) -> dict | None:
-    """B's request answered 200, its body; None when it failed (counted) or the run is over. A 429 is counted and
-    sent again after its Retry-After."""
-    body = {"messages": messages, "max_tokens": cfg.noisy_reply_tokens, "temperature": 0.0}
-    while not stop.is_set():
-        try:
-            response = await client.post("/v1/chat/completions", json=body, headers=_headers(NOISY_KEY))
-        except Exception as exc:
-            tally.fail(f"{type(exc).__name__}: {exc}")
-            return None
-        if response.status_code == 429:
-            tally.rate_limited += 1
-            wait = float(response.headers.get("retry-after", "1"))
-            with contextlib.suppress(TimeoutError):  # Retry-After honoured, unless the run ends first
-                await asyncio.wait_for(stop.wait(), wait)
-            continue
-        if response.status_code != 200:
-            tally.fail(f"HTTP {response.status_code}: {response.text}")
-            return None
-        return response.json()
-    return None
-
-
-async def _noisy_worker(client, cfg: TenantsConfig, texts: list[list[str]], worker: int, tally, stop) -> None:
-    conversation = worker
-    while not stop.is_set():
-        messages = [{"role": "system", "content": noisy_system(conversation)}]
-        for text in texts[conversation % len(texts)]:
-            messages.append({"role": "user", "content": text})
-            reply = await _noisy_request(client, messages, cfg, tally, stop)
-            if reply is None:
-                break
-            usage = reply["usage"]
-            tally.turns += 1
-            tally.prompt_tokens += usage["prompt_tokens"]
-            tally.completion_tokens += usage["completion_tokens"]
-            messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"] or ""})
-        else:
-            tally.conversations += 1
-            tally.kv_rows += held_rows(usage["prompt_tokens"] + usage["completion_tokens"])
-        conversation += cfg.noisy_conversations
-
-
 # ---------------------------------------------------------------- figures
 
 
@@ -366,7 +309,10 @@ async def _measure(url: str, cfg: TenantsConfig, texts: list[list[str]], reload_
     """Every phase against the server at ``url``; ``reload_keys()`` takes A's priority out of the keys in force."""
     import httpx
 
-    limits = httpx.Limits(max_connections=cfg.noisy_conversations + cfg.quiet_sessions + 4)
+    from chat.models.kv_rows import ROW_ALIGN
+
+    limits = httpx.Limits(max_connections=cfg.quiet_sessions + 4)
+    plan = NoisyPlan(url, texts, cfg.noisy_conversations, cfg.noisy_reply_tokens, ROW_ALIGN)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         warm = await client.post(  # first-call costs, before anything is measured
             "/v1/chat/completions",
@@ -376,23 +322,16 @@ async def _measure(url: str, cfg: TenantsConfig, texts: list[list[str]], reload_
         warm_errors = int(warm.status_code != 200)
         alone = await _quiet_phase(client, cfg, "alone")
 
-        tally, stop = NoisyTally(), asyncio.Event()
         noisy_start = time.perf_counter()
-        workers = [
-            asyncio.create_task(_noisy_worker(client, cfg, texts, w, tally, stop))
-            for w in range(cfg.noisy_conversations)
-        ]
-        steady = min(cfg.noisy_concurrent_turns, cfg.noisy_conversations)
-        while tally.turns < steady and not all(w.done() for w in workers):  # B in steady state
-            await asyncio.sleep(0.05)
-        progress(f"noisy tenant in steady state after {time.perf_counter() - noisy_start:.1f} s")
-        loaded = await _quiet_phase(client, cfg, "loaded")
-        unprioritized = None
-        if cfg.quiet_priority:
-            reload_keys()
-            unprioritized = await _quiet_phase(client, cfg, "loaded-no-priority")
-        stop.set()
-        await asyncio.gather(*workers)
+        async with NoisyChild(plan) as noisy:  # B's workers, in a process of their own
+            await noisy.wait_for_turns(min(cfg.noisy_concurrent_turns, cfg.noisy_conversations))  # steady state
+            progress(f"noisy tenant in steady state after {time.perf_counter() - noisy_start:.1f} s")
+            loaded = await _quiet_phase(client, cfg, "loaded")
+            unprioritized = None
+            if cfg.quiet_priority:
+                reload_keys()
+                unprioritized = await _quiet_phase(client, cfg, "loaded-no-priority")
+            tally = await noisy.stop()
         noisy_wall = time.perf_counter() - noisy_start
         progress(f"noisy tenant: {tally.turns} turns, {tally.rate_limited} refused with 429, {tally.errors} errors")
     return {
@@ -421,7 +360,6 @@ def run_on(runtime, cfg: TenantsConfig) -> dict:
     leave_parallelism_to_engines()
     from cache import PrefixCache
     from chat.engine.engine import Engine
-    from chat.engine.scheduler import BatchSettings
     from chat.server.app import create_app
     from chat.server.runner import BackgroundServer
     from chat.server.settings import ServerSettings
@@ -462,8 +400,8 @@ def run_on(runtime, cfg: TenantsConfig) -> dict:
             sessions_db=None,
         )
         cache = PrefixCache(device_budget_bytes=budget, host_budget_bytes=0, tenant_share=cfg.tenant_share)
-        batch = BatchSettings(token_budget=cfg.token_budget or DEFAULT_TOKEN_BUDGET)
-        engine = Engine(runtime, cache=cache, batch=batch, threads=engine_threads())
+        batch = batch_settings(cfg)
+        engine = Engine(runtime, cache=cache, batch=batch, threads=cfg.threads or engine_threads())
         try:
             app = create_app(engine, settings, model_name=runtime.name)
 
@@ -483,6 +421,14 @@ def run_on(runtime, cfg: TenantsConfig) -> dict:
     }
 
 
+def batch_settings(cfg: TenantsConfig):
+    """The server's scheduler settings: its defaults, but for those ``cfg`` gives."""
+    from chat.engine.scheduler import BatchSettings
+
+    given = {"token_budget": cfg.token_budget, "yield_budget": cfg.yield_budget, "yield_hold_s": cfg.yield_hold_s}
+    return BatchSettings(**{k: v for k, v in given.items() if v is not None})
+
+
 def summarize(runtime, cfg: TenantsConfig, phases: dict, stats, per_token: float, planned: tuple, budget: int) -> dict:
     """The benchmark's keys from what each phase measured and the cache's statistics at the end; ``planned``: the
     K/V rows B's first conversations and A's sessions of one phase hold, as planned."""
@@ -492,6 +438,7 @@ def summarize(runtime, cfg: TenantsConfig, phases: dict, stats, per_token: float
     noisy: NoisyTally = phases["noisy"]
     wall = phases["noisy_wall_s"]
     held = stats.bytes_per_tenant
+    batch = batch_settings(cfg)
     result = {
         "quiet_ttft_p50_ratio": loaded["ttft_p50_ms"] / alone["ttft_p50_ms"],
         "quiet_cached_ratio": loaded["cached_ratio"],
@@ -531,7 +478,10 @@ def summarize(runtime, cfg: TenantsConfig, phases: dict, stats, per_token: float
         "cpu": cpu_model(),
         "retry_after": "honoured",
         **{key: value for key, value in asdict(cfg).items() if key != "seed"},
-        "token_budget": cfg.token_budget or DEFAULT_TOKEN_BUDGET,
+        "token_budget": batch.token_budget,
+        "yield_budget": batch.yield_budget,
+        "yield_hold_s": batch.yield_hold_s,
+        "threads": cfg.threads or engine_threads(),
     }
     return result
 
@@ -546,12 +496,18 @@ def main(
     noisy_conversations: int | None = None,
     quiet_priority: int | None = None,
     token_budget: int | None = None,
+    yield_budget: int | None = None,
+    yield_hold_s: float | None = None,
+    threads: int | None = None,
 ) -> int:
     given = {
         "quiet_turns": quiet_turns,
         "noisy_conversations": noisy_conversations,
         "quiet_priority": quiet_priority,
         "token_budget": token_budget,
+        "yield_budget": yield_budget,
+        "yield_hold_s": yield_hold_s,
+        "threads": threads,
     }
     try:
         cfg = TenantsConfig(**{k: v for k, v in given.items() if v is not None})

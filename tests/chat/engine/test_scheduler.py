@@ -141,6 +141,8 @@ def test_a_cancel_takes_effect_at_the_next_step():
     assert rt.open_runs == 2
     others = run_all(scheduler, [turns[0], turns[2]], add=False)
     for i, turn in enumerate((turns[0], turns[2])):
+        alone_rt = FakeRuntime(script=lambda prompt: "r" * 60)
+        alone_rt.can_rewind = True
         want = run_to_end(Turn(FakeRuntime(script=script), None, turn.request))[1]
         assert others[i].token_ids == want.token_ids and others[i].finish_reason == "length"
 
@@ -186,12 +188,23 @@ def test_a_runtime_that_raises_fails_the_step_and_the_scheduler_goes_on():
         ({"token_budget": 15}, "token_budget"),
         ({"token_budget": 8193}, "token_budget"),
         ({"token_budget": True}, "token_budget"),
+        ({"yield_budget": 15}, "yield_budget"),
+        ({"yield_budget": -1}, "yield_budget"),
+        ({"yield_budget": 8193}, "yield_budget"),
+        ({"yield_hold_s": -0.5}, "yield_hold_s"),
+        ({"yield_hold_s": 3601}, "yield_hold_s"),
+        ({"yield_hold_s": "10"}, "yield_hold_s"),
+        ({"yield_hold_s": True}, "yield_hold_s"),
     ],
 )
 def test_settings_out_of_range_are_refused_naming_the_setting(settings, field):
     with pytest.raises(InvalidBatchSettingError) as info:
         BatchSettings(**settings)
     assert info.value.field == field and field in str(info.value)
+
+
+def test_yielding_can_be_turned_off_and_the_hold_can_be_zero():
+    assert BatchSettings(yield_budget=0, yield_hold_s=0).yield_budget == 0
 
 
 # ------------------------------------------------------------------ prefixes shared in flight
@@ -227,6 +240,8 @@ def test_turns_that_arrive_together_compute_their_common_system_prompt_once(monk
     assert rt.steps[0] == [len(turns[0].prompt)]  # the first step computes the leader's prompt alone...
     assert [d.usage.cached_tokens for d in done.values()] == [0, *shared[1:]]  # ...the others restore it
     for i, u in enumerate(users):
+        alone_rt = FakeRuntime(script=lambda prompt: "r" * 60)
+        alone_rt.can_rewind = True
         want = run_to_end(Turn(FakeRuntime(), None, chat(u)))[1]
         assert (done[i].token_ids, done[i].finish_reason) == (want.token_ids, "stop")
     rt_off, _, done_off = run_together(requests, share=False, monkeypatch=monkeypatch)
@@ -276,6 +291,8 @@ def test_a_follower_goes_on_when_its_leader_is_cancelled_or_fails(monkeypatch):
             leader.cancel()
         ends = run_all(scheduler, [follower, leader], add=False)
         done = ends[0]
+        alone_rt = FakeRuntime(script=lambda prompt: "r" * 60)
+        alone_rt.can_rewind = True
         want = run_to_end(Turn(FakeRuntime(), None, chat("Describe the sea briefly.")))[1]
         assert (done.token_ids, done.finish_reason) == (want.token_ids, "stop"), ending
         assert ends[1].finish_reason == ("cancelled" if ending == "cancel" else "error")
@@ -337,7 +354,7 @@ def test_a_higher_priority_prefill_goes_first_and_equal_ones_keep_their_order():
 
 def test_a_better_priority_prefill_has_its_step_to_itself_and_the_worse_ones_go_on_after():
     rt = CountingRuntime(script=lambda prompt: "ok")
-    scheduler = Scheduler(rt, BatchSettings(max_batch=8, token_budget=64))
+    scheduler = Scheduler(rt, BatchSettings(max_batch=8, token_budget=64, yield_budget=0))
     batch = [begun(rt, None, request(f"batch {i} " + "p" * 200)) for i in range(2)]
     for turn in batch:
         scheduler.add(turn)
@@ -348,8 +365,111 @@ def test_a_better_priority_prefill_has_its_step_to_itself_and_the_worse_ones_go_
     scheduler.step()
     assert rt.runs_per_step[1] == [id(chat._run)] and rt.steps[1] == [len(chat.prompt)]  # no batch prompt rides along
     assert chat.decoding
-    scheduler.step()  # the batch prompts go on beside the chat turn's decoding
+    scheduler.step()  # the batch prompts go on beside the chat turn's decoding (yielding off: the whole budget)
     assert rt.runs_per_step[2] == [id(chat._run), id(batch[0]._run)] and sum(rt.steps[2]) == 64
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def worse_tokens(rt: CountingRuntime, turns: list[Turn], step: int) -> int:
+    """Tokens of ``turns`` in the forward of ``step``."""
+    runs = {id(t._run) for t in turns}
+    return sum(n for n, run in zip(rt.steps[step], rt.runs_per_step[step], strict=True) if run in runs)
+
+
+def test_while_a_better_priority_is_around_worse_turns_share_the_yield_budget_until_the_hold_ends():
+    rt, clock = CountingRuntime(script=lambda prompt: "z" * 400), Clock()
+    settings = BatchSettings(max_batch=16, token_budget=128, yield_budget=24, yield_hold_s=5.0)
+    scheduler = Scheduler(rt, settings, clock=clock)
+    decoding = [begun(rt, None, request(f"d{i}", max_tokens=300)) for i in range(4)]
+    for turn in decoding:
+        scheduler.add(turn)
+    while not all(t.decoding for t in decoding):
+        scheduler.step()
+    batch = [*decoding, *(begun(rt, None, request(f"batch {i} " + "p" * 900)) for i in range(2))]
+    for turn in batch[4:]:
+        scheduler.add(turn)
+    scheduler.step()
+    assert worse_tokens(rt, batch, -1) == 128  # alone, the batch turns take the whole budget
+    chat = begun(rt, None, request("hello there", max_tokens=20, priority=-3))
+    scheduler.add(chat)
+    steps_before = len(rt.steps)
+    while not chat.done:
+        scheduler.step()
+        clock.now += 0.1
+    for step in range(steps_before + 1, len(rt.steps)):  # the chat turn's own prompt step aside
+        assert 4 + MIN_PREFILL_CHUNK <= worse_tokens(rt, batch, step) <= 24  # 4 decode tokens + 20 prompt tokens
+    clock.now += 4.9  # within the hold: the chat's next question may be on its way
+    scheduler.step()
+    assert worse_tokens(rt, batch, -1) == 24
+    clock.now += 0.2  # the hold is over
+    scheduler.step()
+    assert worse_tokens(rt, batch, -1) == 128
+
+
+def test_yielding_decoders_take_at_most_the_yield_budget_of_seats_round_robin():
+    rt = CountingRuntime(script=lambda prompt: "z" * 400)
+    settings = BatchSettings(max_batch=64, token_budget=256, yield_budget=16, yield_hold_s=0)
+    scheduler = Scheduler(rt, settings)
+    batch = [begun(rt, None, request(f"d{i}", max_tokens=300)) for i in range(40)]
+    chat = begun(rt, None, request("c", max_tokens=300, priority=-1))
+    for turn in (*batch, chat):
+        scheduler.add(turn)
+    while not all(t.decoding for t in (*batch, chat)):
+        scheduler.step()
+    before = [len(t.reply.tokens) for t in batch]
+    for _ in range(10):  # 10 steps x 16 seats = 160 tokens over 40 turns
+        scheduler.step()
+        assert worse_tokens(rt, batch, -1) == 16 and id(chat._run) in rt.runs_per_step[-1]
+    assert [len(t.reply.tokens) - b for t, b in zip(batch, before, strict=True)] == [4] * 40
+
+
+def test_the_step_of_a_better_turns_first_token_carries_no_worse_reply():
+    rt = CountingRuntime(script=lambda prompt: "z" * 400)
+    scheduler = Scheduler(rt, BatchSettings(max_batch=16, token_budget=64))
+    batch = [begun(rt, None, request(f"d{i}", max_tokens=300)) for i in range(6)]
+    for turn in batch:
+        scheduler.add(turn)
+    while not all(t.decoding for t in batch):
+        scheduler.step()
+    chat = begun(rt, None, request("a question", max_tokens=5, priority=-2))
+    scheduler.add(chat)
+    scheduler.step()
+    assert rt.runs_per_step[-1] == [id(chat._run)] and chat.decoding  # its prompt and first token, alone
+    scheduler.step()  # then the batch replies go on beside it
+    assert set(rt.runs_per_step[-1]) == {id(chat._run), *(id(t._run) for t in batch)}
+
+
+def test_prefills_that_keep_moving_do_not_overtake_a_new_better_turn():
+    """Batch prompts waiting behind their own tenant's older prompts (as they do while yielding, for many steps) must
+    not count as starved: a new chat turn's prompt step stays its own."""
+    rt, clock = CountingRuntime(script=lambda prompt: "ok"), Clock()
+    scheduler = Scheduler(rt, BatchSettings(max_batch=16, token_budget=64, yield_budget=16), clock=clock)
+    batch = [begun(rt, None, request(f"batch {i} " + "p" * 600)) for i in range(4)]
+    for turn in batch:
+        scheduler.add(turn)
+    chat = begun(rt, None, request("hi", max_tokens=2, priority=-1))
+    scheduler.add(chat)
+    while not chat.done:
+        scheduler.step()  # the chat turn is around: the batch prompts yield, the later ones wait for many steps
+    for question in range(3):
+        for _ in range(3 * scheduler_module.AGING_STEPS):
+            scheduler.step()
+        assert not any(t.done for t in batch)
+        chat = begun(rt, None, request(f"and then {question}", max_tokens=2, priority=-1))
+        scheduler.add(chat)
+        scheduler.step()
+        assert rt.runs_per_step[-1] == [id(chat._run)], question  # no batch chunk rides along
+        while not chat.done:
+            scheduler.step()
 
 
 def test_prefills_of_equal_priority_still_share_a_step():
@@ -416,3 +536,149 @@ def test_a_low_priority_turn_is_served_within_the_bound_however_many_higher_ones
 def test_without_aging_the_same_stream_would_starve_the_low_priority_turn(monkeypatch):
     monkeypatch.setattr(scheduler_module, "AGING_STEPS", 10**6)
     assert stream_of_higher_priority(10, 0, 1, 4 * 40 + 40 + 40) is None
+
+
+# ------------------------------------------------------------------ yielding, against a reference
+
+
+@st.composite
+def workloads(draw, *, priorities):
+    """Turns as (arrival step, prompt length, reply cap, priority), arrivals in order."""
+    n = draw(st.integers(2, 9))
+    turns = [
+        (
+            draw(st.integers(0, 30)),
+            draw(st.integers(1, 150)),
+            draw(st.integers(1, 30)),
+            draw(st.sampled_from(priorities)),
+        )
+        for _ in range(n)
+    ]
+    return sorted(turns, key=lambda t: t[0])
+
+
+def drive(workload, settings: BatchSettings, *, dt: list[float] | None = None, check=None) -> tuple[list, dict]:
+    """Run ``workload`` (turns added at their arrival step); the clock moves by ``dt[step % len(dt)]`` before each
+    step. ``check(step, top, fed)`` sees every step: the reference's best priority around and each fed turn's
+    (priority, tokens, was decoding). Returns (the forwards' feeds as (turn index, tokens), each turn's reply
+    tokens and finish reason)."""
+    rt, clock = CountingRuntime(script=lambda prompt: "r" * 60), Clock()
+    rt.can_rewind = True  # greedy replies draft tokens when a step is small
+    scheduler = Scheduler(rt, settings, clock=clock)
+    turns = [
+        begun(rt, None, request(f"{i}:" + "t" * (size - 1), max_tokens=cap, priority=p))
+        for i, (_, size, cap, p) in enumerate(workload)
+    ]
+    index = {id(t._run): i for i, t in enumerate(turns)}
+    active: set[int] = set()
+    ended: dict[int, float] = {}  # the reference: priority -> when its last turn ended
+    done: dict[int, Done] = {}
+    steps = []
+    for step in range(3000):
+        if len(done) == len(turns):
+            break
+        clock.now += dt[step % len(dt)] if dt else 0.0
+        for i, (arrival, *_rest) in enumerate(workload):
+            if arrival == step:
+                scheduler.add(turns[i])
+                active.add(i)
+        ended = {p: t for p, t in ended.items() if clock.now - t <= settings.yield_hold_s}
+        around = [workload[i][3] for i in active] + list(ended)
+        top = min(around, default=0)
+        decoding = {i for i in active if turns[i].decoding}
+        if not scheduler.busy:
+            continue
+        for turn, events in scheduler.step():
+            for event in events:
+                if isinstance(event, Done):
+                    i = turns.index(turn)
+                    done[i] = event
+                    active.discard(i)
+                    ended[workload[i][3]] = clock.now
+        fed = [(index[run], n) for run, n in zip(rt.runs_per_step[-1], rt.steps[-1], strict=True)]
+        steps.append(fed)
+        if check is not None:
+            check(step, top, [(workload[i][3], n, i in decoding) for i, n in fed])
+    assert len(done) == len(turns), "not every turn finished"
+    return steps, {i: (d.token_ids, d.finish_reason) for i, d in done.items()}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    work=workloads(priorities=[7]),
+    max_batch=st.integers(1, 8),
+    budget=st.sampled_from([16, 40, 64]),
+    yield_budget=st.sampled_from([16, 20, 64]),
+    hold=st.sampled_from([0.0, 1.0, 100.0]),
+)
+def test_with_one_priority_yielding_changes_no_step(work, max_batch, budget, yield_budget, hold):
+    reference = drive(work, BatchSettings(max_batch=max_batch, token_budget=budget, yield_budget=0), dt=[0.3])
+    yielding = BatchSettings(max_batch=max_batch, token_budget=budget, yield_budget=yield_budget, yield_hold_s=hold)
+    assert drive(work, yielding, dt=[0.3]) == reference
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    work=workloads(priorities=[-5, 0, 0, 3]),
+    max_batch=st.integers(2, 8),
+    budget=st.sampled_from([16, 48, 128]),
+    yield_budget=st.sampled_from([16, 24]),
+    hold=st.sampled_from([0.0, 0.5, 100.0]),
+    dt=st.lists(st.sampled_from([0.0, 0.2, 0.7]), min_size=1, max_size=4),
+)
+def test_worse_priorities_never_take_more_than_the_yield_budget_and_every_reply_is_its_own(
+    work, max_batch, budget, yield_budget, hold, dt
+):
+    def check(step, top, fed):
+        worse = [(n, decoding) for priority, n, decoding in fed if priority > top]
+        assert all(n == 1 for n, decoding in worse if decoding), step  # one token, no drafts
+        assert sum(1 for _, decoding in worse if decoding) <= yield_budget, step
+        assert sum(n for n, _ in worse) <= yield_budget + MIN_PREFILL_CHUNK, step
+
+    settings_ = BatchSettings(max_batch=max_batch, token_budget=budget, yield_budget=yield_budget, yield_hold_s=hold)
+    _, done = drive(work, settings_, dt=dt, check=check)
+    for i, (_, size, cap, priority) in enumerate(work):
+        alone_rt = FakeRuntime(script=lambda prompt: "r" * 60)
+        alone_rt.can_rewind = True
+        want = run_to_end(
+            Turn(
+                alone_rt,
+                None,
+                request(f"{i}:" + "t" * (size - 1), max_tokens=cap, priority=priority),
+            )
+        )[1]
+        assert done[i] == (want.token_ids, want.finish_reason)
+
+
+def longest_wait_of_a_decoder(low_priority: int, high_priority: int, per_step: int, steps: int) -> int:
+    """A reply of ``low_priority`` decodes while ``per_step`` short turns of ``high_priority`` arrive every step (each
+    one's first-token step would leave it out); the most steps it went without a token."""
+    rt = CountingRuntime(script=lambda prompt: "z" * 2000)
+    scheduler = Scheduler(rt, BatchSettings(max_batch=4, token_budget=32, yield_budget=16))
+    low = begun(rt, None, request("L", max_tokens=1500, priority=low_priority))
+    scheduler.add(low)
+    while not low.decoding:
+        scheduler.step()
+    longest, since = 0, 0
+    for step in range(steps):
+        for i in range(per_step):
+            scheduler.add(begun(rt, None, request(f"H{step}.{i}" + "h" * 6, max_tokens=2, priority=high_priority)))
+        before = len(low.reply.tokens)
+        scheduler.step()
+        since = 0 if len(low.reply.tokens) > before else since + 1
+        longest = max(longest, since)
+    return longest
+
+
+@settings(max_examples=20, deadline=None)
+@given(low=st.integers(-100, 100), gap=st.integers(1, 10), per_step=st.integers(1, 2))
+def test_a_yielding_reply_still_gets_a_token_within_the_bound(low, gap, per_step):
+    high = max(-100, low - gap)
+    window = (low - high) * scheduler_module.AGING_STEPS
+    # a seat at least every window + 1 + ceil(decoding / seats) steps: 3 seats, at most 7 replies decoding
+    assert longest_wait_of_a_decoder(low, high, per_step, 4 * window + 40) <= window + 1 + 3
+
+
+def test_without_aging_the_same_stream_would_starve_the_yielding_reply(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "AGING_STEPS", 10**6)
+    assert longest_wait_of_a_decoder(0, -1, 1, 200) == 200

@@ -3,7 +3,15 @@ import json
 import pytest
 
 from chat.cli import _bench_tenants, build_parser
-from chat.tools.bench.tenants_bench import TARGETS, TenantsConfig, TenantsSettingError, held_rows, keys_file, main
+from chat.tools.bench.tenants_bench import (
+    TARGETS,
+    TenantsConfig,
+    TenantsSettingError,
+    batch_settings,
+    held_rows,
+    keys_file,
+    main,
+)
 
 # big enough a noisy workload that the quiet tenant's share (half the budget) holds its two sessions' latest entries
 # and the one a turn is writing: a random model's replies do not re-tokenize as generated, so each turn writes anew
@@ -22,7 +30,7 @@ KEYS = {"quiet_ttft_p50_ratio", "quiet_cached_ratio", "noisy_tokens_per_s", "rat
 
 def test_the_json_path_runs_both_tenants_end_to_end_on_a_tiny_model(capsys, monkeypatch):
     monkeypatch.setattr("chat.tools.bench.tenants_bench.TenantsConfig", lambda **given: TenantsConfig(**SMALL | given))
-    assert main(as_json=True, model="tiny-llama", quiet_priority=-10) == 0
+    assert main(as_json=True, model="tiny-llama", quiet_priority=-10, threads=1) == 0
     result = json.loads(capsys.readouterr().out)  # one JSON object on stdout, nothing else
     assert result.keys() >= KEYS | set(TARGETS)
     assert result["errors"] == 0, result["error_samples"]
@@ -39,6 +47,8 @@ def test_the_json_path_runs_both_tenants_end_to_end_on_a_tiny_model(capsys, monk
     assert result["quiet_cached_ratio_no_priority"] >= 0.95 * result["quiet_cached_ratio_alone"]
     assert result["quiet_ttft_p50_ratio"] == result["quiet_ttft_p50_ms_loaded"] / result["quiet_ttft_p50_ms_alone"]
     assert result["quiet_ttft_p50_ms_loaded_no_priority"] > 0
+    assert (result["token_budget"], result["yield_budget"], result["yield_hold_s"]) == (256, 16, 10.0)  # the server's
+    assert result["threads"] == 1
 
 
 def test_the_keys_file_limits_the_noisy_tenant_and_gives_the_quiet_one_its_priority(tmp_path):
@@ -62,6 +72,16 @@ def test_the_cli_registers_the_benchmark():
     args = build_parser().parse_args(["bench", "tenants", "--json", "--turns", "3", "--conversations", "5"])
     assert args.run is _bench_tenants and args.json and args.model == "smollm2"
     assert (args.turns, args.conversations, args.quiet_priority, args.token_budget) == (3, 5, None, None)
+    assert (args.yield_budget, args.yield_hold_s, args.threads) == (None, None, None)
+    given = build_parser().parse_args(["bench", "tenants", "--yield-budget", "0", "--yield-hold-s", "2.5"])
+    assert (given.yield_budget, given.yield_hold_s) == (0, 2.5)
+
+
+def test_the_scheduler_settings_given_reach_the_server_and_the_others_are_its_defaults():
+    default = batch_settings(TenantsConfig())
+    assert (default.token_budget, default.yield_budget, default.yield_hold_s) == (256, 16, 10.0)
+    given = batch_settings(TenantsConfig(token_budget=64, yield_budget=0, yield_hold_s=1.5))
+    assert (given.token_budget, given.yield_budget, given.yield_hold_s) == (64, 0, 1.5)
 
 
 @pytest.mark.parametrize(
@@ -71,6 +91,9 @@ def test_the_cli_registers_the_benchmark():
         ({"noisy_conversations": -3}, "noisy_conversations"),
         ({"quiet_priority": 101}, "quiet_priority"),
         ({"token_budget": 8}, "token_budget"),
+        ({"yield_budget": 8}, "yield_budget"),
+        ({"yield_hold_s": -1.0}, "yield_hold_s"),
+        ({"threads": 0}, "threads"),
         ({"tenant_share": 1.5}, "tenant_share"),
     ],
 )
