@@ -1,4 +1,4 @@
-"""The model adapter: a loaded causal LM and its tokenizer behind the interface the turn engine needs
+"""The model adapters: a loaded causal LM and its tokenizer behind the interface the turn engine needs
 (``chat.engine.runtime.ModelRuntime``). No transformers type crosses this boundary: token ids, float32 logits and
 :mod:`cache` layer states go in and out.
 
@@ -10,11 +10,20 @@ One generation::
     cache.insert(ns, tokens, model.export(run)) # views of the run's buffers; recurrent snapshots
     model.close_run(run)                        # drop the run's references
 
-Speculative decoding feeds draft tokens and forgets the rejected ones with ``model.rewind(run, n)`` (models without
-recurrent layers). The transformers model runs with the decode fast paths of :mod:`chat.models.fast_paths`;
-``with model.stock_model():`` gives it back as loaded, for baselines.
+:class:`ModelAdapter` holds what every runtime shares (the tokenizer and chat template side, the checks of a feed);
+two kinds of forward stand behind it:
 
-Positions are always explicit (``position_ids = [length, length + q)``). Not thread-safe: one thread drives a model.
+- :class:`chat.models.decoder_runtime.DecoderAdapter`: turncache's own decoder forward
+  (:mod:`chat.models.decoder`), for the families whose every layer is attention (Llama/SmolLM, Qwen2, Qwen3,
+  Mistral, Gemma 2/3 text): every feed of a step in one packed forward.
+- :class:`TransformersAdapter`: transformers' own forward, patched (:mod:`chat.models.fast_paths`,
+  :mod:`chat.models.ragged`, :mod:`chat.models.hf_cache`), for what the own decoder does not cover yet: hybrid
+  recurrent models (their mixers' scans and states are transformers' code) and multimodal models
+  (:class:`chat.models.multimodal.MultimodalAdapter`: their encoders, 3-D positions and deepstack features are).
+
+Speculative decoding feeds draft tokens and forgets the rejected ones with ``model.rewind(run, n)`` (models without
+recurrent layers). Positions are always explicit (``[length, length + q)``). Not thread-safe: one thread drives a
+model.
 """
 
 from __future__ import annotations
@@ -50,8 +59,9 @@ class RunState:
     """One generation's live state. Create with :meth:`ModelAdapter.new_run`; close with ``close_run``."""
 
     owner: int  # id() of the adapter that made it
-    state: RunCache | None = field(repr=False)  # the transformers cache the model reads and appends to (private to
-    # chat.models); None once closed
+    state: Any = field(repr=False)  # the model state the forward reads and appends to (private to chat.models: a
+    # hf_cache.RunCache for TransformersAdapter, a list of kv_rows.AttentionRows per layer for DecoderAdapter); None
+    # once closed
     length: int  # tokens absorbed
     inherited: dict[int, Mapping[int, tuple[torch.Tensor, ...]]] = field(default_factory=dict)  # slot ->
     # snapshots at lengths <= the lease's length, from the cache entry (by reference)
@@ -62,54 +72,48 @@ class RunState:
 
 
 class ModelAdapter:
-    """A causal LM ready for the turn engine. Build it with :func:`chat.models.load_model`."""
+    """What every runtime of :mod:`chat.models` shares: the tokenizer and chat template side, feed checks, and
+    :meth:`forward` over :meth:`forward_batch`. Subclasses own the runs. Build one with
+    :func:`chat.models.load_model`."""
 
     def __init__(
         self,
-        model: Any,
         tokenizer: Any,
         *,
         name: str,
         fingerprint: str,
-        dtype: str,
+        kv_dtype: str,
         context_window: int,
         eos_token_ids: set[int],
-        weights: str = "float32",
-        kv_dtype: str | None = None,
-        rotating_margin: int = DEFAULT_ROTATING_MARGIN,
+        weights: str,
+        vocab_size: int,
+        device: torch.device,
+        generation_config: Any,
     ) -> None:
-        self._model = model  # a transformers causal LM in eval mode
         self._tokenizer = tokenizer  # its tokenizer, with a chat template
         self.name = name  # what /v1/models lists
         self.fingerprint = fingerprint  # weights + config + tokenizer: the cache namespace's model id
-        self.dtype = kv_dtype or dtype  # what attention K/V are stored in (the cache namespace's dtype)
+        self.kv_dtype = kv_dtype  # what attention K/V are stored in (the cache namespace's dtype)
         self.context_window = context_window  # most tokens a sequence may hold
         self.eos_token_ids = frozenset(eos_token_ids)  # tokens that end a reply
         self.modalities: frozenset[str] = frozenset()  # media kinds taken (multimodal adapters set theirs)
-        self.weights = weights  # format of the linear layers' weights (chat.models.fast_paths.WEIGHT_FORMATS)
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])  # logits per token
-        self.device = next(model.parameters()).device
-        self.generation_defaults = generation_defaults(getattr(model, "generation_config", None))  # sampling
-        # settings the model's generation_config sets (for request fields left out)
+        self.weights = weights  # format of the linear layers' weights (chat.models.matrices.WEIGHT_FORMATS)
+        self.vocab_size = vocab_size  # logits per token
+        self.device = device  # where the model computes
+        self.generation_defaults = generation_defaults(generation_config)  # sampling settings the model's
+        # generation_config sets (for request fields left out)
         self._vocabulary = Vocabulary(tokenizer, logits_width=self.vocab_size, eos_token_ids=self.eos_token_ids)
         self.reasoning = markers_of(getattr(tokenizer, "chat_template", None))  # thinking markers, if it thinks
         self.tool_format = format_of(getattr(tokenizer, "chat_template", None))  # how it calls tools
         # (chat.engine.tool_calls.FORMATS); "generic" when its template takes no tools
-        stored = getattr(torch, kv_dtype) if kv_dtype not in (None, dtype) else None  # None: as computed
-        self._layout = CacheLayout(model.config, max_rows=context_window, margin=rotating_margin, kv_dtype=stored)
-        self.has_recurrent_state = self._layout.has_recurrent  # snapshot boundaries matter
+        self.has_recurrent_state = False  # some layer is recurrent: snapshot boundaries matter
         self.whole_media_spans = False  # text models: no media (multimodal adapters may say otherwise)
-        params = inspect.signature(model.forward).parameters
-        self._logits_to_keep = "logits_to_keep" in params
-        if self.has_recurrent_state:
-            self._learn_recurrent_layout()
-        calibration = self.encode(CALIBRATION_TEXT) if weights == "int8" else None
-        self._patches = install(model, weights, calibration=calibration)  # weight format, fusion, packed attention
-        self._packable = not self.has_recurrent_state  # runs share one forward (chat.models.ragged)
-        self._packed_kinds = [  # per decoder layer, what a packed forward's cache holds
-            "kv" if kinds == ("kv",) else ("rotating", slot_window) if kinds == ("rotating",) else "none"
-            for kinds, slot_window in self._layout.layer_parts()
-        ]
+
+    @property
+    def dtype(self) -> str:
+        """:attr:`kv_dtype` under the name the runtime protocol (``chat.engine.runtime.ModelRuntime``) gives it:
+        what the cache namespace is keyed by."""
+        return self.kv_dtype
 
     # ================================================================ text
 
@@ -157,6 +161,102 @@ class ModelAdapter:
         """A fresh incremental detokenizer for one reply."""
         return IncrementalDetokenizer(self.decode)
 
+    def forward(self, run: RunState, token_ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        """Logits ``[q, vocab]`` (float32) for ``token_ids`` appended to ``run`` (``[1, vocab]`` with
+        ``last_only``, which skips the output projection of the other tokens); advances ``run.length`` by q.
+
+        Raises:
+            RunStateError: the run is closed, broken, from another model, or would outgrow the context window.
+            InvalidSettingError: a token id outside the vocabulary.
+        """
+        (outcome,) = self.forward_batch([Feed(run, token_ids, 1 if last_only else len(token_ids))])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return outcome
+
+    def forward_batch(self, feeds: Sequence[Any]) -> list[torch.Tensor | Exception | None]:
+        raise NotImplementedError
+
+    def extras(self, run: RunState) -> tuple[tuple[int, Any], ...]:
+        """Position state stored with an entry: none for text models (positions are token counts)."""
+        self._live(run)
+        return ()
+
+    def _check_feed(self, feed: Any) -> tuple[RunState, list[int]]:
+        """The feed's run and its token ids, once both are known to fit."""
+        run = feed.run
+        self._live(run)
+        token_ids = [int(t) for t in feed.tokens]
+        q = len(token_ids)
+        if q == 0:
+            raise InvalidSettingError("token_ids", "at least one token is needed")
+        if not isinstance(feed.logits, int) or not 0 <= feed.logits <= q:
+            raise InvalidSettingError("logits", f"must be an integer in [0, {q}], got {feed.logits!r}")
+        if run.length + q > self.context_window:
+            raise RunStateError(f"{run.length} + {q} tokens exceed the context window of {self.context_window} tokens")
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise InvalidSettingError("token_ids", f"token ids must be in [0, {self.vocab_size})")
+        return run, token_ids
+
+    def _live(self, run: RunState) -> Any:
+        if not isinstance(run, RunState) or run.owner != id(self):
+            raise RunStateError(f"this run was not made by the adapter of {self.name}")
+        if run.state is None:
+            raise RunStateError("this run is closed")
+        if run.broken:
+            raise RunStateError("a forward failed on this run; its state is inconsistent, start a new one")
+        return run.state
+
+
+class TransformersAdapter(ModelAdapter):
+    """transformers' forward behind the runtime interface, for the models :mod:`chat.models.decoder` does not cover
+    (hybrid recurrent layers; multimodal stacks through :class:`~chat.models.multimodal.MultimodalAdapter`): the
+    model is patched once (:func:`chat.models.fast_paths.install`) and run over :mod:`chat.models.hf_cache` caches,
+    several runs at once through :mod:`chat.models.ragged`."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str,
+        fingerprint: str,
+        dtype: str,
+        context_window: int,
+        eos_token_ids: set[int],
+        weights: str = "float32",
+        kv_dtype: str | None = None,
+        rotating_margin: int = DEFAULT_ROTATING_MARGIN,
+    ) -> None:
+        super().__init__(
+            tokenizer,
+            name=name,
+            fingerprint=fingerprint,
+            kv_dtype=kv_dtype or dtype,
+            context_window=context_window,
+            eos_token_ids=eos_token_ids,
+            weights=weights,
+            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+            device=next(model.parameters()).device,
+            generation_config=getattr(model, "generation_config", None),
+        )
+        self._model = model  # a transformers causal LM in eval mode
+        stored = getattr(torch, kv_dtype) if kv_dtype not in (None, dtype) else None  # None: as computed
+        self._layout = CacheLayout(model.config, max_rows=context_window, margin=rotating_margin, kv_dtype=stored)
+        self.has_recurrent_state = self._layout.has_recurrent  # snapshot boundaries matter
+        params = inspect.signature(model.forward).parameters
+        self._logits_to_keep = "logits_to_keep" in params
+        if self.has_recurrent_state:
+            self._learn_recurrent_layout()
+        calibration = self.encode(CALIBRATION_TEXT) if weights == "int8" else None
+        self._patches = install(model, weights, calibration=calibration)  # weight format, fusion, packed attention
+        self._packable = not self.has_recurrent_state  # runs share one forward (chat.models.ragged)
+        self._packed_kinds = [  # per decoder layer, what a packed forward's cache holds
+            "kv" if kinds == ("kv",) else ("rotating", slot_window) if kinds == ("rotating",) else "none"
+            for kinds, slot_window in self._layout.layer_parts()
+        ]
+
     # ================================================================ runs
 
     def new_run(self, lease: Lease | None = None, prompt: Any = None) -> RunState:
@@ -186,20 +286,6 @@ class ModelAdapter:
                 run.inherited[index] = inherited
         run.length = lease.length
         return run
-
-    def forward(self, run: RunState, token_ids: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        """Logits ``[q, vocab]`` (float32) for ``token_ids`` appended to ``run`` (``[1, vocab]`` with
-        ``last_only``, which skips the output projection of the other tokens); advances ``run.length`` by q.
-
-        Raises:
-            RunStateError: the run is closed, broken, from another model, or would outgrow the context window.
-            InvalidSettingError: a token id outside the vocabulary.
-        """
-        (outcome,) = self.forward_batch([Feed(run, token_ids, 1 if last_only else len(token_ids))])
-        if isinstance(outcome, BaseException):
-            raise outcome
-        assert outcome is not None
-        return outcome
 
     def forward_batch(self, feeds: Sequence[Any]) -> list[torch.Tensor | Exception | None]:
         """Append each feed's ``tokens`` to its ``run`` in as few forwards as the model allows; return, per feed,
@@ -307,11 +393,6 @@ class ModelAdapter:
                 out.append(Stateless())
         return out
 
-    def extras(self, run: RunState) -> tuple[tuple[int, Any], ...]:
-        """Position state stored with an entry: none for text models (positions are token counts)."""
-        self._live(run)
-        return ()
-
     def close_run(self, run: RunState) -> None:
         """The run is finished: drop its references (cache entries keep the rows they hold views of)."""
         run.state = None
@@ -339,20 +420,9 @@ class ModelAdapter:
         attend to each other both ways (:attr:`ragged.Slot.blocks`): none for text models."""
         return ()
 
-    def _check_feed(self, feed: Any) -> tuple[RunState, torch.Tensor]:
+    def _check_feed(self, feed: Any) -> tuple[RunState, torch.Tensor]:  # type: ignore[override]
         """The feed's run and its token ids ``[1, q]``, once both are known to fit."""
-        run = feed.run
-        self._live(run)
-        token_ids = [int(t) for t in feed.tokens]
-        q = len(token_ids)
-        if q == 0:
-            raise InvalidSettingError("token_ids", "at least one token is needed")
-        if not isinstance(feed.logits, int) or not 0 <= feed.logits <= q:
-            raise InvalidSettingError("logits", f"must be an integer in [0, {q}], got {feed.logits!r}")
-        if run.length + q > self.context_window:
-            raise RunStateError(f"{run.length} + {q} tokens exceed the context window of {self.context_window} tokens")
-        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
-            raise InvalidSettingError("token_ids", f"token ids must be in [0, {self.vocab_size})")
+        run, token_ids = super()._check_feed(feed)
         return run, torch.tensor([token_ids], dtype=torch.long, device=self.device)
 
     def _forward_packed(self, items: Sequence[tuple[int, RunState, int, dict[str, torch.Tensor]]]) -> list[Any]:
@@ -440,15 +510,6 @@ class ModelAdapter:
     def _attention_rows(self, run: RunState) -> list[Any]:
         cache = self._live(run)
         return [cache.layers[s.layer].rows for s in self._layout.slots if s.kind in ("kv", "rotating")]
-
-    def _live(self, run: RunState) -> RunCache:
-        if not isinstance(run, RunState) or run.owner != id(self):
-            raise RunStateError(f"this run was not made by the adapter of {self.name}")
-        if run.state is None:
-            raise RunStateError("this run is closed")
-        if run.broken:
-            raise RunStateError("a forward failed on this run; its state is inconsistent, start a new one")
-        return run.state
 
     def _missing_snapshot(self, run: RunState) -> bool:
         """True if some recurrent slot has no snapshot at the run's current length."""

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from cache import Lease, MediaSpan
-from chat.models.adapter import ModelAdapter, RunState
+from chat.models.adapter import RunState, TransformersAdapter
 from chat.models.errors import RunStateError
 from chat.models.media_prep import PreparedMedia, Preparer
 from modalities.errors import MediaError
@@ -180,8 +180,9 @@ class TextStack(torch.nn.Module):
         return SimpleNamespace(logits=self.lm_head(hidden))
 
 
-class MultimodalAdapter(ModelAdapter):
-    """A :class:`ModelAdapter` whose prompts may hold media. Build with :func:`chat.models.load_model`."""
+class MultimodalAdapter(TransformersAdapter):
+    """A :class:`~chat.models.adapter.TransformersAdapter` whose prompts may hold media. Build with
+    :func:`chat.models.load_model`."""
 
     def __init__(
         self,

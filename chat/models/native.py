@@ -116,7 +116,7 @@ class AttentionTable:
     never reaches C. The addresses themselves are vouched for by whoever owns the memory: :meth:`add_views` takes
     them from tensors, ``kv_rows`` from its own buffers."""
 
-    __slots__ = ("_records", "count", "end", "key_row_stride", "value_row_stride", "new_kv")
+    __slots__ = ("_records", "count", "end", "key_row_stride", "new_kv", "value_row_stride")
 
     def __init__(self, capacity: int = 8) -> None:
         self._records = (AttentionRow * max(capacity, 1))()  # the packed rows; grows by doubling

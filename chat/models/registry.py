@@ -15,6 +15,7 @@ Nothing is ever downloaded: transformers runs with ``HF_HUB_OFFLINE=1`` and ``lo
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ DEFAULT_CONTEXT = 4096  # when a config names no maximum
 DEFAULT_WEIGHTS = {smollm2.NAME: "int8"}  # weight format when none is asked for (measured: docs/benchmarks.md)
 KV_DTYPES = ("float32", "float16", "bfloat16")  # what attention K/V can be stored in
 
+_log = logging.getLogger(__name__)
+
 
 def model_choices() -> list[str]:
     from chat.tools.testing.tiny import tiny_names
@@ -37,15 +40,24 @@ def model_choices() -> list[str]:
     return [smollm2.NAME, *tiny_names(), *(f"tiny-{name}" for name in TINY_MM)]
 
 
-def load_model(spec: str, dtype: str = "float32", weights: str | None = None, kv_dtype: str | None = None) -> Any:
+def load_model(
+    spec: str,
+    dtype: str = "float32",
+    weights: str | None = None,
+    kv_dtype: str | None = None,
+    device: str | None = None,
+) -> Any:
     """Load ``spec`` in ``dtype`` with its linear layers in the weight format ``weights`` (``float32`` |
     ``bfloat16`` | ``int8``; by default the dtype's own) and its attention K/V stored in ``kv_dtype`` (see
-    :func:`parse_kv_dtype`), and return a ready :class:`chat.models.adapter.ModelAdapter`.
+    :func:`parse_kv_dtype`), and return a ready :class:`chat.models.adapter.ModelAdapter` computing on ``device``
+    (a torch device name; the CPU by default). Off the CPU only the families of turncache's own decoder run
+    (:mod:`chat.models.decoder`, on torch's operations), with float32 or bfloat16 weights.
 
     Raises:
         InvalidSettingError: ``dtype`` is not "float32" or "bfloat16" (``field == "dtype"``), or ``weights`` is not
             a weight format this dtype can take (``field == "weights"``: a bfloat16 model keeps bfloat16 weights),
-            or ``kv_dtype`` is not a K/V dtype this dtype can take (``field == "kv_dtype"``).
+            or ``kv_dtype`` is not a K/V dtype this dtype can take (``field == "kv_dtype"``), or ``device`` is not a
+            device this model and weight format run on (``field == "device"``).
         UnknownModelError: ``spec`` is no built-in name, no tiny model and no directory.
         UnsupportedArchitectureError: the model family is refused (checked from the config, before weights load).
         ModelLoadError: files are missing or unreadable, or the tokenizer has no chat template.
@@ -53,14 +65,46 @@ def load_model(spec: str, dtype: str = "float32", weights: str | None = None, kv
     torch_dtype = parse_dtype(dtype)
     spec = _clean_spec(spec)
     weights = parse_weights(weights, dtype, spec)
+    where = parse_device(device, weights)
     kv_dtype = parse_kv_dtype(kv_dtype, dtype, weights)
     _offline()
     if spec.startswith("tiny-"):
-        return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype, kv_dtype=kv_dtype)
+        return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype, kv_dtype=kv_dtype, device=where)
     path, name, digest = _directory_of(spec)
     return load_directory(
-        path, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv_dtype, weights_digest=digest
+        path,
+        dtype,
+        weights,
+        name=name,
+        torch_dtype=torch_dtype,
+        kv_dtype=kv_dtype,
+        weights_digest=digest,
+        device=where,
     )
+
+
+def parse_device(device: str | None, weights: str) -> Any:
+    """The torch device a model computes on: ``device`` (None: the CPU). int8 weights run on the CPU only.
+
+    Raises:
+        InvalidSettingError: not a torch device name, a device torch cannot reach here, or int8 off the CPU
+            (``field == "device"``).
+    """
+    import torch
+
+    if device is None:
+        return torch.device("cpu")
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidSettingError("device", f"{device!r} is not a torch device ({exc})") from exc
+    if where.type == "cpu":
+        return where
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidSettingError("device", f"{device!r}: torch sees no CUDA device here")
+    if weights == "int8":
+        raise InvalidSettingError("device", f"int8 weights run on the CPU only, not on {device!r}")
+    return where
 
 
 def load_renderer(spec: str) -> TemplateRenderer:
@@ -91,7 +135,7 @@ def parse_dtype(dtype: str) -> Any:
 def parse_weights(weights: str | None, dtype: str, spec: str = "") -> str:
     """The weight format to load ``spec`` with: ``weights``, or when None the model's default (:data:`DEFAULT_WEIGHTS`
     for a float32 load, else the dtype's own)."""
-    from chat.models.fast_paths import WEIGHT_FORMATS
+    from chat.models.matrices import WEIGHT_FORMATS
 
     if weights is None:
         return DEFAULT_WEIGHTS.get(spec, dtype) if dtype == "float32" else dtype
@@ -135,6 +179,7 @@ def load_directory(
     torch_dtype: Any,
     kv_dtype: str,
     weights_digest: str | None = None,
+    device: Any = None,
 ) -> Any:
     """A model directory -> adapter. The config is checked before any weights are read. ``weights_digest`` stands
     for the weights in the fingerprint when their origin is known (a GGUF file's sha256), else the weight files are
@@ -146,6 +191,7 @@ def load_directory(
 
     config = _read_config(path)
     if is_multimodal(config):
+        _cpu_only(device, "multimodal models")
         return load_multimodal_directory(
             path, config, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv_dtype
         )
@@ -157,7 +203,9 @@ def load_directory(
         raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
     model.eval()
     digest = weights_digest or weight_files_digest(path)
-    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype)
+    return _adapter(
+        model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype, device=device
+    )
 
 
 def directory_renderer(path: Path, *, name: str) -> TemplateRenderer:
@@ -203,18 +251,26 @@ def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any, 
     )
 
 
-def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str) -> Any:
+def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str, device: Any = None) -> Any:
     from chat.models.fingerprint import tensors_digest
     from chat.tools.testing.tiny import build_tiny_model
     from chat.tools.testing.tiny_mm import TINY_MM
 
     if name in TINY_MM:
+        _cpu_only(device, "multimodal models")
         return load_tiny_multimodal(name, dtype, weights, torch_dtype, kv_dtype)
     tokenizer, config = _tiny_text(name)
     model = build_tiny_model(config, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
     return _adapter(
-        model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype
+        model,
+        tokenizer,
+        name=f"tiny-{name}",
+        dtype=dtype,
+        weights=weights,
+        digest=digest,
+        kv_dtype=kv_dtype,
+        device=device,
     )
 
 
@@ -310,28 +366,71 @@ def _tiny_text(name: str) -> tuple[Any, Any]:
 
 
 def _adapter(
-    model: Any, tokenizer: Any, *, name: str, dtype: str, weights: str, digest: str, kv_dtype: str, family: Any = None
+    model: Any,
+    tokenizer: Any,
+    *,
+    name: str,
+    dtype: str,
+    weights: str,
+    digest: str,
+    kv_dtype: str,
+    family: Any = None,
+    device: Any = None,
 ) -> Any:
-    """The runtime of a loaded model: a ModelAdapter, or a MultimodalAdapter when ``family`` says how it takes
-    media. ``digest`` is the digest of its weights, ``weights`` the format its linear layers run in (both part of the
-    fingerprint)."""
-    from chat.models.adapter import ModelAdapter
+    """The runtime of a loaded model: a DecoderAdapter (turncache's own forward, :mod:`chat.models.decoder`) for
+    the families it computes, a MultimodalAdapter when ``family`` says how it takes media, else a
+    TransformersAdapter (transformers' forward: hybrid recurrent models). ``digest`` is the digest of its weights,
+    ``weights`` the format its linear layers run in (both part of the fingerprint)."""
+    from chat.models.adapter import TransformersAdapter
     from chat.models.fingerprint import model_fingerprint
 
     common = {
         "name": name,
         "fingerprint": model_fingerprint(name, model.config, tokenizer, digest, weights),
-        "dtype": dtype,
-        "weights": weights,
         "kv_dtype": kv_dtype,
         "context_window": _context_window(model.config, tokenizer),
         "eos_token_ids": _eos_ids(model, tokenizer),
+        "weights": weights,
     }
-    if family is None:
-        return ModelAdapter(model, tokenizer, **common)
-    from chat.models.multimodal import MultimodalAdapter
+    if family is not None:
+        from chat.models.multimodal import MultimodalAdapter
 
-    return MultimodalAdapter(model, tokenizer, family, **common)
+        return MultimodalAdapter(model, tokenizer, family, dtype=dtype, **common)
+    if device is not None and device.type != "cpu":
+        model = model.to(device)
+    decoder = _own_decoder(model, tokenizer, weights)
+    if decoder is None:
+        _cpu_only(device, f"{model.config.model_type} models (transformers' forward)")
+        return TransformersAdapter(model, tokenizer, dtype=dtype, **common)
+    from chat.models.decoder_runtime import DecoderAdapter
+
+    generation_config = getattr(model, "generation_config", None)
+    del model  # the decoder holds what it needs of the weights (float32: the same tensors)
+    return DecoderAdapter(decoder, tokenizer, generation_config=generation_config, **common)
+
+
+def _own_decoder(model: Any, tokenizer: Any, weights: str) -> Any:
+    """turncache's own decoder for ``model`` (:func:`chat.models.decoder.build_decoder`), or None when its family
+    or settings are not ones it computes (then transformers' forward serves it; logged)."""
+    from chat.models.decoder import NotPackable, build_decoder, decoder_args
+    from chat.models.smoothing import CALIBRATION_TEXT
+
+    try:
+        decoder_args(model.config)
+    except NotPackable as exc:
+        _log.info("%s runs on transformers' forward: %s", type(model).__name__, exc)
+        return None
+    calibration = list(tokenizer.encode(CALIBRATION_TEXT, add_special_tokens=False)) if weights == "int8" else None
+    try:
+        return build_decoder(model.config, model.state_dict(), weights, calibration=calibration)
+    except NotPackable as exc:
+        _log.info("%s runs on transformers' forward: %s", type(model).__name__, exc)
+        return None
+
+
+def _cpu_only(device: Any, what: str) -> None:
+    if device is not None and device.type != "cpu":
+        raise InvalidSettingError("device", f"{what} run on the CPU only, not on {device}")
 
 
 def _offline() -> None:

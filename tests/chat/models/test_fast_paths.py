@@ -11,14 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from chat.models import ragged
-from chat.models.fast_paths import (
+from chat.models.fast_paths import FastLinear, FusedPart, install
+from chat.models.matrices import (
     BFloat16Matrix,
-    FastLinear,
-    FusedPart,
+    BlasForms,
     Int8Matrix,
-    Kernels,
     calibrate,
-    install,
     int8_linear,
     linear,
     quantize_weight,
@@ -27,7 +25,7 @@ from chat.tools.testing.tiny import build_tiny_model, tiny_config
 
 torch.set_num_threads(1)
 
-ALL_KERNELS = [Kernels(one, few) for one in (False, True) for few in (False, True)]
+ALL_KERNELS = [BlasForms(one, few) for one in (False, True) for few in (False, True)]
 
 
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:

@@ -147,7 +147,7 @@ def test_a_failed_packed_forward_rolls_back_and_reruns_each_feed_alone(llama, mo
         run = llama.new_run()
         llama.forward(run, [20 + i, 21, 22])
         want.append(llama.forward(run, [30, 31]))
-    layers = llama._model.model.layers
+    layers = next(m for name, m in llama._model.named_modules() if name.endswith("layers"))
     calls = {"n": 0}
 
     def fail_packed_once(module, args, kwargs):
