@@ -417,7 +417,7 @@ class TransformersAdapter(ModelAdapter):
 
     def _blocks(self, run: RunState, q: int) -> tuple[tuple[int, int], ...]:
         """Ranges of the next ``q`` tokens of ``run`` (offsets into them, before ``run.length`` grows) whose tokens
-        attend to each other both ways (:attr:`ragged.Slot.blocks`): none for text models."""
+        attend to each other both ways (:attr:`ragged.PackedRun.blocks`): none for text models."""
         return ()
 
     def _check_feed(self, feed: Any) -> tuple[RunState, torch.Tensor]:  # type: ignore[override]
@@ -430,7 +430,7 @@ class TransformersAdapter(ModelAdapter):
         slots, keep, start = [], [], 0
         for _, run, logits, inputs in items:
             q = _token_count(inputs)
-            slots.append(ragged.Slot(0, start, start + q, run.state, self._blocks(run, q)))
+            slots.append(ragged.PackedRun(0, start, start + q, run.state, self._blocks(run, q)))
             keep.extend(range(start + q - logits, start + q))
             start += q
         merged = {
@@ -455,7 +455,7 @@ class TransformersAdapter(ModelAdapter):
 
     def _forward_stacked(self, items: Sequence[tuple[int, RunState, int, dict[str, torch.Tensor]]]) -> list[Any]:
         """One forward of one token per run, the runs as batch rows; all advance, or (on error) none does."""
-        pack = ragged.Pack([ragged.Slot(row, 0, 1, run.state) for row, (_, run, _, _) in enumerate(items)])
+        pack = ragged.Pack([ragged.PackedRun(row, 0, 1, run.state) for row, (_, run, _, _) in enumerate(items)])
         merged = {
             name: torch.cat([inputs[name] for _, _, _, inputs in items], dim=-2 if name == "position_ids" else 0)
             for name in items[0][3]
@@ -486,7 +486,7 @@ class TransformersAdapter(ModelAdapter):
         """One forward for one run, on its own cache (recurrent layers included); a failure breaks the run."""
         _, run, n, inputs = item
         q = _token_count(inputs)
-        pack = ragged.Pack([ragged.Slot(0, 0, q, run.state, self._blocks(run, q))])
+        pack = ragged.Pack([ragged.PackedRun(0, 0, q, run.state, self._blocks(run, q))])
         try:
             logits = self._run_model(inputs, run.state, pack, list(range(q - n, q)))
         except BaseException:

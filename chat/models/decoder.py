@@ -179,8 +179,6 @@ def decoder_args(config: Any) -> DecoderArgs:
         NotPackable: a family not in :data:`FAMILIES`, or a setting this forward does not compute (rotary scaling
             other than linear / llama3, partial rotation, bidirectional attention, an unknown activation, ...).
     """
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
     family = str(getattr(config, "model_type", ""))
     spec = FAMILIES.get(family)
     if spec is None:
@@ -192,22 +190,23 @@ def decoder_args(config: Any) -> DecoderArgs:
         raise NotPackable(f"activation {activation!r}")
     heads, hidden = int(config.num_attention_heads), int(config.hidden_size)
     head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
-    windows: list[int | None] = []
-    for kind, kwargs in zip(layer_types, layer_kwargs, strict=True):
-        if kind == "full_attention":
-            windows.append(None)
-        elif kind == "sliding_attention":
-            windows.append(int(kwargs["sliding_window"]))
-        else:
-            raise NotPackable(f"layer kind {kind!r}")
+    layers = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    layer_types = list(getattr(config, "layer_types", None) or ())
+    if not layer_types:  # Llama, Mistral: every layer slides when the config names a window
+        layer_types = ["sliding_attention" if window is not None else "full_attention"] * layers
+    if len(layer_types) != layers or set(layer_types) - {"full_attention", "sliding_attention"}:
+        raise NotPackable(f"layer kinds {sorted(set(layer_types))} over {layers} layers")
+    if "sliding_attention" in layer_types and not (isinstance(window, int) and window > 0):
+        raise NotPackable(f"sliding layers with a window of {window!r}")
+    windows = [int(window) if kind == "sliding_attention" else None for kind in layer_types]
     ropes = tuple(_rope(config, kind if spec.rope_per_layer_type else None) for kind in layer_types)
     scale = float(config.query_pre_attn_scalar) ** -0.5 if spec.query_scalar else head_dim**-0.5
     return DecoderArgs(
         family=family,
         vocab_size=int(config.vocab_size),
         hidden=hidden,
-        layers=int(config.num_hidden_layers),
+        layers=layers,
         heads=heads,
         kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=head_dim,

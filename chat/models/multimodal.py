@@ -63,7 +63,7 @@ class PromptItem:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class RenderedPrompt:
+class MediaPrompt:
     tokens: tuple[int, ...]  # the prompt with every placeholder expanded to its item's token count
     items: tuple[PromptItem, ...]  # in prompt order
 
@@ -236,7 +236,7 @@ class MultimodalAdapter(TransformersAdapter):
 
     # ================================================================ prompts
 
-    def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> RenderedPrompt:
+    def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> MediaPrompt:
         """The prompt of ``messages`` whose content is a string or a list of ``{"type": "text", "text"}`` dicts and
         :class:`~modalities.parts.MediaInput` s, through the chat template, with each item's placeholder expanded.
 
@@ -291,7 +291,7 @@ class MultimodalAdapter(TransformersAdapter):
 
     def _expand(
         self, ids: list[int], parts: list[MediaInput], prepared: list[tuple[str, PreparedMedia]]
-    ) -> RenderedPrompt:
+    ) -> MediaPrompt:
         found = [(at, self._kind_of[t]) for at, t in enumerate(ids) if t in self._kind_of]
         if len(found) != len(parts) or any(kind != part.kind for (_, kind), part in zip(found, parts, strict=False)):
             kinds = ", ".join(kind for _, kind in found) or "none"
@@ -319,7 +319,7 @@ class MultimodalAdapter(TransformersAdapter):
             items.append(PromptItem(MediaSpan(start, end, kind, key), prep, part.item))
             cursor = at + 1
         tokens.extend(ids[cursor:])
-        return RenderedPrompt(tuple(tokens), tuple(items))
+        return MediaPrompt(tuple(tokens), tuple(items))
 
     def _interleaved_tokens(self, ids: list[int], at: int, prep: PreparedMedia, item: str) -> list[int]:
         """What replaces the video placeholder at ``ids[at]`` for a video with its audio: ``<audio_bos>``, the video
@@ -343,7 +343,7 @@ class MultimodalAdapter(TransformersAdapter):
 
     # ================================================================ runs
 
-    def new_run(self, lease: Lease | None = None, prompt: RenderedPrompt | None = None) -> RunState:
+    def new_run(self, lease: Lease | None = None, prompt: MediaPrompt | None = None) -> RunState:
         """A run holding ``lease``'s state, planned to prefill the rest of ``prompt`` (text-only if None).
 
         Raises:

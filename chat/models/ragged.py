@@ -3,7 +3,7 @@ its own run's K/V rows (ragged batching; no padding, no copy of anyone's K/V).
 
 Linear layers, norms, embeddings and rotary positions work on tokens one by one, so they run over the concatenated
 tokens of every run at once; only attention needs to know where each run's tokens are. A :class:`Pack` says that
-(one :class:`Slot` per run: its row, its token range, its own cache), and two small pieces make transformers'
+(one :class:`PackedRun` per run: its row, its token range, its own cache), and two small pieces make transformers'
 decoder code honour it:
 
 - :class:`RaggedCache` stands in for the ``past_key_values`` of the forward. When an attention layer hands it the new
@@ -24,7 +24,7 @@ decoder code honour it:
 
 ::
 
-    pack = Pack([Slot(row=0, start=0, end=5, cache=run_a_cache), Slot(0, 5, 6, run_b_cache)])
+    pack = Pack([PackedRun(row=0, start=0, end=5, cache=run_a_cache), PackedRun(0, 5, 6, run_b_cache)])
     with active(pack):
         model(input_ids=ids, position_ids=positions, past_key_values=RaggedCache(layout, pack), ...)
 
@@ -63,7 +63,7 @@ MATMUL_QUERY = 16  # longest query computed as matmuls; longer ones go to SDPA w
 
 
 @dataclass(slots=True)
-class Slot:
+class PackedRun:
     """Where one run's new tokens sit in the packed input."""
 
     row: int  # batch row of the input ([B, S]); 0 when every run shares one row
@@ -78,7 +78,7 @@ class Slot:
 class Pack:
     """The runs of one forward. :class:`RaggedCache` fills :attr:`kv` per layer, :func:`ragged_attention` takes it."""
 
-    slots: Sequence[Slot]  # in input order
+    slots: Sequence[PackedRun]  # in input order
     kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # the current layer's K/V views per slot
     window: int | None = None  # the current layer's sliding window (None: full attention)
     table: native.AttentionTable | None = None  # the current layer's native attention rows of reserved slots

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from chat.models.multimodal import MultimodalAdapter, RenderedPrompt
+from chat.models.multimodal import MediaPrompt, MultimodalAdapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ def hf_generate(stock: StockModel, prompt: Sequence[int], max_new_tokens: int) -
     return out[0, ids.shape[1] :].tolist()
 
 
-def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, torch.Tensor]:
+def hf_inputs(adapter: MultimodalAdapter, prompt: MediaPrompt) -> dict[str, torch.Tensor]:
     """The whole prompt as the transformers model takes it without any cache (``input_ids``, ``attention_mask``
     and each kind's batched media inputs): the reference that tests and benchmarks compare against."""
     by_kind: dict[str, list] = {"image": [], "video": [], "audio": []}
@@ -135,7 +135,7 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, t
     return out
 
 
-def hf_generate_media(adapter: MultimodalAdapter, prompt: RenderedPrompt, max_new_tokens: int) -> list[int]:
+def hf_generate_media(adapter: MultimodalAdapter, prompt: MediaPrompt, max_new_tokens: int) -> list[int]:
     """Greedy transformers ``generate`` on the whole prompt with its media (no prefix cache), on the model as
     loaded. Returns the new token ids."""
     eos = sorted(adapter.eos_token_ids)

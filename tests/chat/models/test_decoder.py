@@ -189,6 +189,17 @@ def test_int8_turns_are_bit_for_bit_from_the_cache_and_in_a_batch(spec):
     cache.release(lease)
 
 
+@pytest.mark.parametrize("spec", PACKABLE)
+def test_layer_windows_are_the_cache_layout_transformers_gives(spec):
+    """Each layer's window is what transformers' cache layout says (entries stored by either forward restore)."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    config = oracle(spec).config
+    kinds, kwargs = get_layer_types_and_kwargs(config)
+    assert decoder_args(config).windows == tuple(k.get("sliding_window") for k in kwargs)
+    assert any(w is not None for w in decoder_args(config).windows) == ("sliding_attention" in kinds)
+
+
 def test_the_loader_picks_the_forward_by_family():
     assert type(ours("tiny-gemma2")).__name__ == "DecoderAdapter"
     assert type(load_model("tiny-lfm2")).__name__ == "TransformersAdapter"  # hybrid recurrent: transformers'

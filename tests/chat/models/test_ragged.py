@@ -53,7 +53,7 @@ def test_each_slot_attends_to_its_own_rows_with_its_own_mask(heads, kv_heads, wi
         views.append((k, v))
     slots, start = [], 0
     for q, _ in shapes:
-        slots.append(ragged.Slot(0, start, start + q, cache=None))
+        slots.append(ragged.PackedRun(0, start, start + q, cache=None))
         start += q
     pack = ragged.Pack(slots, kv=[(k[0], v[0]) for k, v in views], window=window)  # what the layers hand on
     with ragged.active(pack):
