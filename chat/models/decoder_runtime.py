@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from cache import LayerState, Lease, NormalKV, RotatingKV
-from chat.models import attention
+from chat.models import attention, native
 from chat.models.adapter import DEFAULT_ROTATING_MARGIN, ModelAdapter, RunState
 from chat.models.decoder import Decoder
 from chat.models.errors import RunStateError
@@ -53,6 +53,8 @@ class DecoderAdapter(ModelAdapter):
         self._model = decoder  # the forward
         self._rows_dtype = getattr(torch, kv_dtype)  # what K/V rows are stored in
         self._margin = rotating_margin  # rows kept beyond W - 1 in sliding layers: rewinds of up to this many
+        if self.device.type == "cpu":
+            native.kernels()  # built (once per machine) or loaded now, at load time, rather than by the first request
 
     # ================================================================ runs
 
