@@ -14,7 +14,8 @@ Public surface::
 
 Module map: ``registry`` (specs -> loaders), ``renderer`` (the chat template alone, for a cluster's ingress),
 ``gguf_files`` (any GGUF file -> model directory, once per file), ``smollm2`` (the built-in GGUF), ``families``
-(what is served or refused), ``adapter`` (what every runtime shares; ``TransformersAdapter``: transformers' forward),
+(what is served or refused), ``adapter`` (what every runtime shares), ``hf_runtime`` (``TransformersAdapter``:
+transformers' forward, for hybrid recurrent and multimodal models),
 ``decoder`` (turncache's own forward for the families whose every layer is attention: args table, weight names,
 the forward), ``decoder_runtime`` (its runtime, ``DecoderAdapter``), ``attention`` (the step batch and the
 attention kernels by name), ``matrices`` (a weight matrix per weight format), ``kv_rows`` (copy-on-write K/V

@@ -41,8 +41,9 @@ from typing import Any
 import torch
 
 from cache import Lease, MediaSpan
-from chat.models.adapter import RunState, TransformersAdapter
+from chat.models.adapter import RunState
 from chat.models.errors import RunStateError
+from chat.models.hf_runtime import TransformersAdapter
 from chat.models.media_prep import PreparedMedia, Preparer
 from modalities.errors import MediaError
 from modalities.identity import content_hash
@@ -181,7 +182,7 @@ class TextStack(torch.nn.Module):
 
 
 class MultimodalAdapter(TransformersAdapter):
-    """A :class:`~chat.models.adapter.TransformersAdapter` whose prompts may hold media. Build with
+    """A :class:`~chat.models.hf_runtime.TransformersAdapter` whose prompts may hold media. Build with
     :func:`chat.models.load_model`."""
 
     def __init__(

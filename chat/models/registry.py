@@ -381,7 +381,6 @@ def _adapter(
     the families it computes, a MultimodalAdapter when ``family`` says how it takes media, else a
     TransformersAdapter (transformers' forward: hybrid recurrent models). ``digest`` is the digest of its weights,
     ``weights`` the format its linear layers run in (both part of the fingerprint)."""
-    from chat.models.adapter import TransformersAdapter
     from chat.models.fingerprint import model_fingerprint
 
     common = {
@@ -400,6 +399,8 @@ def _adapter(
         model = model.to(device)
     decoder = _own_decoder(model, tokenizer, weights)
     if decoder is None:
+        from chat.models.hf_runtime import TransformersAdapter  # only then: it patches transformers' forward
+
         _cpu_only(device, f"{model.config.model_type} models (transformers' forward)")
         return TransformersAdapter(model, tokenizer, dtype=dtype, **common)
     from chat.models.decoder_runtime import DecoderAdapter

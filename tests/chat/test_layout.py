@@ -12,6 +12,8 @@ SERVING_PATH = (
     "chat.engine.engine",
     "chat.models.registry",
     "chat.models.adapter",
+    "chat.models.decoder_runtime",
+    "chat.models.hf_runtime",
     "chat.models.multimodal",
     "chat.cluster",
 )

@@ -249,3 +249,42 @@ def test_off_the_cpu_int8_and_transformers_models_are_refused():
     with pytest.raises(InvalidSettingError) as info:
         load_model("tiny-llama", device="not-a-device")
     assert info.value.field == "device"
+
+
+def test_a_packable_model_leaves_transformers_as_it_is():
+    """Serving a model of the own decoder's families imports none of the machinery that bends transformers' forward
+    (the packed attention and its module-level stack, the cache-layer subclasses, the module surgery), registers
+    nothing with transformers, and writes no private attribute of its config."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent(
+        """
+        import json, sys, torch
+        torch.set_num_threads(1)
+        from transformers import AttentionInterface
+        from chat.engine.runtime import Feed
+        from chat.models import load_model
+        before = sorted(AttentionInterface._global_mapping)
+        model = load_model("tiny-gemma2", weights="int8")
+        run = model.new_run()
+        model.forward_batch([Feed(run, [5, 6, 7], 1)])
+        print(json.dumps({
+            "modules": sorted(m for m in sys.modules if m.startswith("chat.models.")),
+            "registered": sorted(AttentionInterface._global_mapping) != before,
+            "attention": model._model.config._attn_implementation_internal,
+        }))
+        """
+    )
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "chat.models.decoder" in seen["modules"]
+    for legacy in ("ragged", "hf_cache", "fast_paths", "hf_runtime", "multimodal"):
+        assert f"chat.models.{legacy}" not in seen["modules"], legacy
+    assert not seen["registered"]
+    assert seen["attention"] in (None, "sdpa", "eager")  # as transformers set it when the config was made
