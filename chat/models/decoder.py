@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -511,7 +511,8 @@ class Rotary:
 # ==================================================================== building one
 
 
-MatrixMaker = Callable[[str, Any, "torch.Tensor | None"], Any]  # (our name, weight data, bias) -> a matrix
+MatrixMaker = Callable[[str, Any, "torch.Tensor | None"], Any]  # (our name, weight, bias) -> a matrix
+MATRIX_NAMES = ("qkv", "o", "gate_up", "down")  # per layer; and "head"
 
 
 def build_decoder(
@@ -520,33 +521,70 @@ def build_decoder(
     weights: str,
     *,
     calibration: list[int] | None = None,
-    make: MatrixMaker | None = None,
+    layers: Mapping[str, Sequence[Any]] | None = None,
     time_blas: bool = True,
 ) -> Decoder:
     """A :class:`Decoder` for a transformers config and state dict, its linear layers in the weight format
-    ``weights`` (:data:`chat.models.matrices.MATRICES`) or made by ``make`` (a format of its own: ``make(name,
-    data, bias)`` for each of ``layers.{i}.qkv``, ``.o``, ``.gate_up``, ``.down`` and ``head``, ``data`` being
-    what the state held for it, fused along rows). float32 matrices share the state's tensors. For int8 built from
-    float32, ``calibration`` token ids first move activation outliers into the weights
-    (:func:`chat.models.smoothing.smooth_decoder`). ``time_blas``: time the float32 BLAS forms per weight shape
-    (:func:`chat.models.matrices.calibrate`), else keep their defaults.
+    ``weights`` (a key of :data:`chat.models.matrices.MATRICES`). A format is a class built from a float weight and
+    bias (``cls(weight, bias)``; a fused matrix from its parts' rows concatenated), or an object with
+    ``from_layers(modules)``, which is given the checkpoint's own linear modules of each matrix, in output order
+    (``layers``: :func:`linear_modules`), for formats whose data the modules hold (a GGUF file's blocks). float32
+    matrices share the state's tensors. For int8, ``calibration`` token ids first move activation outliers into the
+    weights (:func:`chat.models.smoothing.smooth_decoder`). ``time_blas``: time the float32 BLAS forms per weight
+    shape (:func:`chat.models.matrices.calibrate`), else keep their defaults.
 
     Raises:
         NotPackable: the config or the weights are not what this forward computes.
+        ValueError: ``weights`` is no known format, or one built from modules without ``layers``.
     """
+    if weights not in MATRICES:
+        raise ValueError(f"weight format {weights!r} is not one of {', '.join(MATRICES)}")
+    fmt = MATRICES[weights]
     args = decoder_args(config)
     named = canonical_weights(state, args)
     named["embed"] = named["embed"].float()  # activations are float32 whatever the weights (a copy if bfloat16)
-    if weights == "int8" and calibration and make is None and not args.spec.norm_offset:
-        from chat.models.smoothing import smooth_decoder
+    if hasattr(fmt, "from_layers"):
+        if layers is None:
+            raise ValueError(f"the {weights} format is built from the checkpoint's modules: pass layers")
+        matrices = {name: fmt.from_layers(list(modules)) for name, modules in layers.items()}
+    else:
+        if weights == "int8" and calibration and not args.spec.norm_offset:
+            from chat.models.smoothing import smooth_decoder
 
-        draft = Decoder(args, named, _matrices(named, args, _float32, time_blas=False), config)
-        named = smooth_decoder(draft, named, calibration)
-    maker = make or _maker(weights)
-    matrices = _matrices(named, args, maker, time_blas=time_blas and weights == "float32" and make is None)
-    if weights != "float32" or make is not None:  # only the format's copies stay: the float tensors go
+            draft = Decoder(args, named, _matrices(named, args, _float32, time_blas=False), config)
+            named = smooth_decoder(draft, named, calibration)
+        maker = _maker(fmt)
+        matrices = _matrices(named, args, maker, time_blas=time_blas and weights == "float32")
+    if weights != "float32":  # only the format's copies stay: the float tensors go
         named = {name: _own(t) for name, t in named.items() if name in _KEPT or _kept(name)}
     return Decoder(args, named, matrices, config)
+
+
+def linear_modules(model: nn.Module, args: DecoderArgs) -> dict[str, list[nn.Module]]:
+    """The linear modules of a transformers model behind each of our matrices (``layers.{i}.qkv`` -> its q, k and v
+    projections, ...; ``head`` -> the LM head), found through :data:`HF_NAMES`.
+
+    Raises:
+        NotPackable: a module is missing.
+    """
+    modules = dict(model.named_modules())
+    ours_to_theirs: dict[str, str] = {}
+    for theirs, ours in HF_NAMES.items():
+        if theirs.endswith(".weight") and ours.endswith(".weight"):
+            ours_to_theirs[ours.removesuffix(".weight")] = theirs.removesuffix(".weight")
+    out: dict[str, list[nn.Module]] = {}
+    for i in range(args.layers):
+        for name in MATRIX_NAMES:
+            parts = FUSED.get(name, (name,))
+            found = [modules.get(ours_to_theirs[f"layers.{{i}}.{p}"].replace("{i}", str(i))) for p in parts]
+            if any(m is None for m in found):
+                raise NotPackable(f"layer {i} lacks a module of {name}")
+            out[f"layers.{i}.{name}"] = found
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        raise NotPackable("no LM head module")
+    out["head"] = [head]
+    return out
 
 
 _KEPT = ("embed", "norm")
@@ -566,11 +604,7 @@ def _float32(name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Floa
     return Float32Matrix(weight.detach().float(), None if bias is None else bias.detach().float())
 
 
-def _maker(weights: str) -> MatrixMaker:
-    if weights not in MATRICES:
-        raise ValueError(f"weight format {weights!r} is not one of {', '.join(MATRICES)}")
-    cls = MATRICES[weights]
-
+def _maker(cls: Any) -> MatrixMaker:
     def make(name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
         return cls(weight.detach().float(), None if bias is None else bias.detach().float())
 
@@ -580,7 +614,7 @@ def _maker(weights: str) -> MatrixMaker:
 def _matrices(named: Mapping[str, Any], args: DecoderArgs, make: MatrixMaker, *, time_blas: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for i in range(args.layers):
-        for part in ("qkv", "o", "gate_up", "down"):
+        for part in MATRIX_NAMES:
             name = f"layers.{i}.{part}"
             out[name] = make(name, named[name + ".weight"], named.get(name + ".bias"))
     out["head"] = make("head", named["head.weight"], named.get("head.bias"))

@@ -413,17 +413,18 @@ def _adapter(
 def _own_decoder(model: Any, tokenizer: Any, weights: str) -> Any:
     """turncache's own decoder for ``model`` (:func:`chat.models.decoder.build_decoder`), or None when its family
     or settings are not ones it computes (then transformers' forward serves it; logged)."""
-    from chat.models.decoder import NotPackable, build_decoder, decoder_args
+    from chat.models.decoder import NotPackable, build_decoder, decoder_args, linear_modules
     from chat.models.smoothing import CALIBRATION_TEXT
 
     try:
-        decoder_args(model.config)
+        args = decoder_args(model.config)
     except NotPackable as exc:
         _log.info("%s runs on transformers' forward: %s", type(model).__name__, exc)
         return None
     calibration = list(tokenizer.encode(CALIBRATION_TEXT, add_special_tokens=False)) if weights == "int8" else None
     try:
-        return build_decoder(model.config, model.state_dict(), weights, calibration=calibration)
+        layers = linear_modules(model, args)
+        return build_decoder(model.config, model.state_dict(), weights, calibration=calibration, layers=layers)
     except NotPackable as exc:
         _log.info("%s runs on transformers' forward: %s", type(model).__name__, exc)
         return None

@@ -11,6 +11,7 @@ import random
 
 import pytest
 import torch
+from torch import nn
 
 from cache import Namespace, PrefixCache
 from chat.engine.runtime import Feed
@@ -288,3 +289,43 @@ def test_a_packable_model_leaves_transformers_as_it_is():
         assert f"chat.models.{legacy}" not in seen["modules"], legacy
     assert not seen["registered"]
     assert seen["attention"] in (None, "sdpa", "eager")  # as transformers set it when the config was made
+
+
+def test_a_format_built_from_the_checkpoints_modules_slots_in(monkeypatch):
+    """A weight format whose data the checkpoint's modules hold (a GGUF file's blocks) is an object with
+    ``from_layers``: it gets each matrix's modules in output order (q, k, v; gate, up), and the forward computes
+    through whatever it returns."""
+    from chat.models import matrices
+    from chat.models.decoder import build_decoder, linear_modules
+    from chat.models.decoder_runtime import DecoderAdapter
+
+    class FromModules:  # stands for a block format: here the modules' own float weights
+        def __init__(self) -> None:
+            self.calls: list[list[nn.Module]] = []
+
+        def from_layers(self, modules):
+            self.calls.append(modules)
+            bias = None if modules[0].bias is None else torch.cat([m.bias.detach() for m in modules])
+            return matrices.Float32Matrix(torch.cat([m.weight.detach() for m in modules]), bias)
+
+    fmt = FromModules()
+    monkeypatch.setitem(matrices.MATRICES, "from-modules", fmt)
+    stock = load_stock("tiny-qwen2")
+    args = decoder_args(stock.model.config)
+    decoder = build_decoder(
+        stock.model.config, stock.model.state_dict(), "from-modules", layers=linear_modules(stock.model, args)
+    )
+    attn = stock.model.model.layers[0].self_attn
+    assert fmt.calls[0] == [attn.q_proj, attn.k_proj, attn.v_proj] and len(fmt.calls) == 4 * args.layers + 1
+    model = DecoderAdapter(
+        decoder,
+        stock.tokenizer,
+        name="tiny-qwen2",
+        fingerprint="from-modules",
+        kv_dtype="float32",
+        context_window=4096,
+        eos_token_ids=set(),
+        weights="from-modules",
+    )
+    tokens = tokens_of(model, 20, seed=8)
+    assert diff(model.forward(model.new_run(), tokens), reference("tiny-qwen2", "cpu", tokens)) <= TOLERANCE
