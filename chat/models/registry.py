@@ -4,8 +4,8 @@
 Specs::
 
     "smollm2"          the built-in default: SmolLM2-135M-Instruct (converted once from the bundled GGUF)
-    "tiny-<name>"      a tiny seeded random model (chat.tools.testing.tiny.TINY; tiny-omni / tiny-llava in
-                       chat.tools.testing.tiny_mm), for tests
+    "tiny-<name>"      a tiny seeded random model (chat.models.tiny.text.TINY; tiny-omni / tiny-llava in
+                       chat.models.tiny.media), for tests
     "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer with a chat template
     "/path/to/x.gguf"  a local GGUF file (llama.cpp, Ollama, LM Studio) of a served family with a chat template,
                        converted once into a float32 model directory (chat.models.gguf_files)
@@ -34,8 +34,8 @@ _log = logging.getLogger(__name__)
 
 
 def model_choices() -> list[str]:
-    from chat.tools.testing.tiny import tiny_names
-    from chat.tools.testing.tiny_mm import TINY_MM
+    from chat.models.tiny.media import TINY_MM
+    from chat.models.tiny.text import tiny_names
 
     return [smollm2.NAME, *tiny_names(), *(f"tiny-{name}" for name in TINY_MM)]
 
@@ -235,7 +235,7 @@ def load_multimodal_directory(
 
 def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str) -> Any:
     from chat.models.fingerprint import tensors_digest
-    from chat.tools.testing.tiny_mm import build_tiny_multimodal
+    from chat.models.tiny.media import build_tiny_multimodal
 
     model, tokenizer, family = build_tiny_multimodal(name, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
@@ -253,8 +253,8 @@ def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any, 
 
 def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str, device: Any = None) -> Any:
     from chat.models.fingerprint import tensors_digest
-    from chat.tools.testing.tiny import build_tiny_model
-    from chat.tools.testing.tiny_mm import TINY_MM
+    from chat.models.tiny.media import TINY_MM
+    from chat.models.tiny.text import build_tiny_model
 
     if name in TINY_MM:
         _cpu_only(device, "multimodal models")
@@ -276,7 +276,7 @@ def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: s
 
 def tiny_renderer(name: str) -> TemplateRenderer:
     """The renderer of ``tiny-<name>``: its tokenizer, config and media family are built, its weights are not."""
-    from chat.tools.testing.tiny_mm import TINY_MM, tiny_family, tiny_multimodal_text
+    from chat.models.tiny.media import TINY_MM, tiny_family, tiny_multimodal_text
 
     if name in TINY_MM:
         tokenizer, config = tiny_multimodal_text(name)
@@ -350,8 +350,8 @@ def _tiny_text(name: str) -> tuple[Any, Any]:
     """``(tokenizer, config)`` of the tiny text model ``tiny-<name>``, its family checked (refused ones raise)."""
     from transformers import AutoTokenizer
 
-    from chat.tools.testing.tiny import TINY, TINY_REFUSED, tiny_config
-    from chat.tools.testing.tiny_tokenizer import ASSET_DIR
+    from chat.models.tiny.text import TINY, TINY_REFUSED, tiny_config
+    from chat.models.tiny.tokenizer import ASSET_DIR
 
     if name not in TINY and name not in TINY_REFUSED:
         raise UnknownModelError(f"tiny-{name}", model_choices())

@@ -45,7 +45,7 @@ def load_stock(spec: str, dtype: str = "float32") -> StockModel:
 
     torch_dtype = registry.parse_dtype(dtype)
     if spec.startswith("tiny-"):
-        from chat.tools.testing.tiny import build_tiny_model
+        from chat.models.tiny.text import build_tiny_model
 
         tokenizer, config = registry._tiny_text(spec.removeprefix("tiny-"))
         model = build_tiny_model(config, torch_dtype)

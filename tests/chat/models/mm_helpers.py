@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from chat.models.tiny.media import build_tiny_multimodal
 from chat.tools.testing.baselines import hf_inputs
-from chat.tools.testing.tiny_mm import build_tiny_multimodal
 from modalities.parts import MediaInput
 from tests.modalities.helpers import av_video, sf_audio
 

@@ -127,7 +127,7 @@ def test_a_forward_past_the_context_window_is_refused():
 
 def test_every_supported_family_has_its_tiny_model():
     from chat.models.families import SUPPORTED
-    from chat.tools.testing.tiny import TINY, tiny_names
+    from chat.models.tiny.text import TINY, tiny_names
 
     families = [f"tiny-{name}" for name, spec in TINY.items() if spec.chat_template is None]  # not template variants
     assert sorted(name for name, _ in SUPPORTED.values()) == sorted(families)

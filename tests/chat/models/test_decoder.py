@@ -17,8 +17,8 @@ from cache import Namespace, PrefixCache
 from chat.engine.runtime import Feed
 from chat.models import load_model, native
 from chat.models.decoder import FAMILIES, HF_NAMES, NotPackable, canonical_weights, decoder_args
+from chat.models.tiny.text import WINDOW
 from chat.tools.testing.baselines import load_stock
-from chat.tools.testing.tiny import WINDOW
 
 torch.set_num_threads(1)
 

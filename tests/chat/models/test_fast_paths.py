@@ -21,7 +21,7 @@ from chat.models.matrices import (
     linear,
     quantize_weight,
 )
-from chat.tools.testing.tiny import build_tiny_model, tiny_config
+from chat.models.tiny.text import build_tiny_model, tiny_config
 
 torch.set_num_threads(1)
 

@@ -13,8 +13,8 @@ from chat.models import (
     load_model,
     load_renderer,
 )
+from chat.models.tiny.text import TINY_REFUSED
 from chat.tools.testing.baselines import save_stock
-from chat.tools.testing.tiny import TINY_REFUSED
 from tests.chat.models.helpers import ALL_TINY, tiny
 from tests.chat.models.mm_helpers import save_tiny
 

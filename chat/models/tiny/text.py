@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from chat.tools.testing.templates import HERMES_TOOLS, THINKING
+from chat.models.tiny.templates import HERMES_TOOLS, THINKING
 
 WINDOW = 8  # sliding window of the tiny sliding models
 INIT_STD = 0.05  # std of the weight matrices: logits spread ~0.4 (the usual 0.02 gives nearly flat logits; much
@@ -40,7 +40,7 @@ class TinySpec:
     config_class: str  # a transformers config class
     kwargs: dict[str, Any] = field(default_factory=dict)  # on top of the vocabulary and special token ids
     common: bool = True  # start from _COMMON
-    chat_template: str | None = None  # instead of the tokenizer's plain ChatML (chat.tools.testing.templates)
+    chat_template: str | None = None  # instead of the tokenizer's plain ChatML (chat.models.tiny.templates)
 
 
 TINY: dict[str, TinySpec] = {
