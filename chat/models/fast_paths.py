@@ -5,8 +5,6 @@ multimodal models); the families of :mod:`chat.models.decoder` run on turncache'
 ::
 
     patches = install(model, weights="int8")   # once, after loading (the adapter does it)
-    with patches.stock() as model:             # float32 weights only: the model exactly as loaded, for baselines
-        model.generate(...)
 
 What :func:`install` does to the decoder stack it is given (a multimodal model's text stack: vision and audio
 encoders keep their own layers and attention):
@@ -34,8 +32,6 @@ head costs one extra copy in the chosen format). Not thread-safe.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,7 +146,7 @@ class FastRMSNorm(nn.Module):
 
 @dataclass(eq=False)
 class Patches:
-    """What :func:`install` changed in one model, so that :meth:`stock` can undo it for a while."""
+    """What :func:`install` changed in one model."""
 
     model: nn.Module  # the transformers model (or a multimodal model's text stack)
     weights: str  # the weight format of its linear layers
@@ -168,28 +164,6 @@ class Patches:
         """Dotted names of the fused layers (for tests and reports)."""
         names = {id(m): n for n, m in self.model.named_modules()}
         return [f"{names[id(p)]}.{n}".lstrip(".") for p, n, _, layer in self.replaced if isinstance(layer, FusedPart)]
-
-    @contextlib.contextmanager
-    def stock(self) -> Iterator[nn.Module]:
-        """The model as loaded while the block runs: its own ``nn.Linear`` layers (the same parameters, row-major as
-        loaded) and its own attention implementation. Nothing is copied.
-
-        Raises:
-            RuntimeError: the weights are not float32 (the loaded layers were dropped to save memory).
-        """
-        if self.weights != "float32":
-            raise RuntimeError(f"the stock model is kept only with float32 weights, not {self.weights}")
-        for parent, name, original, _ in [*self.replaced, *self.norms]:
-            setattr(parent, name, original)
-        for config, original in self.attention:
-            config._attn_implementation_internal = original
-        try:
-            yield self.model
-        finally:
-            for config, _ in self.attention:
-                config._attn_implementation_internal = ragged.RAGGED_ATTENTION
-            for parent, name, _, layer in [*self.replaced, *self.norms]:
-                setattr(parent, name, layer)
 
 
 def install(

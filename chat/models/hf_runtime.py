@@ -8,16 +8,14 @@ own decoder (:mod:`chat.models.decoder`) does not compute yet:
 
 The model is patched once (:func:`chat.models.fast_paths.install`: weight formats, fused projections, the packed
 attention registered with transformers) and runs over :mod:`chat.models.hf_cache` caches, several runs per forward
-through :mod:`chat.models.ragged`. ``with adapter.stock_model():`` gives the model back as loaded (float32), for the
-multimodal baselines.
+through :mod:`chat.models.ragged`. Baselines load a stock model of their own (``chat.tools.testing.baselines``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -222,13 +220,6 @@ class TransformersAdapter(ModelAdapter):
         run.state = None
         run.inherited.clear()
         run.snapshots.clear()
-
-    @contextlib.contextmanager
-    def stock_model(self) -> Iterator[Any]:
-        """The transformers model exactly as loaded, for baselines such as HF ``generate``: the fast paths
-        (:mod:`chat.models.fast_paths`) are undone while the block runs. No run may be driven meanwhile."""
-        with self._patches.stock() as model:
-            yield model
 
     # ================================================================ internals
 

@@ -147,7 +147,7 @@ def run(
     session_turns: int = 20,
 ) -> dict[str, float]:
     from chat.models import load_model
-    from chat.tools.testing.baselines import hf_generate, hf_generate_media, load_stock
+    from chat.tools.testing.baselines import hf_generate, hf_generate_media, load_stock, load_stock_media
 
     runtime = load_model(model, weights=weights)
     cache = PrefixCache()
@@ -206,16 +206,16 @@ def run(
     hf_prefill, hf_decode = [], []
     ours_decode = []
 
-    # the baseline is stock transformers on the float32 weights as loaded from disk (a model of its own for text
-    # models; for multimodal ones the float32 runtime's model with its patches undone), on the same prompt
+    # the baseline is stock transformers on the float32 weights as loaded from disk (a model of its own), on the same
+    # prompt
     if runtime.modalities:
-        media = runtime if runtime.weights == "float32" else load_model(model, weights="float32")
+        media = load_stock_media(model)
     else:
         stock = load_stock(model)
 
     def baseline(n: int) -> list[int]:
         if runtime.modalities:
-            return hf_generate_media(media, media.render_prompt(messages), n)
+            return hf_generate_media(media, runtime, runtime.render_prompt(messages), n)
         return hf_generate(stock, prompt, n)
 
     for _ in range(repeats):

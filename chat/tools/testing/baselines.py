@@ -1,7 +1,7 @@
 """Plain transformers on the same weights, for tests and benchmarks to compare against: ``generate`` (no prefix cache,
-the stock ``DynamicCache``) on a stock model of its own for text models (:func:`load_stock`: the transformers model as
-loaded from disk, never the serving runtime), on the multimodal adapter's model with its patches undone for
-multimodal ones, and a multimodal prompt in the shape transformers takes it (:func:`hf_inputs`)."""
+the stock ``DynamicCache``) on a stock model of its own (:func:`load_stock` for text models,
+:func:`load_stock_media` for multimodal ones: the transformers model as loaded from disk, never the serving
+runtime's), and a multimodal prompt in the shape transformers takes it (:func:`hf_inputs`)."""
 
 from __future__ import annotations
 
@@ -135,13 +135,30 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: MediaPrompt) -> dict[str, torc
     return out
 
 
-def hf_generate_media(adapter: MultimodalAdapter, prompt: MediaPrompt, max_new_tokens: int) -> list[int]:
-    """Greedy transformers ``generate`` on the whole prompt with its media (no prefix cache), on the model as
-    loaded. Returns the new token ids."""
+def load_stock_media(spec: str) -> Any:
+    """The stock transformers model of a multimodal ``spec`` (``tiny-<name>`` or a model directory): the whole
+    model (encoders and all), float32, exactly as loaded, a copy of its own."""
+    from chat.models import registry
+
+    if spec.startswith("tiny-"):
+        from chat.models.tiny.media import build_tiny_multimodal
+
+        model, _, _ = build_tiny_multimodal(spec.removeprefix("tiny-"), torch.float32)
+    else:
+        from chat.models.families_mm import load_multimodal
+
+        path, _, _ = registry._directory_of(spec)
+        model, _, _ = load_multimodal(path, registry._read_config(path), torch.float32)
+    return model.eval()
+
+
+def hf_generate_media(stock: Any, adapter: MultimodalAdapter, prompt: MediaPrompt, max_new_tokens: int) -> list[int]:
+    """Greedy transformers ``generate`` of the stock model ``stock`` (:func:`load_stock_media`) on the whole prompt
+    with its media (no prefix cache), the prompt laid out as ``adapter`` renders it. Returns the new token ids."""
     eos = sorted(adapter.eos_token_ids)
-    with adapter.stock_model(), torch.inference_mode():
+    with torch.inference_mode():
         inputs = hf_inputs(adapter, prompt)
-        out = adapter.full_model.generate(
+        out = stock.generate(
             **inputs,
             max_new_tokens=max_new_tokens,
             do_sample=False,
