@@ -61,6 +61,7 @@ from chat.models import attention
 from chat.models.matrices import MATRICES, Float32Matrix, calibrate
 
 ROPE_BLOCK = 4096  # rotary tables are computed in blocks of this many positions, each the same way
+DECODER_VERSION = "turncache-decoder-1"  # in the fingerprint of the models it computes: bump when its numbers change
 
 
 class NotPackable(ValueError):

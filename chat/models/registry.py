@@ -385,7 +385,6 @@ def _adapter(
 
     common = {
         "name": name,
-        "fingerprint": model_fingerprint(name, model.config, tokenizer, digest, weights),
         "kv_dtype": kv_dtype,
         "context_window": _context_window(model.config, tokenizer),
         "eos_token_ids": _eos_ids(model, tokenizer),
@@ -394,7 +393,8 @@ def _adapter(
     if family is not None:
         from chat.models.multimodal import MultimodalAdapter
 
-        return MultimodalAdapter(model, tokenizer, family, dtype=dtype, **common)
+        fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights)
+        return MultimodalAdapter(model, tokenizer, family, dtype=dtype, fingerprint=fingerprint, **common)
     if device is not None and device.type != "cpu":
         model = model.to(device)
     decoder = _own_decoder(model, tokenizer, weights)
@@ -402,12 +402,15 @@ def _adapter(
         from chat.models.hf_runtime import TransformersAdapter  # only then: it patches transformers' forward
 
         _cpu_only(device, f"{model.config.model_type} models (transformers' forward)")
-        return TransformersAdapter(model, tokenizer, dtype=dtype, **common)
+        fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights)
+        return TransformersAdapter(model, tokenizer, dtype=dtype, fingerprint=fingerprint, **common)
+    from chat.models.decoder import DECODER_VERSION
     from chat.models.decoder_runtime import DecoderAdapter
 
+    fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights, forward=DECODER_VERSION)
     generation_config = getattr(model, "generation_config", None)
     del model  # the decoder holds what it needs of the weights (float32: the same tensors)
-    return DecoderAdapter(decoder, tokenizer, generation_config=generation_config, **common)
+    return DecoderAdapter(decoder, tokenizer, generation_config=generation_config, fingerprint=fingerprint, **common)
 
 
 def _own_decoder(model: Any, tokenizer: Any, weights: str) -> Any:

@@ -329,3 +329,16 @@ def test_a_format_built_from_the_checkpoints_modules_slots_in(monkeypatch):
     )
     tokens = tokens_of(model, 20, seed=8)
     assert diff(model.forward(model.new_run(), tokens), reference("tiny-qwen2", "cpu", tokens)) <= TOLERANCE
+
+
+def test_the_forward_is_part_of_the_cache_namespace():
+    """States computed by the own forward never meet states of transformers' forward for the same weights (a disk
+    cache written before the own forward existed, say): their last bits differ, and int8 turns from the cache must be
+    bit for bit the turns computed without it."""
+    from chat.models.fingerprint import model_fingerprint, tensors_digest
+
+    model, stock = ours("tiny-llama"), load_stock("tiny-llama")
+    digest = tensors_digest(stock.model.state_dict().items())
+    before = model_fingerprint("tiny-llama", stock.model.config, stock.tokenizer, digest, "float32")
+    assert model.fingerprint != before
+    assert model.fingerprint.startswith("tiny-llama@")
