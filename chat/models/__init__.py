@@ -2,23 +2,28 @@
 
 Public surface::
 
-    load_model(spec, dtype="float32", weights=None, kv_dtype=None) -> ModelAdapter   # "smollm2", "tiny-<name>",
-                                                            # a model directory, a GGUF file
+    load_model(spec, dtype="float32", weights=None, kv_dtype=None, device=None) -> ModelAdapter   # "smollm2",
+                                                            # "tiny-<name>", a model directory, a GGUF file
     load_renderer(spec) -> TemplateRenderer   # the same model's name, modalities and render, without weights
-    ModelAdapter   name, fingerprint, dtype, weights, context_window, eos_token_ids, vocab_size, modalities,
-                   has_recurrent_state, render, render_prompt, decode, detokenizer, new_run, forward_batch,
-                   forward, snapshot, export, extras, close_run, can_rewind, rewind (speculative decoding),
-                   stock_model (baselines, float32 weights only)
+    ModelAdapter   name, fingerprint, kv_dtype (``dtype`` in the runtime protocol), weights, context_window,
+                   eos_token_ids, vocab_size, modalities, has_recurrent_state, render, render_prompt, decode,
+                   detokenizer, new_run, forward_batch, forward, snapshot, export, extras, close_run, can_rewind,
+                   rewind (speculative decoding)
     RunState       one generation's live state (``.length``)
     errors         ModelError and its subclasses (chat.models.errors)
 
 Module map: ``registry`` (specs -> loaders), ``renderer`` (the chat template alone, for a cluster's ingress),
-``gguf_files`` (any GGUF file -> model directory, once per file), ``smollm2`` (the built-in GGUF), ``tiny`` +
-``tiny_tokenizer`` (seeded test models), ``families`` (what is served or refused), ``adapter`` (the runtime),
-``hf_cache`` (a transformers Cache over ``kv_rows``' copy-on-write buffers), ``ragged`` (several runs in one forward,
-each attending to its own rows), ``fast_paths`` (every patch of the transformers model in one ``install``: weight
-formats, fused projections, the packed attention; undone for baselines), ``smoothing`` (activation outliers into the
-weights before int8), ``detokenizer``, ``fingerprint``, ``baseline`` (plain ``generate`` for benchmarks).
+``gguf_files`` (any GGUF file -> model directory, once per file), ``smollm2`` (the built-in GGUF), ``families``
+(what is served or refused), ``adapter`` (what every runtime shares), ``hf_runtime`` (``TransformersAdapter``:
+transformers' forward, for hybrid recurrent and multimodal models),
+``decoder`` (turncache's own forward for the families whose every layer is attention: args table, weight names,
+the forward), ``decoder_runtime`` (its runtime, ``DecoderAdapter``), ``attention`` (the step batch and the
+attention kernels by name), ``matrices`` (a weight matrix per weight format), ``kv_rows`` (copy-on-write K/V
+buffers), ``native`` (the C kernels and their typed contract), ``smoothing`` (activation outliers into the weights
+before int8), and for the transformers forward only: ``hf_cache`` (a transformers Cache over ``kv_rows``), ``ragged``
+(several runs in one forward, each attending to its own rows), ``fast_paths`` (every patch of the transformers
+model in one ``install``), ``multimodal`` / ``families_mm`` / ``media_prep`` / ``mrope`` (media models);
+``detokenizer``, ``fingerprint``.
 """
 
 from __future__ import annotations

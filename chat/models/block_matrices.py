@@ -1,6 +1,6 @@
 """Linear layers whose weights stay in a GGUF file's own block formats (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), the weight
 matrices of the formats ``gguf``, ``gguf-q8`` and ``gguf-q16`` (:data:`BLOCK_FORMATS`), with the interface of
-:mod:`chat.models.fast_paths`' matrices: ``matrix(x) -> y``, ``matrix.rows(lo, hi)``, ``matrix.fuse_rows``.
+:mod:`chat.models.matrices`' matrices: ``matrix(x) -> y``, ``matrix.rows(lo, hi)``, ``matrix.fuse_rows``.
 
 ::
 
@@ -382,11 +382,12 @@ class StackedMatrix:
         raise ValueError(f"rows [{lo}, {hi}) are not one part of this stacked matrix ({self.bounds})")
 
 
-# ==================================================================== what fast_paths calls
+# ==================================================================== what a forward builds matrices with
 
 
 class BlockFormat:
-    """A weight format of :data:`BLOCK_FORMATS` as :func:`chat.models.fast_paths.install` uses it: a matrix from
+    """A weight format of :data:`BLOCK_FORMATS` as the forwards use it (:func:`chat.models.decoder.build_decoder`,
+    :func:`chat.models.fast_paths.install`: ``chat.models.matrices.MATRICES``): a matrix from
     the linear layers of a fused group (or one layer). A layer the loader marked with ``block_weight`` (a
     :class:`BlockWeight`) is computed from its blocks; any other (dequantized: a type without a kernel) in float32."""
 
@@ -394,7 +395,7 @@ class BlockFormat:
         self.matrix = matrix  # BlockMatrix, BlockQ8Matrix or BlockQ16Matrix
 
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
-        from chat.models.fast_paths import Float32Matrix
+        from chat.models.matrices import Float32Matrix
 
         return Float32Matrix(weight, bias)
 

@@ -27,6 +27,9 @@ LAYER_KINDS = {
 SUPPORTED = {
     "llama": ("tiny-llama", "full attention"),
     "mistral": ("tiny-mistral", "sliding window"),
+    "qwen2": ("tiny-qwen2", "full attention with q/k/v biases"),
+    "qwen3": ("tiny-qwen3", "full attention + sliding window, q/k norms"),
+    "gemma2": ("tiny-gemma2", "sliding window + full attention, soft-capped scores and logits"),
     "gemma3_text": ("tiny-gemma3", "sliding window + full attention"),
     "qwen3_next": ("tiny-qwen3next", "gated delta-net linear attention + full attention"),
     "lfm2": ("tiny-lfm2", "short convolutions + full attention"),

@@ -11,7 +11,7 @@ frame group with timestamps; 3-D mRoPE; deepstack features added to the first de
 positions). Every other multimodal family is refused with a reason.
 
 Gemma 3's image tokens attend to each other both ways; it is served by computing each item whole: the
-adapter marks the item's tokens as a block of the packed forward (:attr:`chat.models.ragged.Slot.blocks`), and the
+adapter marks the item's tokens as a block of the packed forward (:attr:`chat.models.ragged.PackedRun.blocks`), and the
 engine never cuts an item between prefill chunks (``ModelRuntime.whole_media_spans``).
 """
 

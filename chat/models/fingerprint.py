@@ -1,7 +1,8 @@
 """Model fingerprints: the cache namespace's model id. Two adapters share cached state only if everything that turns
-tokens into state is the same: the weights, the config, the tokenizer and chat template, and this adapter's way of
-laying out the state (:data:`LAYOUT_VERSION`), and the format the linear layers run in (float32, bfloat16, int8:
-each computes slightly different states). The dtype is not part of it: namespaces carry it separately.
+tokens into state is the same: the weights, the config, the tokenizer and chat template, this adapter's way of laying
+out the state (:data:`LAYOUT_VERSION`), the format the linear layers run in (float32, bfloat16, int8: each computes
+slightly different states), and the forward (turncache's own decoder or transformers'). The dtype is not part of
+it: namespaces carry it separately.
 """
 
 from __future__ import annotations
@@ -40,11 +41,17 @@ def tensors_digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     return h.hexdigest()
 
 
-def model_fingerprint(name: str, config: Any, tokenizer: Any, weights_digest: str, weights: str = "float32") -> str:
+def model_fingerprint(
+    name: str, config: Any, tokenizer: Any, weights_digest: str, weights: str = "float32", forward: str | None = None
+) -> str:
     """``<name>@<24 hex digits>`` (``<name>+<format>@...`` when the linear layers run in another weight format
-    than float32): readable in logs, unique across weights, their format, config and tokenizer."""
+    than float32): readable in logs, unique across weights, their format, config and tokenizer, and the forward
+    that computes the states (``forward``: e.g. :data:`chat.models.decoder.DECODER_VERSION`; None for
+    transformers' forward), whose last bits differ from one forward to another."""
     h = hashlib.sha256(LAYOUT_VERSION.encode())
     h.update(f"weights={weights}".encode())
+    if forward is not None:
+        h.update(f"forward={forward}".encode())
     config_dict = {k: v for k, v in config.to_dict().items() if k not in _VOLATILE_CONFIG_KEYS}
     h.update(json.dumps(config_dict, sort_keys=True, default=str).encode())
     backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -115,7 +115,7 @@ class RunCache(Cache):
 
 
 @dataclass(frozen=True, slots=True)
-class Slot:
+class CacheSlot:
     layer: int  # decoder layer index
     kind: str  # "kv" | "rotating" | "recurrent" | "none"
     window: int | None  # sliding window W of "rotating" slots
@@ -137,11 +137,11 @@ class CacheLayout:
         self.max_rows = max_rows  # the context window: full buffers do not grow past it
         self.margin = margin  # rows kept beyond W - 1 in sliding layers, so short rewinds stay possible
         self.kv_dtype = kv_dtype  # what attention rows are stored in (None: the dtype the model computes them in)
-        slots: list[Slot] = []
+        slots: list[CacheSlot] = []
         for i, (kind, kwargs) in enumerate(zip(self.layer_types, self._layer_kwargs, strict=True)):
             for part in LAYER_KINDS[kind]:
-                slots.append(Slot(i, part, kwargs.get("sliding_window") if part == "rotating" else None))
-        self.slots: tuple[Slot, ...] = tuple(slots)
+                slots.append(CacheSlot(i, part, kwargs.get("sliding_window") if part == "rotating" else None))
+        self.slots: tuple[CacheSlot, ...] = tuple(slots)
         self.recurrent: dict[int, RecurrentLayout] = {}  # layer -> its states; filled in by `learn_recurrent`
 
     def layer_parts(self) -> list[tuple[tuple[str, ...], int | None]]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from cache import NormalKV, RotatingKV
+from chat.models import native
 
 ROW_ALIGN = 256  # buffer capacities are multiples of this
 _MARK_ATTR = "_turncache_mark"
@@ -108,7 +109,8 @@ class AttentionRows:
         self.seen = 0  # positions absorbed (the layer's length)
         self.floor = 0  # positions below this were restored or exported: others may hold views of their rows
         self.copies = 0  # reallocations (with a copy of held rows) so far, for tests and benchmarks
-        self._layout: tuple[torch.Tensor, tuple[int, ...], int] | None = None  # (keys, layout(), element size)
+        self._layout: tuple[torch.Tensor, tuple[int, ...], int, int | None] | None = None  # (keys, layout(),
+        # element size, native.KV_DTYPES of the rows' dtype)
 
     @property
     def held(self) -> int:
@@ -167,12 +169,27 @@ class AttentionRows:
         self.seen += 1
         return row, row - visible
 
-    def reserve_described(self, like_key: torch.Tensor, like_value: torch.Tensor) -> tuple[int, ...]:
-        """:meth:`reserve_token`, returning where attention's rows lie for native code: ``(address of the first
-        visible key row, key head stride, key row stride, address of the first visible value row, value head stride,
-        value row stride, visible rows)`` (bytes for addresses, elements for strides), the new token's row being the
-        last. A decode step makes this call for every run and layer: the common case (the run at the tip of its own
-        buffer, with room, described before) makes no other call."""
+    def reserve_row(
+        self,
+        table: native.AttentionTable,
+        like_key: torch.Tensor,
+        like_value: torch.Tensor,
+        *,
+        first: int,
+        new_key: int,
+        new_value: int,
+    ) -> None:
+        """:meth:`reserve_token`, adding the native attention kernel's row for it to ``table``: the visible rows (the
+        new token's row last), its query token at ``first`` of the kernel's call, and where its new K/V lie (float32;
+        the kernel copies them into the new row). A decode step makes this call for every run and layer: the common
+        case (the run at the tip of its own buffer, with room, described before) makes no other call.
+
+        Raises:
+            native.AttentionRowError: the rows' dtype is not one the kernel reads (nothing is reserved then), or the
+                row is wrong (see :meth:`native.AttentionTable.add`).
+        """
+        if native.KV_DTYPES.get(self.dtype or like_key.dtype) is None:
+            raise native.AttentionRowError(f"the attention kernel reads float32 or float16 rows, not {like_key.dtype}")
         mark, keys = self.mark, self.keys
         row = self.row0 + self.seen - self.first
         if mark is None or keys is None or mark.filled != row or row >= keys.shape[-2]:
@@ -186,8 +203,22 @@ class AttentionRows:
             self.layout()
             cached = self._layout
             assert cached is not None
-        (k_at, k_heads, k_rows, v_at, v_heads, v_rows), size = cached[1], cached[2]
-        return k_at + lo * k_rows * size, k_heads, k_rows, v_at + lo * v_rows * size, v_heads, v_rows, row - lo + 1
+        (k_at, k_heads, k_rows, v_at, v_heads, v_rows), size, half = cached[1], cached[2], cached[3]
+        assert half is not None
+        table.add(
+            k_at + lo * k_rows * size,
+            k_heads,
+            k_rows,
+            v_at + lo * v_rows * size,
+            v_heads,
+            v_rows,
+            row - lo + 1,
+            queries=1,
+            first=first,
+            half=half,
+            new_key=new_key,
+            new_value=new_value,
+        )
 
     def layout(self) -> tuple[int, int, int, int, int, int]:
         """Where the buffer lies, for native code: ``(keys address, key head stride, key row stride, values
@@ -198,7 +229,7 @@ class AttentionRows:
         if cached is None or cached[0] is not self.keys:
             k, v = self.keys, self.values
             described = (k.data_ptr(), k.stride(-3), k.stride(-2), v.data_ptr(), v.stride(-3), v.stride(-2))
-            cached = (k, described, k.element_size())
+            cached = (k, described, k.element_size(), native.KV_DTYPES.get(k.dtype))
             self._layout = cached
         return cached[1]
 

@@ -41,8 +41,9 @@ from typing import Any
 import torch
 
 from cache import Lease, MediaSpan
-from chat.models.adapter import ModelAdapter, RunState
+from chat.models.adapter import RunState
 from chat.models.errors import RunStateError
+from chat.models.hf_runtime import TransformersAdapter
 from chat.models.media_prep import PreparedMedia, Preparer
 from modalities.errors import MediaError
 from modalities.identity import content_hash
@@ -63,7 +64,7 @@ class PromptItem:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class RenderedPrompt:
+class MediaPrompt:
     tokens: tuple[int, ...]  # the prompt with every placeholder expanded to its item's token count
     items: tuple[PromptItem, ...]  # in prompt order
 
@@ -180,8 +181,9 @@ class TextStack(torch.nn.Module):
         return SimpleNamespace(logits=self.lm_head(hidden))
 
 
-class MultimodalAdapter(ModelAdapter):
-    """A :class:`ModelAdapter` whose prompts may hold media. Build with :func:`chat.models.load_model`."""
+class MultimodalAdapter(TransformersAdapter):
+    """A :class:`~chat.models.hf_runtime.TransformersAdapter` whose prompts may hold media. Build with
+    :func:`chat.models.load_model`."""
 
     def __init__(
         self,
@@ -235,7 +237,7 @@ class MultimodalAdapter(ModelAdapter):
 
     # ================================================================ prompts
 
-    def render_prompt(self, messages: Sequence[Mapping[str, Any]], *, salt: str = "") -> RenderedPrompt:
+    def render_prompt(self, messages: Sequence[Mapping[str, Any]], *, salt: str = "") -> MediaPrompt:
         """The prompt of ``messages`` whose content is a string or a list of ``{"type": "text", "text"}`` dicts and
         :class:`~modalities.parts.MediaInput` s, through the chat template, with each item's placeholder expanded.
         The rendered text's ids reuse those of earlier renders with the same ``salt``
@@ -292,7 +294,7 @@ class MultimodalAdapter(ModelAdapter):
 
     def _expand(
         self, ids: list[int], parts: list[MediaInput], prepared: list[tuple[str, PreparedMedia]]
-    ) -> RenderedPrompt:
+    ) -> MediaPrompt:
         found = [(at, self._kind_of[t]) for at, t in enumerate(ids) if t in self._kind_of]
         if len(found) != len(parts) or any(kind != part.kind for (_, kind), part in zip(found, parts, strict=False)):
             kinds = ", ".join(kind for _, kind in found) or "none"
@@ -320,7 +322,7 @@ class MultimodalAdapter(ModelAdapter):
             items.append(PromptItem(MediaSpan(start, end, kind, key), prep, part.item))
             cursor = at + 1
         tokens.extend(ids[cursor:])
-        return RenderedPrompt(tuple(tokens), tuple(items))
+        return MediaPrompt(tuple(tokens), tuple(items))
 
     def _interleaved_tokens(self, ids: list[int], at: int, prep: PreparedMedia, item: str) -> list[int]:
         """What replaces the video placeholder at ``ids[at]`` for a video with its audio: ``<audio_bos>``, the video
@@ -344,7 +346,7 @@ class MultimodalAdapter(ModelAdapter):
 
     # ================================================================ runs
 
-    def new_run(self, lease: Lease | None = None, prompt: RenderedPrompt | None = None) -> RunState:
+    def new_run(self, lease: Lease | None = None, prompt: MediaPrompt | None = None) -> RunState:
         """A run holding ``lease``'s state, planned to prefill the rest of ``prompt`` (text-only if None).
 
         Raises:

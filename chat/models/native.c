@@ -15,13 +15,56 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
-int tc_abi_version(void) { return 6; }
+int tc_abi_version(void) { return 7; }
+
+/* One sequence's row of tc_attention's table: the record chat/models/native.py declares as AttentionRow (a
+ * ctypes.Structure with these fields in this order). tc_attention_row_layout tells the Python side its size and
+ * field offsets, which a test compares with the Structure's; the ABI version above changes with it. */
+typedef struct {
+    int64_t keys;              /* address (bytes) of the first visible key row, head 0 */
+    int64_t key_head_stride;   /* elements between two K/V heads' key rows */
+    int64_t key_row_stride;    /* elements between two key rows */
+    int64_t values;            /* likewise for the values */
+    int64_t value_head_stride;
+    int64_t value_row_stride;
+    int64_t rows;              /* visible rows, the sequence's query tokens being the last ones */
+    int64_t new_key;           /* 0, or (one query token) where head 0 of its new key lies (float32) */
+    int64_t new_value;         /* likewise for its new value */
+    int64_t queries;           /* query tokens */
+    int64_t first;             /* first query token in q and out */
+    int64_t half;              /* 1: K/V rows are float16; 0: float32 */
+} tc_attention_row;
+
+#define ROW_FIELDS 12
+
+/* out[0] = sizeof(tc_attention_row), out[1 + i] = offset of field i; returns how many values it wrote (at most n). */
+int64_t tc_attention_row_layout(int64_t *out, int64_t n) {
+    const int64_t layout[1 + ROW_FIELDS] = {
+        sizeof(tc_attention_row),
+        offsetof(tc_attention_row, keys),
+        offsetof(tc_attention_row, key_head_stride),
+        offsetof(tc_attention_row, key_row_stride),
+        offsetof(tc_attention_row, values),
+        offsetof(tc_attention_row, value_head_stride),
+        offsetof(tc_attention_row, value_row_stride),
+        offsetof(tc_attention_row, rows),
+        offsetof(tc_attention_row, new_key),
+        offsetof(tc_attention_row, new_value),
+        offsetof(tc_attention_row, queries),
+        offsetof(tc_attention_row, first),
+        offsetof(tc_attention_row, half),
+    };
+    int64_t count = n < 1 + ROW_FIELDS ? n : 1 + ROW_FIELDS;
+    for (int64_t i = 0; i < count; i++) out[i] = layout[i];
+    return count;
+}
 
 int tc_supported(void) {
     __builtin_cpu_init();
@@ -336,36 +379,32 @@ TARGET INLINE void attend(const float *qh, int64_t group, int64_t d, int64_t dv,
     }
 }
 
-/* Attention of the query tokens of n sequences, each over its own K/V rows, described by the n rows of table
- * (TABLE_FIELDS int64 each, in the order of the enum below). Sequence s has QUERIES query tokens, tokens FIRST ..
- * FIRST + QUERIES - 1 of q ([tokens, heads, d], already multiplied by the attention scale) and of out ([tokens, heads,
- * dv]), both contiguous; heads = kv_heads * group, query head h reading K/V head h / group. Its K: address KEYS
- * (bytes: its first visible row, head 0), head stride K_HEADS, row stride K_ROWS (elements; the last dim contiguous),
- * ROWS rows; likewise V; HALF: 1 if its K/V are float16 (read into float32), 0 if float32. Its queries are its last
- * QUERIES positions: the i-th sees the rows up to its own, ROWS - QUERIES + i, and if window > 0 only the window rows
- * ending there; a lone query token sees all its rows (a sliding layer hands a decode step only its window). If NEW_KEY
- * is not 0 (a one-token sequence), head j of its new key (d floats at NEW_KEY + j * new_k_heads) is first copied into
- * its last row (rounded to float16, nearest even, if HALF), and likewise its new value. softcap <= 0: none. Returns 0,
- * or -1 if scratch memory could not be had.
+/* Attention of the query tokens of n sequences, each over its own K/V rows, described by table[0 .. n) (see
+ * tc_attention_row; chat/models/native.py checks every row before it comes here). Sequence s has e->queries query
+ * tokens, tokens e->first .. e->first + e->queries - 1 of q ([tokens, heads, d], already multiplied by the attention
+ * scale) and of out ([tokens, heads, dv]), both contiguous; heads = kv_heads * group, query head h reading K/V head
+ * h / group. Its queries are its last e->queries positions: the i-th sees the rows up to its own, rows - queries + i,
+ * and if window > 0 only the window rows ending there; a lone query token sees all its rows (a sliding layer hands a
+ * decode step only its window). If e->new_key is not 0 (a one-token sequence), head j of its new key (d floats at
+ * new_key + j * new_k_heads) is first copied into its last row (rounded to float16, nearest even, if half), and
+ * likewise its new value. softcap <= 0: none. Returns 0, or -1 if scratch memory could not be had.
  */
-enum { T_KEYS, T_K_HEADS, T_K_ROWS, T_VALUES, T_V_HEADS, T_V_ROWS, T_ROWS, T_NEW_KEY, T_NEW_VALUE, T_QUERIES, T_FIRST,
-       T_HALF, TABLE_FIELDS };
-
 TARGET int tc_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, int64_t dv, const float *q,
-                        const int64_t *table, int64_t window, float softcap, float *out, int64_t new_k_heads,
+                        const tc_attention_row *table, int64_t window, float softcap, float *out, int64_t new_k_heads,
                         int64_t new_v_heads) {
     int64_t heads = kv_heads * group, longest = 1, tasks = 0; /* tasks: one per query token and K/V head */
     for (int64_t s = 0; s < n; s++) {
-        const int64_t *e = table + s * TABLE_FIELDS;
-        longest = e[T_ROWS] > longest ? e[T_ROWS] : longest;
-        tasks += e[T_QUERIES] * kv_heads;
-        if (e[T_NEW_KEY]) /* before any task reads the rows: a one-token sequence's task is its only reader */
+        const tc_attention_row *e = table + s;
+        longest = e->rows > longest ? e->rows : longest;
+        tasks += e->queries * kv_heads;
+        if (e->new_key) /* before any task reads the rows: a one-token sequence's task is its only reader */
             for (int64_t h = 0; h < kv_heads; h++) {
-                int64_t size = e[T_HALF] ? 2 : 4;
-                char *K = (char *)(intptr_t)e[T_KEYS] + (h * e[T_K_HEADS] + (e[T_ROWS] - 1) * e[T_K_ROWS]) * size;
-                char *V = (char *)(intptr_t)e[T_VALUES] + (h * e[T_V_HEADS] + (e[T_ROWS] - 1) * e[T_V_ROWS]) * size;
-                kv_store(K, (const float *)(intptr_t)e[T_NEW_KEY] + h * new_k_heads, d, (int)e[T_HALF]);
-                kv_store(V, (const float *)(intptr_t)e[T_NEW_VALUE] + h * new_v_heads, dv, (int)e[T_HALF]);
+                int64_t size = e->half ? 2 : 4;
+                char *K = (char *)(intptr_t)e->keys + (h * e->key_head_stride + (e->rows - 1) * e->key_row_stride) * size;
+                char *V =
+                    (char *)(intptr_t)e->values + (h * e->value_head_stride + (e->rows - 1) * e->value_row_stride) * size;
+                kv_store(K, (const float *)(intptr_t)e->new_key + h * new_k_heads, d, (int)e->half);
+                kv_store(V, (const float *)(intptr_t)e->new_value + h * new_v_heads, dv, (int)e->half);
             }
     }
     int failed = 0;
@@ -378,23 +417,25 @@ TARGET int tc_attention(int64_t n, int64_t kv_heads, int64_t group, int64_t d, i
         for (int64_t task = 0; task < tasks; task++) {
             if (!scores) continue;
             if (task < before) s = 0, before = 0; /* tasks come in increasing order within a thread */
-            while (task >= before + table[s * TABLE_FIELDS + T_QUERIES] * kv_heads) {
-                before += table[s * TABLE_FIELDS + T_QUERIES] * kv_heads;
+            while (task >= before + table[s].queries * kv_heads) {
+                before += table[s].queries * kv_heads;
                 s++;
             }
-            const int64_t *e = table + s * TABLE_FIELDS;
+            const tc_attention_row *e = table + s;
             int64_t local = task - before, i = local / kv_heads, h = local % kv_heads;
-            int64_t own = e[T_ROWS] - e[T_QUERIES] + i;
-            int64_t lo = window > 0 && e[T_QUERIES] > 1 && own + 1 > window ? own + 1 - window : 0;
-            int64_t token = e[T_FIRST] + i, size = e[T_HALF] ? 2 : 4;
+            int64_t own = e->rows - e->queries + i;
+            int64_t lo = window > 0 && e->queries > 1 && own + 1 > window ? own + 1 - window : 0;
+            int64_t token = e->first + i, size = e->half ? 2 : 4;
             const float *qh = q + (token * heads + h * group) * d;
             float *o = out + (token * heads + h * group) * dv;
-            const char *K = (const char *)(intptr_t)e[T_KEYS] + h * e[T_K_HEADS] * size;
-            const char *V = (const char *)(intptr_t)e[T_VALUES] + h * e[T_V_HEADS] * size;
-            if (e[T_HALF]) /* two instances of attend, each with its element type fixed */
-                attend(qh, group, d, dv, K, e[T_K_ROWS], V, e[T_V_ROWS], lo, own + 1, softcap, scores, o, dv, 1);
+            const char *K = (const char *)(intptr_t)e->keys + h * e->key_head_stride * size;
+            const char *V = (const char *)(intptr_t)e->values + h * e->value_head_stride * size;
+            if (e->half) /* two instances of attend, each with its element type fixed */
+                attend(qh, group, d, dv, K, e->key_row_stride, V, e->value_row_stride, lo, own + 1, softcap, scores, o,
+                       dv, 1);
             else
-                attend(qh, group, d, dv, K, e[T_K_ROWS], V, e[T_V_ROWS], lo, own + 1, softcap, scores, o, dv, 0);
+                attend(qh, group, d, dv, K, e->key_row_stride, V, e->value_row_stride, lo, own + 1, softcap, scores, o,
+                       dv, 0);
         }
         free(scores);
     }

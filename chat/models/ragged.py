@@ -3,7 +3,7 @@ its own run's K/V rows (ragged batching; no padding, no copy of anyone's K/V).
 
 Linear layers, norms, embeddings and rotary positions work on tokens one by one, so they run over the concatenated
 tokens of every run at once; only attention needs to know where each run's tokens are. A :class:`Pack` says that
-(one :class:`Slot` per run: its row, its token range, its own cache), and two small pieces make transformers'
+(one :class:`PackedRun` per run: its row, its token range, its own cache), and two small pieces make transformers'
 decoder code honour it:
 
 - :class:`RaggedCache` stands in for the ``past_key_values`` of the forward. When an attention layer hands it the new
@@ -24,7 +24,7 @@ decoder code honour it:
 
 ::
 
-    pack = Pack([Slot(row=0, start=0, end=5, cache=run_a_cache), Slot(0, 5, 6, run_b_cache)])
+    pack = Pack([PackedRun(row=0, start=0, end=5, cache=run_a_cache), PackedRun(0, 5, 6, run_b_cache)])
     with active(pack):
         model(input_ids=ids, position_ids=positions, past_key_values=RaggedCache(layout, pack), ...)
 
@@ -63,7 +63,7 @@ MATMUL_QUERY = 16  # longest query computed as matmuls; longer ones go to SDPA w
 
 
 @dataclass(slots=True)
-class Slot:
+class PackedRun:
     """Where one run's new tokens sit in the packed input."""
 
     row: int  # batch row of the input ([B, S]); 0 when every run shares one row
@@ -78,9 +78,10 @@ class Slot:
 class Pack:
     """The runs of one forward. :class:`RaggedCache` fills :attr:`kv` per layer, :func:`ragged_attention` takes it."""
 
-    slots: Sequence[Slot]  # in input order
+    slots: Sequence[PackedRun]  # in input order
     kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # the current layer's K/V views per slot
     window: int | None = None  # the current layer's sliding window (None: full attention)
+    table: native.AttentionTable | None = None  # the current layer's native attention rows of reserved slots
     _masks: dict[tuple[int, int, int | None], torch.Tensor] = field(default_factory=dict)  # (q, kv, window) -> mask
 
     def mask(self, q: int, kv: int, window: int | None, device: torch.device) -> torch.Tensor:
@@ -126,7 +127,7 @@ class _RaggedKV:
     pack: Pack
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        self.pack.kv, self.pack.window = route_kv(self.pack, self.layer_idx, key_states, value_states)
+        self.pack.kv, self.pack.window, self.pack.table = route_kv(self.pack, self.layer_idx, key_states, value_states)
         self.is_initialized = True
         return key_states, value_states
 
@@ -137,25 +138,28 @@ class _RaggedKV:
         return query_length, 0  # no mask is built for a packed row (see the module docstring)
 
 
-@dataclass(slots=True)
 class Reserved:
-    """A one-token slot's place in its rows, made by :meth:`~chat.models.kv_rows.AttentionRows.reserve_described` for
-    the native attention kernel: its row of the kernel's table (``chat.models.native.Kernels.attention``): where the
-    visible rows are, where the token's new K/V are (to be copied into the last row), and the token's index in the
-    forward's flattened ``[B * S]`` tokens."""
+    """Stands for a one-token slot's K/V views: its rows were reserved by
+    :meth:`~chat.models.kv_rows.AttentionRows.reserve_row`, which added the native attention kernel's row for it to
+    the layer's table (:attr:`Pack.table`); the kernel writes its new K/V there."""
 
-    entry: tuple[int, ...]
+    __slots__ = ()
+
+
+RESERVED = Reserved()
 
 
 def route_kv(
     pack: Pack, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor
-) -> tuple[list[Any], int | None]:
+) -> tuple[list[Any], int | None, native.AttentionTable | None]:
     """Append each slot's new K/V (``[B, Hk, S, D]``, all slots' tokens) to that slot's rows of layer ``layer_idx``;
-    return per slot its visible K/V as ``[Hk, kv, D]`` views, and the layer's sliding window. One-token slots
-    (decode steps, the common case) take a shorter path: a decode step of many runs makes this call once per slot
-    and layer. With the native kernels their rows are only reserved (a :class:`Reserved`): the kernel writes them."""
+    return per slot its visible K/V as ``[Hk, kv, D]`` views, the layer's sliding window, and the native kernel's
+    table of the reserved slots. One-token slots (decode steps, the common case) take a shorter path: a decode step
+    of many runs makes this call once per slot and layer. With the native kernels their rows are only reserved (a
+    :class:`Reserved` view, their row in the table): the kernel writes them."""
     views: list[Any] = []
     window = None
+    table: native.AttentionTable | None = None  # the native kernel's rows of the reserved slots
     tokens: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = None  # per-token [Hk, D] views
     like: tuple[torch.Tensor, torch.Tensor] | None = None  # [1, Hk, 1, D]: one token's shapes, for reservations
     reserve = (
@@ -171,19 +175,19 @@ def route_kv(
         rows = slot.cache.layers[layer_idx].rows
         window = rows.window
         if slot.end - slot.start == 1:
-            half = native.KV_DTYPES.get(rows.dtype or key_states.dtype) if reserve else None
-            if half is not None:
+            if reserve and (rows.dtype or key_states.dtype) in native.KV_DTYPES:
                 if like is None:
                     like = key_states[:1, :, :1], value_states[:1, :, :1]
-                entry = (
-                    *rows.reserve_described(*like),
-                    k_at + slot.row * k_batch + slot.start * k_token,
-                    v_at + slot.row * v_batch + slot.start * v_token,
-                    1,
-                    slot.row * width + slot.start,
-                    half,
+                if table is None:
+                    table = native.AttentionTable(len(pack.slots))
+                rows.reserve_row(
+                    table,
+                    *like,
+                    first=slot.row * width + slot.start,
+                    new_key=k_at + slot.row * k_batch + slot.start * k_token,
+                    new_value=v_at + slot.row * v_batch + slot.start * v_token,
                 )
-                views.append(Reserved(entry))
+                views.append(RESERVED)
                 continue
             at = slot.row * width + slot.start
             if tokens is None:
@@ -197,7 +201,7 @@ def route_kv(
         v = value_states[slot.row : slot.row + 1, :, slot.start : slot.end]
         keys, values = rows.append(k, v)  # [1, Hk, kv, D]
         views.append((keys[0], values[0]))
-    return views, window
+    return views, window, table
 
 
 class RaggedFullLayer(_RaggedKV, DynamicLayer):
@@ -282,6 +286,7 @@ def ragged_attention(
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("attention sinks are not supported in packed forwards")
     views, pack.kv = pack.kv, None
+    table, pack.table = pack.table, None
     b, h, s, d = query.shape
     first = views[0]
     if isinstance(first, Reserved):  # only reserved with the layer's new K/V at hand
@@ -294,7 +299,7 @@ def ragged_attention(
     window = pack.window
     out = query.new_empty((b, s, h, dv))
     scaled = query * scale  # [B, H, S, D]
-    done = _native_attention(pack, views, scaled, key, value, hk, out, softcap)
+    done = _native_attention(pack, views, table, scaled, key, value, hk, out, softcap)
     token_queries = token_outputs = None  # per-token views, for one-token slots
     for slot, view, computed in zip(pack.slots, views, done, strict=True):
         if computed:
@@ -347,6 +352,7 @@ def _with_blocks(causal: torch.Tensor, blocks: Sequence[tuple[int, int]]) -> tor
 def _native_attention(
     pack: Pack,
     views: Sequence[Any],
+    table: native.AttentionTable | None,
     scaled: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -355,55 +361,35 @@ def _native_attention(
     softcap: float | None,
 ) -> list[bool]:
     """Compute in one native call (:func:`chat.models.native.kernels`) the attention of every slot it can take: the
-    :class:`Reserved` one-token slots (the kernel first writes their K/V from ``key`` / ``value``, ``[B, Hk, S, D]``),
-    and slots whose views are float32 or float16 with contiguous rows. Writes into ``out``; returns which slots it
-    computed."""
+    :class:`Reserved` one-token slots, whose rows ``table`` already holds (the kernel first writes their K/V from
+    ``key`` / ``value``, ``[B, Hk, S, D]``), and slots whose views are float32 or float16 with contiguous rows, added
+    to it here. Writes into ``out``; returns which slots it computed."""
     done = [False] * len(pack.slots)
     kernels = native.kernels()
     if kernels is None or scaled.dtype != torch.float32:
-        if any(isinstance(view, Reserved) for view in views):
+        if table is not None:
             raise RuntimeError("K/V rows were reserved for the native kernels, which are off now")
         return done
     b, h, s, d = scaled.shape
-    picked, table = [], []  # a table row's last two fields: query tokens, first token in the flat [B * S]
+    picked = []
     for i, (slot, view) in enumerate(zip(pack.slots, views, strict=True)):
-        if slot.blocks and not isinstance(view, Reserved):  # the kernel's masks are causal: torch computes these
-            continue
         if isinstance(view, Reserved):
-            table.append(view.entry)
-        else:
-            k, v = view
-            half = native.KV_DTYPES.get(k.dtype)
-            if half is None or v.dtype != k.dtype or k.stride(-1) != 1 or v.stride(-1) != 1 or k.shape[1] == 0:
-                continue
-            k_heads, k_rows, v_heads, v_rows = k.stride(0), k.stride(1), v.stride(0), v.stride(1)
-            first, q = slot.row * s + slot.start, slot.end - slot.start
-            table.append(
-                (k.data_ptr(), k_heads, k_rows, v.data_ptr(), v_heads, v_rows, k.shape[1], 0, 0, q, first, half)
-            )
+            picked.append(i)
+            continue
+        if slot.blocks:  # the kernel's masks are causal: torch computes these
+            continue
+        k, v = view
+        if k.dtype not in native.KV_DTYPES or v.dtype != k.dtype or k.stride(-1) != 1 or v.stride(-1) != 1:
+            continue
+        if table is None:
+            table = native.AttentionTable(len(pack.slots))
+        table.add_views(k, v, queries=slot.end - slot.start, first=slot.row * s + slot.start)
         picked.append(i)
-    if not picked:
+    if table is None:
         return done
     new_heads = (key.stride(1), value.stride(1)) if key is not None and value is not None else (0, 0)
-    tokens = scaled.transpose(1, 2).reshape(b * s, h, d)  # [B*S, H, D]: a copy unless B*S == 1
-    flat_out = out.view(b * s, h, out.shape[-1])
-    total = 0  # in order: the slots' tokens are every token, one slot after the other (the common case)
-    for entry in table:
-        in_order = entry[10] == total
-        total += entry[9]
-        if not in_order:
-            break
-    if in_order and total == b * s:  # no gather, no scatter
-        kernels.attention(tokens.contiguous(), hk, table, pack.window, new_heads, flat_out, softcap)
-    else:  # the slots' tokens gathered: each slot's from the sum of the earlier slots' counts on
-        at = torch.tensor([t for entry in table for t in range(entry[10], entry[10] + entry[9])])
-        gathered, offset = [], 0
-        for entry in table:
-            gathered.append((*entry[:10], offset, entry[11]))
-            offset += entry[9]
-        result = flat_out.new_empty((offset, h, flat_out.shape[-1]))
-        kernels.attention(tokens.index_select(0, at), hk, gathered, pack.window, new_heads, result, softcap)
-        flat_out.index_copy_(0, at, result)
+    tokens = scaled.transpose(1, 2).reshape(b * s, h, d).contiguous()  # [B*S, H, D]: a copy unless B*S == 1
+    kernels.attention(tokens, hk, table, pack.window, new_heads, out.view(b * s, h, out.shape[-1]), softcap)
     for i in picked:
         done[i] = True
     return done

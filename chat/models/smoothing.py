@@ -130,3 +130,60 @@ def _final_norm(model: nn.Module) -> nn.Module | None:
         if isinstance(node, nn.Module):
             return node
     return None
+
+
+def smooth_decoder(draft: Any, weights: dict[str, Any], token_ids: list[int], alpha: float = ALPHA) -> dict[str, Any]:
+    """The weights of a :class:`chat.models.decoder.Decoder` (our names, float32) with smoothing factors folded in
+    (the same rule as :func:`smooth`), from one forward of ``draft`` (a float32 decoder over those weights) over
+    ``token_ids``. New tensors throughout: the given ones (a tied head's embedding among them) are left as they were.
+    For families whose norms scale by their weight (not Gemma's ``1 + weight``)."""
+    from chat.models import attention
+    from chat.models.kv_rows import AttentionRows
+
+    peaks: dict[str, torch.Tensor] = {}
+
+    def watch(name: str, call: Any) -> Any:
+        def record(x: torch.Tensor) -> Any:
+            seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0)
+            peaks[name] = torch.maximum(peaks[name], seen) if name in peaks else seen
+            return call(x)
+
+        return record
+
+    for i, block in enumerate(draft.layers):
+        block.qkv, block.gate_up = watch(f"layers.{i}.qkv", block.qkv), watch(f"layers.{i}.gate_up", block.gate_up)
+        block.down = watch(f"layers.{i}.down", block.down)
+    draft.head = watch("head", draft.head)
+    device = weights["embed"].device
+    rows = [AttentionRows(window, (window or 1) - 1, len(token_ids)) for window in draft.args.windows]
+    step = attention.step_batch([(token_ids, 0, rows, len(token_ids))], device)  # the head sees every token
+    with torch.inference_mode():
+        draft(input_ids=step.tokens, step=step, kernel="torch")
+    out = dict(weights)
+
+    def factor(name: str, weight: torch.Tensor) -> torch.Tensor:
+        weight_peak = weight.abs().amax(dim=0).clamp_min(1e-5)
+        return (peaks[name].float().clamp_min(1e-5) ** alpha / weight_peak ** (1 - alpha)).clamp_min(1e-5)
+
+    with torch.no_grad():
+        for i in range(draft.args.layers):
+            at = f"layers.{i}."
+            s = factor(at + "qkv", weights[at + "qkv.weight"])
+            out[at + "attn_norm"] = weights[at + "attn_norm"] / s
+            out[at + "qkv.weight"] = weights[at + "qkv.weight"] * s
+            s = factor(at + "gate_up", weights[at + "gate_up.weight"])
+            out[at + "mlp_norm"] = weights[at + "mlp_norm"] / s
+            gate_up = weights[at + "gate_up.weight"] * s
+            s = factor(at + "down", weights[at + "down.weight"])
+            width = draft.args.intermediate
+            gate_up[width:] /= s.unsqueeze(1)  # up's rows: down's input is act(gate) * up
+            out[at + "gate_up.weight"] = gate_up
+            if weights.get(at + "gate_up.bias") is not None:
+                bias = weights[at + "gate_up.bias"].clone()
+                bias[width:] /= s
+                out[at + "gate_up.bias"] = bias
+            out[at + "down.weight"] = weights[at + "down.weight"] * s
+        s = factor("head", weights["head.weight"])
+        out["norm"] = weights["norm"] / s
+        out["head.weight"] = weights["head.weight"] * s  # a tied head: a new tensor, the embedding stays
+    return out

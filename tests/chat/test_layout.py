@@ -12,6 +12,8 @@ SERVING_PATH = (
     "chat.engine.engine",
     "chat.models.registry",
     "chat.models.adapter",
+    "chat.models.decoder_runtime",
+    "chat.models.hf_runtime",
     "chat.models.multimodal",
     "chat.cluster",
 )
@@ -27,8 +29,14 @@ def test_the_serving_path_imports_no_tools():
     assert out.stdout.strip() == "[]"
 
 
-def test_tiny_models_are_built_by_the_testing_package():
-    from chat.models import load_model
-
-    model = load_model("tiny-llama")
-    assert model.name == "tiny-llama" and "chat.tools.testing.tiny" in sys.modules
+def test_tiny_models_load_without_the_tools_package():
+    """chat.models never imports upward into chat.tools: the tiny models live in chat.models.tiny."""
+    code = (
+        "import sys\n"
+        "from chat.models import load_model\n"
+        "model = load_model('tiny-llama')\n"
+        "tools = sorted(m for m in sys.modules if m.startswith('chat.tools'))\n"
+        "print(model.name, 'chat.models.tiny.text' in sys.modules, tools)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "tiny-llama True []"

@@ -106,10 +106,9 @@ def single_stream(runtime, conversations: list[list[dict]], reply_tokens: int, d
 
 def hf_rates(model: str, conversations: list[list[dict]], reply_tokens: int) -> list[float]:
     """Stock transformers ``generate`` in float32: (N - 1) tokens over (time for N - time for 1)."""
-    from chat.models import load_model
-    from chat.tools.testing.baselines import hf_generate
+    from chat.tools.testing.baselines import hf_generate, load_stock
 
-    stock = load_model(model, weights="float32")
+    stock = load_stock(model)
     rates = []
     for messages in conversations:
         prompt = stock.render(messages)

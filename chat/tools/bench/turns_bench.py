@@ -147,7 +147,7 @@ def run(
     session_turns: int = 20,
 ) -> dict[str, float]:
     from chat.models import load_model
-    from chat.tools.testing.baselines import hf_generate, hf_generate_media
+    from chat.tools.testing.baselines import hf_generate, hf_generate_media, load_stock, load_stock_media
 
     runtime = load_model(model, weights=weights)
     cache = PrefixCache()
@@ -206,13 +206,16 @@ def run(
     hf_prefill, hf_decode = [], []
     ours_decode = []
 
-    # the baseline is stock transformers on the float32 weights as loaded from disk (another copy when the engine
-    # runs another weight format), on the same prompt
-    stock = runtime if runtime.weights == "float32" else load_model(model, weights="float32")
+    # the baseline is stock transformers on the float32 weights as loaded from disk (a model of its own), on the same
+    # prompt
+    if runtime.modalities:
+        media = load_stock_media(model)
+    else:
+        stock = load_stock(model)
 
     def baseline(n: int) -> list[int]:
-        if stock.modalities:
-            return hf_generate_media(stock, stock.render_prompt(messages), n)
+        if runtime.modalities:
+            return hf_generate_media(media, runtime, runtime.render_prompt(messages), n)
         return hf_generate(stock, prompt, n)
 
     for _ in range(repeats):

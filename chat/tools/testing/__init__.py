@@ -1,4 +1,3 @@
-"""Test scaffolding, kept out of the serving path: tiny seeded models of every cache kind (``tiny``, ``tiny_mm``,
-``tiny_tokenizer`` and its committed ``assets``; ``turncache serve --model tiny-<name>`` loads them from here) and
-stock transformers baselines for tests and benchmarks (``baselines``: ``generate``, a multimodal prompt as
-transformers takes it, a copy-on-write probe)."""
+"""Test and benchmark scaffolding, kept out of the serving path: stock transformers baselines (``baselines``:
+a text model's stock copy and ``generate``, a multimodal prompt as transformers takes it, a copy-on-write probe).
+The tiny seeded models themselves live in :mod:`chat.models.tiny` (``--model tiny-<name>`` loads them)."""

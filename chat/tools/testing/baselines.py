@@ -1,29 +1,75 @@
 """Plain transformers on the same weights, for tests and benchmarks to compare against: ``generate`` (no prefix cache,
-the stock ``DynamicCache``, the model as loaded: the adapter's patches are undone while it runs) for text and
-multimodal models, and a multimodal prompt in the shape transformers takes it (:func:`hf_inputs`)."""
+the stock ``DynamicCache``) on a stock model of its own (:func:`load_stock` for text models,
+:func:`load_stock_media` for multimodal ones: the transformers model as loaded from disk, never the serving
+runtime's), and a multimodal prompt in the shape transformers takes it (:func:`hf_inputs`)."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from chat.models.adapter import ModelAdapter
-from chat.models.multimodal import MultimodalAdapter, RenderedPrompt
+from chat.models.multimodal import MediaPrompt, MultimodalAdapter
 
 
-def hf_generate(runtime: ModelAdapter, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+@dataclass(frozen=True, slots=True)
+class StockModel:
+    """A text model exactly as transformers loads it, and its tokenizer."""
+
+    model: Any  # the transformers causal LM, in eval mode
+    tokenizer: Any  # its tokenizer, with its chat template
+    eos_token_ids: frozenset[int]  # what ends a reply (as the runtime of the same spec has them)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Token ids of text ``messages`` through the chat template, with the generation prompt."""
+        from chat.models.renderer import render_chat
+
+        return render_chat(self.tokenizer, messages, True)
+
+
+def load_stock(spec: str, dtype: str = "float32") -> StockModel:
+    """The stock transformers model of a text ``spec`` (``"smollm2"``, ``"tiny-<name>"``, a directory or a GGUF
+    file), loaded on its own: what a baseline runs, whatever the serving runtime computes with."""
+    from transformers import AutoModelForCausalLM
+
+    from chat.models import registry
+
+    torch_dtype = registry.parse_dtype(dtype)
+    if spec.startswith("tiny-"):
+        from chat.models.tiny.text import build_tiny_model
+
+        tokenizer, config = registry._tiny_text(spec.removeprefix("tiny-"))
+        model = build_tiny_model(config, torch_dtype)
+    else:
+        path, _, _ = registry._directory_of(spec)
+        tokenizer = registry._text_tokenizer(path)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True).eval()
+    return StockModel(model, tokenizer, frozenset(registry._eos_ids(model, tokenizer)))
+
+
+def save_stock(spec: str, path: Path) -> None:
+    """``spec``'s stock model and tokenizer saved as a model directory (``save_pretrained``)."""
+    stock = load_stock(spec)
+    stock.model.save_pretrained(str(path))
+    stock.tokenizer.save_pretrained(str(path))
+
+
+def hf_generate(stock: StockModel, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
     """Greedy ``model.generate`` from ``prompt``; returns the new token ids (ending with an EOS id if one was made).
-
-    Stops at the adapter's EOS ids, as the engine does. Runs on the stock model (row-major weights, SDPA attention;
-    see :meth:`ModelAdapter.stock_model`).
-    """
-    ids = torch.as_tensor([list(prompt)], dtype=torch.long, device=runtime.device)  # [1, n]
-    eos = sorted(runtime.eos_token_ids)
-    with runtime.stock_model() as model, torch.inference_mode():
-        out = model.generate(
+    Stops at the model's EOS ids, as the engine does."""
+    ids = torch.as_tensor([list(prompt)], dtype=torch.long, device=stock.device)  # [1, n]
+    eos = sorted(stock.eos_token_ids)
+    with torch.inference_mode():
+        out = stock.model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
@@ -34,7 +80,7 @@ def hf_generate(runtime: ModelAdapter, prompt: Sequence[int], max_new_tokens: in
     return out[0, ids.shape[1] :].tolist()
 
 
-def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, torch.Tensor]:
+def hf_inputs(adapter: MultimodalAdapter, prompt: MediaPrompt) -> dict[str, torch.Tensor]:
     """The whole prompt as the transformers model takes it without any cache (``input_ids``, ``attention_mask``
     and each kind's batched media inputs): the reference that tests and benchmarks compare against."""
     by_kind: dict[str, list] = {"image": [], "video": [], "audio": []}
@@ -89,13 +135,30 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: RenderedPrompt) -> dict[str, t
     return out
 
 
-def hf_generate_media(adapter: MultimodalAdapter, prompt: RenderedPrompt, max_new_tokens: int) -> list[int]:
-    """Greedy transformers ``generate`` on the whole prompt with its media (no prefix cache), on the model as
-    loaded. Returns the new token ids."""
+def load_stock_media(spec: str) -> Any:
+    """The stock transformers model of a multimodal ``spec`` (``tiny-<name>`` or a model directory): the whole
+    model (encoders and all), float32, exactly as loaded, a copy of its own."""
+    from chat.models import registry
+
+    if spec.startswith("tiny-"):
+        from chat.models.tiny.media import build_tiny_multimodal
+
+        model, _, _ = build_tiny_multimodal(spec.removeprefix("tiny-"), torch.float32)
+    else:
+        from chat.models.families_mm import load_multimodal
+
+        path, _, _ = registry._directory_of(spec)
+        model, _, _ = load_multimodal(path, registry._read_config(path), torch.float32)
+    return model.eval()
+
+
+def hf_generate_media(stock: Any, adapter: MultimodalAdapter, prompt: MediaPrompt, max_new_tokens: int) -> list[int]:
+    """Greedy transformers ``generate`` of the stock model ``stock`` (:func:`load_stock_media`) on the whole prompt
+    with its media (no prefix cache), the prompt laid out as ``adapter`` renders it. Returns the new token ids."""
     eos = sorted(adapter.eos_token_ids)
-    with adapter.stock_model(), torch.inference_mode():
+    with torch.inference_mode():
         inputs = hf_inputs(adapter, prompt)
-        out = adapter.full_model.generate(
+        out = stock.generate(
             **inputs,
             max_new_tokens=max_new_tokens,
             do_sample=False,
@@ -105,6 +168,8 @@ def hf_generate_media(adapter: MultimodalAdapter, prompt: RenderedPrompt, max_ne
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-def buffer_copies(adapter: ModelAdapter, run) -> int:
+def buffer_copies(adapter: Any, run: Any) -> int:
     """How many times the run's attention layers had to copy rows into a fresh buffer (copy-on-write tests)."""
-    return sum(layer.rows.copies for layer in run.state.layers if hasattr(layer, "rows"))
+    state = run.state
+    layers = state if isinstance(state, list) else [getattr(layer, "rows", None) for layer in state.layers]
+    return sum(rows.copies for rows in layers if rows is not None)

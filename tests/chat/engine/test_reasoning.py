@@ -13,7 +13,7 @@ from chat.engine.events import TurnRequest
 from chat.engine.reasoning import Markers, ReasoningSplitter, after_thinking, markers_of
 from chat.engine.sampling import SamplingParams
 from chat.engine.turn import Turn, run_to_end
-from chat.tools.testing.templates import HERMES_TOOLS, THINKING
+from chat.models.tiny.templates import HERMES_TOOLS, THINKING
 from tests.chat.engine.fakes import FakeRuntime
 
 M = Markers()

@@ -13,7 +13,7 @@ from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.engine.tool_calls import FORMATS, Tool, ToolCall, ToolChoice, format_of
 from chat.engine.turn import Turn, run_to_end
-from chat.tools.testing.templates import HERMES_TOOLS
+from chat.models.tiny.templates import HERMES_TOOLS
 from tests.chat.engine.fakes import FakeRuntime
 
 WEATHER = Tool(

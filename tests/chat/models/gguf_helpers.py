@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chat.tools.testing.tiny_tokenizer import ASSET_DIR, CHAT_TEMPLATE
+from chat.models.tiny.tokenizer import ASSET_DIR, CHAT_TEMPLATE
 
 NORMAL, CONTROL = 1, 3  # llama.cpp token types
 # transformers name inside a decoder layer -> llama.cpp's leaf name
@@ -60,7 +60,7 @@ LFM2_TOP_NAMES = {**TOP_NAMES, "model.embedding_norm.weight": "token_embd_norm.w
 def reference_llama() -> torch.nn.Module:
     """The plain transformers model of tiny-llama (seeded weights, no turncache patches), float32, eval mode."""
     from chat.models.registry import _tiny_text
-    from chat.tools.testing.tiny import build_tiny_model
+    from chat.models.tiny.text import build_tiny_model
 
     _, config = _tiny_text("llama")
     return build_tiny_model(config, torch.float32)
@@ -69,7 +69,7 @@ def reference_llama() -> torch.nn.Module:
 def reference_lfm2() -> torch.nn.Module:
     """The plain transformers model of tiny-lfm2 (short convolutions + attention), float32, eval mode."""
     from chat.models.registry import _tiny_text
-    from chat.tools.testing.tiny import build_tiny_model
+    from chat.models.tiny.text import build_tiny_model
 
     _, config = _tiny_text("lfm2")
     return build_tiny_model(config, torch.float32)
@@ -82,7 +82,7 @@ def reference_qwen3() -> torch.nn.Module:
     import transformers
 
     from chat.models.registry import _tiny_text
-    from chat.tools.testing.tiny import build_tiny_model
+    from chat.models.tiny.text import build_tiny_model
 
     _, llama = _tiny_text("llama")
     config = transformers.Qwen3Config(
@@ -108,7 +108,7 @@ def reference_wide_llama() -> torch.nn.Module:
     import transformers
 
     from chat.models.registry import _tiny_text
-    from chat.tools.testing.tiny import build_tiny_model
+    from chat.models.tiny.text import build_tiny_model
 
     _, llama = _tiny_text("llama")
     config = transformers.LlamaConfig(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from fractions import Fraction
@@ -10,8 +11,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from chat.tools.testing.baselines import hf_inputs
-from chat.tools.testing.tiny_mm import build_tiny_multimodal
+from chat.models.tiny.media import build_tiny_multimodal
+from chat.tools.testing.baselines import hf_inputs, load_stock_media
 from modalities.parts import MediaInput
 from tests.modalities.helpers import av_video, sf_audio
 
@@ -75,12 +76,18 @@ def user(*parts) -> dict:
     return {"role": "user", "content": [p if isinstance(p, MediaInput) else {"type": "text", "text": p} for p in parts]}
 
 
+@functools.cache
+def stock_media(spec: str):
+    """The stock transformers model of the tiny multimodal ``spec`` (a copy of its own, as loaded)."""
+    return load_stock_media(spec)
+
+
 def reference_logits(adapter, prompt) -> torch.Tensor:
     """Logits ``[len(prompt.tokens), vocab]`` of the whole prompt through the transformers model (no cache), with
     the model's own media merging, position ids and attention masks (the stock model: transformers' own attention,
     e.g. Gemma 3's blocks of image tokens that attend both ways)."""
-    with adapter.stock_model(), torch.inference_mode():
-        out = adapter.full_model(**hf_inputs(adapter, prompt))
+    with torch.inference_mode():
+        out = stock_media(adapter.name)(**hf_inputs(adapter, prompt))
     return out.logits[0].float()
 
 

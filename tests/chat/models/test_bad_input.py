@@ -16,6 +16,7 @@ from chat.models import (
     UnsupportedArchitectureError,
     load_model,
 )
+from chat.tools.testing.baselines import save_stock
 from tests.chat.models.helpers import random_tokens, store, tiny
 
 
@@ -55,9 +56,7 @@ def test_a_refused_directory_is_refused_before_weights_are_read(tmp_path):
 def test_a_directory_without_a_config_or_chat_template(tmp_path):
     with pytest.raises(ModelLoadError, match=r"config\.json"):
         load_model(str(tmp_path))
-    model = tiny("tiny-llama")
-    model._model.save_pretrained(tmp_path)
-    model._tokenizer.save_pretrained(tmp_path)
+    save_stock("tiny-llama", tmp_path)
     (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
     settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
     settings.pop("chat_template", None)
@@ -128,10 +127,10 @@ def test_a_forward_past_the_context_window_is_refused():
 
 def test_every_supported_family_has_its_tiny_model():
     from chat.models.families import SUPPORTED
-    from chat.tools.testing.tiny import TINY, tiny_names
+    from chat.models.tiny.text import TINY, tiny_names
 
     families = [f"tiny-{name}" for name, spec in TINY.items() if spec.chat_template is None]  # not template variants
     assert sorted(name for name, _ in SUPPORTED.values()) == sorted(families)
     assert set(families) < set(tiny_names())
     for model_type, (name, _) in SUPPORTED.items():
-        assert tiny(name)._model.config.model_type == model_type
+        assert tiny(name)._model.config.model_type == model_type  # the config the forward was built from

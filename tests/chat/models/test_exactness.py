@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from cache import PrefixCache, RecurrentState, RotatingKV
-from chat.tools.testing.tiny import WINDOW
+from chat.models.tiny.text import WINDOW
 from tests.chat.models.helpers import (
     ALL_TINY,
     HYBRID,

@@ -12,7 +12,6 @@ import torch
 from chat.engine.runtime import Feed
 from chat.models import InvalidSettingError, ModelFileError, block_matrices, load_model, native
 from chat.models.block_matrices import BlockMatrix, BlockQ8Matrix, StackedMatrix
-from chat.models.fast_paths import FastLinear, FusedPart
 from tests.chat.models.gguf_helpers import dequantized_copy, reference_wide_llama, write_tiny_gguf
 from tests.chat.models.helpers import TOLERANCE, full_logits, random_tokens
 
@@ -46,9 +45,13 @@ def hf_logits(model, tokens):
 
 
 def matrices(model):
-    """Every layer's matrix, and every fused group's."""
-    layers = [m for m in model._model.modules() if isinstance(m, FastLinear)]
-    return [m.matrix for m in layers] + [m._group.matrix for m in layers if isinstance(m, FusedPart)]
+    """Every matrix of the model's own decoder (chat.models.decoder): each layer's fused q/k/v, o, fused gate/up and
+    down, and the LM head."""
+    decoder = model._model
+    found = [decoder.head]
+    for block in decoder.layers:
+        found += [block.qkv.matrix, block.o, block.gate_up.matrix, block.down]
+    return found
 
 
 @needs_kernels
@@ -60,8 +63,7 @@ def test_a_block_format_file_keeps_its_blocks_and_gives_its_dequantized_logits(f
     assert kinds <= {BlockMatrix, StackedMatrix} and BlockMatrix in kinds
     if qtype == "Q4_K_M":
         assert StackedMatrix in kinds  # q/k in Q4_K beside v in Q6_K
-    head = model._model.get_output_embeddings()
-    assert isinstance(head, FastLinear) and isinstance(head.matrix, BlockMatrix)  # the tied head reads blocks
+    assert isinstance(model._model.head, BlockMatrix)  # the tied head reads the embedding's blocks
     tokens = random_tokens(model, 40, seed=1)
     expected = hf_logits(dequantized_copy(reference, qtype), tokens)
     exact = load_model(str(files[qtype]), weights="gguf", kv_dtype="float32")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cache import NormalKV, RotatingKV
+from chat.models import native
 from chat.models.kv_rows import AttentionRows, locate
 
 
@@ -112,9 +113,10 @@ def test_restore_refuses_the_wrong_kind():
 
 
 @pytest.mark.parametrize("window", [None, 4])
-def test_a_described_reservation_is_reserve_token_and_layout_in_one_call(window):
-    """Two runs side by side, one reserving through reserve_described, the other through reserve_token + layout:
-    the same rows, the same description, at the tip, when the buffer fills up, and after a restore elsewhere."""
+def test_a_reserved_row_is_reserve_token_and_layout_in_one_call(window):
+    """Two runs side by side, one reserving through reserve_row (the native kernel's row), the other through
+    reserve_token + layout: the same rows, the same description, at the tip, when the buffer fills up, and after a
+    restore elsewhere."""
     fast, slow = AttentionRows(window, 6, max_rows=10_000), AttentionRows(window, 6, max_rows=10_000)
     like = kv(0, 1)
     for rows in (fast, slow):
@@ -124,11 +126,14 @@ def test_a_described_reservation_is_reserve_token_and_layout_in_one_call(window)
         if step == 300:  # a run restored from a shared entry: its first reservation copies
             for rows in (fast, slow):
                 rows.restore(shared)
-        described = fast.reserve_described(*like)
+        table = native.AttentionTable()
+        fast.reserve_row(table, *like, first=step % 3, new_key=64, new_value=128)
+        got = table[0]
         row, lo = slow.reserve_token(*like)  # the same row numbers, each in its own buffer
         k_at, k_heads, k_rows, v_at, v_heads, v_rows = fast.layout()
         want = (k_at + lo * k_rows * 4, k_heads, k_rows, v_at + lo * v_rows * 4, v_heads, v_rows, row - lo + 1)
-        assert described == want and slow.layout()[1:3] == (k_heads, k_rows)
+        assert tuple(getattr(got, f) for f in native.ROW_FIELDS[:7]) == want and slow.layout()[1:3] == (k_heads, k_rows)
+        assert (got.new_key, got.new_value, got.queries, got.first, got.half) == (64, 128, 1, step % 3, 0)
         assert (fast.seen, fast.mark.filled, fast.held) == (slow.seen, slow.mark.filled, slow.held)
         for rows in (fast, slow):  # the caller writes the reserved row
             rows.keys[0, :, rows.row0 + rows.held - 1] = float(rows.seen - 1)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chat.models import native
-from chat.models.fast_paths import int8_linear, quantize_weight
+from chat.models.matrices import int8_linear, quantize_weight
 
 torch.set_num_threads(1)
 
@@ -26,25 +26,11 @@ def table_of(kv, queries=None):
     """An attention table for K/V views ``[Hk, L, D]`` (nothing new to write): sequence i has ``queries[i]`` query
     tokens (1 by default), laid one sequence after the other."""
     queries = queries or [1] * len(kv)
-    firsts = [sum(queries[:i]) for i in range(len(kv))]
-    return [
-        (
-            k.data_ptr(),
-            k.stride(0),
-            k.stride(1),
-            v.data_ptr(),
-            v.stride(0),
-            v.stride(1),
-            k.shape[1],
-            0,
-            0,
-            q,
-            first,
-            half,
-        )
-        for (k, v), q, first in zip(kv, queries, firsts, strict=True)
-        for half in [native.KV_DTYPES[k.dtype]]
-    ]
+    table, first = native.AttentionTable(), 0
+    for (k, v), q in zip(kv, queries, strict=True):
+        table.add_views(k, v, queries=q, first=first)
+        first += q
+    return table
 
 
 def attention(queries, kv, out, softcap):
@@ -167,7 +153,7 @@ def test_the_library_is_built_once_per_machine(tmp_path, monkeypatch):
     stamp = first.stat().st_mtime_ns
     again = native._build(compiler)
     assert again == first and again.stat().st_mtime_ns == stamp  # found, not rebuilt
-    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no scratch left behind
+    assert sorted(p.name for p in first.parent.iterdir()) == [first.name, first.name + ".sha256"]  # no scratch left
 
 
 def test_without_a_compiler_the_torch_paths_are_used(monkeypatch, caplog):
@@ -208,8 +194,9 @@ def test_attention_kernel_writes_each_new_token_into_its_last_row_first(kv_dtype
     new = torch.randn(4, 2, 1, 8, generator=g).transpose(1, 2).reshape(4, 2, 8)  # [tokens, Hk, D]
     new_v = torch.randn(4, 2, 12, generator=g)
     tokens = [3, 0, 2]  # which new token each sequence takes
-    table = [
-        (
+    table = native.AttentionTable(1)  # grows as rows are added
+    for i, ((k, v), n, t) in enumerate(zip(buffers, lengths, tokens, strict=True)):
+        table.add(
             k.data_ptr() + 5 * k.stride(2) * size,  # the visible rows start at row 5
             k.stride(1),
             k.stride(2),
@@ -217,14 +204,12 @@ def test_attention_kernel_writes_each_new_token_into_its_last_row_first(kv_dtype
             v.stride(1),
             v.stride(2),
             n,
-            new.data_ptr() + t * new.stride(0) * 4,  # the new K/V are float32
-            new_v.data_ptr() + t * new_v.stride(0) * 4,
-            1,
-            i,
-            native.KV_DTYPES[kv_dtype],
+            new_key=new.data_ptr() + t * new.stride(0) * 4,  # the new K/V are float32
+            new_value=new_v.data_ptr() + t * new_v.stride(0) * 4,
+            queries=1,
+            first=i,
+            half=native.KV_DTYPES[kv_dtype],
         )
-        for i, ((k, v), n, t) in enumerate(zip(buffers, lengths, tokens, strict=True))
-    ]
     queries = torch.randn(3, 6, 8, generator=g)
     out = torch.empty(3, 6, 12)
     KERNELS.attention(queries, 2, table, None, (new.stride(1), new_v.stride(1)), out, None)

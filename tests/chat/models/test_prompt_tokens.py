@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerFast
 from chat.models import load_renderer, prompt_tokens
 from chat.models.prompt_tokens import CutFinder, PromptEncoder
 from chat.models.renderer import render_chat
-from chat.tools.testing.templates import HERMES_TOOLS
+from chat.models.tiny.templates import HERMES_TOOLS
 from tests.chat.models.helpers import ALL_TINY, tiny
 from tests.chat.models.mm_helpers import png
 

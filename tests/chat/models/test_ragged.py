@@ -53,7 +53,7 @@ def test_each_slot_attends_to_its_own_rows_with_its_own_mask(heads, kv_heads, wi
         views.append((k, v))
     slots, start = [], 0
     for q, _ in shapes:
-        slots.append(ragged.Slot(0, start, start + q, cache=None))
+        slots.append(ragged.PackedRun(0, start, start + q, cache=None))
         start += q
     pack = ragged.Pack(slots, kv=[(k[0], v[0]) for k, v in views], window=window)  # what the layers hand on
     with ragged.active(pack):
@@ -147,7 +147,7 @@ def test_a_failed_packed_forward_rolls_back_and_reruns_each_feed_alone(llama, mo
         run = llama.new_run()
         llama.forward(run, [20 + i, 21, 22])
         want.append(llama.forward(run, [30, 31]))
-    layers = llama._model.model.layers
+    layers = next(m for name, m in llama._model.named_modules() if name.endswith("layers"))
     calls = {"n": 0}
 
     def fail_packed_once(module, args, kwargs):

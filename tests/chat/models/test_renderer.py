@@ -13,7 +13,8 @@ from chat.models import (
     load_model,
     load_renderer,
 )
-from chat.tools.testing.tiny import TINY_REFUSED
+from chat.models.tiny.text import TINY_REFUSED
+from chat.tools.testing.baselines import save_stock
 from tests.chat.models.helpers import ALL_TINY, tiny
 from tests.chat.models.mm_helpers import save_tiny
 
@@ -97,10 +98,7 @@ def _weight_files(path) -> list:
 
 
 def test_a_text_directory_renders_as_its_adapter_without_its_weight_files(tmp_path):
-    model = tiny("tiny-llama")
-    with model.stock_model() as stock:
-        stock.save_pretrained(tmp_path)
-    model._tokenizer.save_pretrained(tmp_path)
+    save_stock("tiny-llama", tmp_path)
     adapter = load_model(str(tmp_path))
     for f in _weight_files(tmp_path):
         f.unlink()

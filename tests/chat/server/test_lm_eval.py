@@ -23,10 +23,11 @@ import torch
 import yaml
 
 from chat.models import load_model
+from chat.models.tiny.tokenizer import ASSET_DIR
 from tests.chat.server.conftest import make_server
 
 TASK_DIR = Path(__file__).parent / "lm_eval_task"
-TOKENIZER_DIR = Path(__file__).parents[3] / "chat" / "tools" / "testing" / "assets" / "tiny_tokenizer"
+TOKENIZER_DIR = ASSET_DIR  # the tiny models' tokenizer
 MC, GEN = "turncache_tiny_mc", "turncache_tiny_gen"
 KEY = "lm-eval-test-key"  # the server requires it; lm-eval sends $OPENAI_API_KEY as the bearer token
 MAX_GEN_TOKS = 8  # turncache_tiny_gen.yaml's max_gen_toks

@@ -1,9 +1,9 @@
-"""The small tokenizer of the tiny test models, committed under ``chat/tools/testing/assets/tiny_tokenizer/``.
+"""The small tokenizer of the tiny test models, committed under ``chat/models/tiny/assets/tiny_tokenizer/``.
 
 A byte-level BPE with :data:`VOCAB_SIZE` tokens (every byte, so any text round-trips) trained on :data:`TEXT`, with
 ChatML special tokens and chat template. Regenerate the committed files with::
 
-    .venv/bin/python -m chat.tools.testing.tiny_tokenizer
+    .venv/bin/python -m chat.models.tiny.tokenizer
 
 Training is deterministic for a given ``tokenizers`` version; the files are committed so that tiny models do not
 depend on it.

@@ -6,7 +6,7 @@ videos).
 
 They use the committed tiny tokenizer with the family's placeholder tokens added (always in the same order, so their
 ids are fixed) and a ChatML template that renders content parts the way the real models' templates do. Weights come
-from a fixed seed, drawn like :func:`chat.tools.testing.tiny.build_tiny_model`'s. Processors are the real transformers
+from a fixed seed, drawn like :func:`chat.models.tiny.text.build_tiny_model`'s. Processors are the real transformers
 classes with small pixel budgets so that an image is a few dozen tokens.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from chat.tools.testing.tiny import _COMMON, INIT_STD, SEED
+from chat.models.tiny.text import _COMMON, INIT_STD, SEED
 
 OMNI_TOKENS = [
     "<|vision_bos|>",
@@ -93,7 +93,7 @@ def chat_template(parts: dict[str, str]) -> str:
 def tiny_tokenizer(extra: list[str], parts: dict[str, str]) -> Any:
     from transformers import AutoTokenizer
 
-    from chat.tools.testing.tiny_tokenizer import ASSET_DIR
+    from chat.models.tiny.tokenizer import ASSET_DIR
 
     tokenizer = AutoTokenizer.from_pretrained(str(ASSET_DIR), local_files_only=True)
     tokenizer.add_special_tokens({"additional_special_tokens": extra})
@@ -319,7 +319,7 @@ def gemma3mm_config(tokenizer: Any) -> Any:
     """Gemma 3 with its vision tower: sliding-window and full-attention layers; image tokens attend both ways."""
     from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
 
-    from chat.tools.testing.tiny import WINDOW
+    from chat.models.tiny.text import WINDOW
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GEMMA3_TOKENS}
     return Gemma3Config(

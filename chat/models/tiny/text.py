@@ -14,12 +14,13 @@ from typing import Any
 
 import torch
 
-from chat.tools.testing.templates import HERMES_TOOLS, THINKING
+from chat.models.tiny.templates import HERMES_TOOLS, THINKING
 
 WINDOW = 8  # sliding window of the tiny sliding models
 INIT_STD = 0.05  # std of the weight matrices: logits spread ~0.4 (the usual 0.02 gives nearly flat logits; much
 # wider weights make the chunked linear-attention kernels lose ~1e-4 of precision between chunkings)
 SEED = 1234
+RANDOM_BIASES = {"qwen2"}  # model types whose q/k/v biases are drawn like the weights (else they start at zero)
 CONTEXT = 4096  # max_position_embeddings of every tiny model (tiny-mistral3: tiny_mm.MISTRAL3_CONTEXT)
 
 _COMMON = {
@@ -39,7 +40,7 @@ class TinySpec:
     config_class: str  # a transformers config class
     kwargs: dict[str, Any] = field(default_factory=dict)  # on top of the vocabulary and special token ids
     common: bool = True  # start from _COMMON
-    chat_template: str | None = None  # instead of the tokenizer's plain ChatML (chat.tools.testing.templates)
+    chat_template: str | None = None  # instead of the tokenizer's plain ChatML (chat.models.tiny.templates)
 
 
 TINY: dict[str, TinySpec] = {
@@ -47,6 +48,20 @@ TINY: dict[str, TinySpec] = {
     "hermes": TinySpec("LlamaConfig", chat_template=HERMES_TOOLS),  # a template that takes tools (Qwen/Hermes style)
     "thinking": TinySpec("LlamaConfig", chat_template=THINKING),  # a template that thinks (Qwen3 style)
     "mistral": TinySpec("MistralConfig", {"sliding_window": WINDOW}),
+    "qwen2": TinySpec("Qwen2Config"),  # q/k/v biases (drawn like the weights: RANDOM_BIASES)
+    "qwen3": TinySpec(  # q/k norms; layers from max_window_layers on slide
+        "Qwen3Config", {"head_dim": 16, "use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 2}
+    ),
+    "gemma2": TinySpec(  # soft-capped attention scores and logits, small enough caps to bend the tiny model's values
+        "Gemma2Config",
+        {
+            "sliding_window": WINDOW,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 32,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 3.0,
+        },
+    ),
     "gemma3": TinySpec(
         "Gemma3TextConfig",
         {"sliding_window": WINDOW, "head_dim": 16, "layer_types": ["sliding_attention", "full_attention"] * 2},
@@ -135,6 +150,10 @@ def build_tiny_model(config: Any, dtype: torch.dtype) -> Any:
         generator = torch.Generator().manual_seed(SEED)
         with torch.no_grad():
             for name, param in sorted(model.named_parameters()):
-                if param.dim() == 2 and not name.endswith("A_log"):  # projections and embeddings
+                matrix = param.dim() == 2 and not name.endswith("A_log")  # projections and embeddings
+                bias = config.model_type in RANDOM_BIASES and name.endswith(
+                    ("q_proj.bias", "k_proj.bias", "v_proj.bias")
+                )
+                if matrix or bias:
                     param.copy_(torch.randn(param.shape, generator=generator) * INIT_STD)
     return model.to(dtype).eval()

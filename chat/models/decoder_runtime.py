@@ -1,0 +1,192 @@
+"""The runtime of a model computed by turncache's own decoder forward (:mod:`chat.models.decoder`): the families
+whose every layer is attention. A run is its K/V rows, one :class:`chat.models.kv_rows.AttentionRows` per layer (a
+cache entry holds views of them: ``NormalKV`` for full attention, ``RotatingKV`` for sliding layers); every feed of
+a step goes into one forward (:class:`chat.models.attention.StepBatch`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from cache import LayerState, Lease, NormalKV, RotatingKV
+from chat.models import attention, native
+from chat.models.adapter import DEFAULT_ROTATING_MARGIN, ModelAdapter, RunState
+from chat.models.decoder import Decoder
+from chat.models.errors import RunStateError
+from chat.models.kv_rows import AttentionRows
+
+_log = logging.getLogger(__name__)
+
+
+class DecoderAdapter(ModelAdapter):
+    """A :class:`~chat.models.adapter.ModelAdapter` over a :class:`~chat.models.decoder.Decoder`."""
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        tokenizer: Any,
+        *,
+        name: str,
+        fingerprint: str,
+        kv_dtype: str,
+        context_window: int,
+        eos_token_ids: set[int],
+        weights: str,
+        generation_config: Any = None,
+        rotating_margin: int = DEFAULT_ROTATING_MARGIN,
+    ) -> None:
+        super().__init__(
+            tokenizer,
+            name=name,
+            fingerprint=fingerprint,
+            kv_dtype=kv_dtype,
+            context_window=context_window,
+            eos_token_ids=eos_token_ids,
+            weights=weights,
+            vocab_size=decoder.args.vocab_size,
+            device=decoder.embed.weight.device,
+            generation_config=generation_config,
+        )
+        self._model = decoder  # the forward
+        self._rows_dtype = getattr(torch, kv_dtype)  # what K/V rows are stored in
+        self._margin = rotating_margin  # rows kept beyond W - 1 in sliding layers: rewinds of up to this many
+        if self.device.type == "cpu":
+            native.kernels()  # built (once per machine) or loaded now, at load time, rather than by the first request
+
+    # ================================================================ runs
+
+    def new_run(self, lease: Lease | None = None, prompt: Any = None) -> RunState:
+        """A run that is empty, or holds ``lease``'s state at ``lease.length`` (``prompt`` is not needed).
+
+        Attention K/V are adopted by reference; the run copies them only if it must append where another run
+        already did (see :mod:`chat.models.kv_rows`). Keep the lease until the run is closed.
+
+        Raises:
+            RunStateError: the lease's layers do not fit this model.
+        """
+        windows = self._model.args.windows
+        rows = [
+            AttentionRows(w, 0 if w is None else w - 1 + self._margin, self.context_window, self._rows_dtype)
+            for w in windows
+        ]
+        run = RunState(owner=id(self), state=rows, length=0)
+        if lease is None:
+            return run
+        if len(lease.layers) != len(rows):
+            raise RunStateError(f"the lease has {len(lease.layers)} layer states; {self.name} has {len(rows)} layers")
+        for i, (layer, state) in enumerate(zip(rows, lease.layers, strict=True)):
+            want = NormalKV if layer.window is None else RotatingKV
+            try:
+                if not isinstance(state, want):
+                    raise TypeError(f"expected {want.__name__}, got {type(state).__name__}")
+                layer.restore(state)
+                if layer.seen != lease.length:
+                    raise ValueError(f"holds {layer.seen} tokens, the lease {lease.length}")
+            except (TypeError, ValueError) as exc:
+                raise RunStateError(f"layer {i}: {exc}") from exc
+        run.length = lease.length
+        return run
+
+    def forward_batch(self, feeds: Sequence[Any]) -> list[torch.Tensor | Exception | None]:
+        """Append each feed's ``tokens`` to its ``run`` in one forward; return, per feed, the logits
+        ``[feed.logits, vocab]`` (float32) of its last ``feed.logits`` tokens (None for 0), or the error that feed
+        caused. A feed is anything with ``run``, ``tokens`` and ``logits`` (``chat.engine.runtime.Feed``).
+
+        If the shared forward fails, every run is rolled back and each feed runs alone, so only the feeds that fail
+        alone get an error (their runs are left broken); the others advance as if nothing had happened.
+
+        Errors per feed: RunStateError (closed, broken or foreign run; over the context window), InvalidSettingError
+        (no tokens, a token id outside the vocabulary, ``logits`` out of range), or whatever the model raised.
+        """
+        outcomes: list[torch.Tensor | Exception | None] = [None] * len(feeds)
+        ready: list[tuple[int, RunState, list[int], int]] = []  # (feed index, run, token ids, logits wanted)
+        for i, feed in enumerate(feeds):
+            try:
+                run, ids = self._check_feed(feed)
+            except Exception as exc:  # this feed only
+                outcomes[i] = exc
+                continue
+            ready.append((i, run, ids, feed.logits))
+        if len({id(run) for _, run, _, _ in ready}) != len(ready):
+            raise RunStateError("a run appears twice in one batch")
+        if len(ready) > 1:
+            try:
+                for (i, _, _, _), logits in zip(ready, self._forward(ready), strict=True):
+                    outcomes[i] = logits
+                return outcomes
+            except Exception as exc:  # rolled back: each feed runs alone below; only those that fail alone get one
+                _log.warning("a forward of %d feeds failed (%r); running them one by one", len(ready), exc)
+        for item in ready:
+            try:
+                (outcomes[item[0]],) = self._forward([item])
+            except Exception as exc:
+                item[1].broken = True
+                outcomes[item[0]] = exc
+        return outcomes
+
+    @property
+    def can_rewind(self) -> bool:
+        """True: every layer keeps K/V rows."""
+        return True
+
+    def rewind(self, run: RunState, n: int) -> None:
+        """Forget the last ``n`` tokens the run absorbed, e.g. draft tokens that a verification rejected. Only
+        tokens forwarded since the run was restored or last exported can go (cache entries may hold the others).
+
+        Raises:
+            RunStateError: the run is closed or broken, or ``n`` reaches too far.
+        """
+        rows: list[AttentionRows] = self._live(run)
+        if n == 0:
+            return
+        if not 0 < n <= run.length or any(r.seen - n < max(r.floor, r.first) or not r.at_tip() for r in rows):
+            raise RunStateError(f"cannot rewind {n} of the run's {run.length} tokens")
+        for r in rows:
+            r.drop_last(n)
+        run.length -= n
+
+    def snapshot(self, run: RunState) -> None:
+        """Nothing to record: no layer is recurrent."""
+        self._live(run)
+
+    def export(self, run: RunState) -> list[LayerState]:
+        """The run's state at ``run.length`` as cache layer states, one per layer: views of the run's buffers (no
+        copy); sliding layers keep up to W - 1 + margin rows.
+
+        Raises:
+            RunStateError: the run is closed, broken or empty.
+        """
+        rows: list[AttentionRows] = self._live(run)
+        if run.length == 0:
+            raise RunStateError("nothing to export: the run has absorbed no tokens")
+        return [r.export() for r in rows]
+
+    def close_run(self, run: RunState) -> None:
+        """The run is finished: drop its references (cache entries keep the rows they hold views of)."""
+        run.state = None
+
+    # ================================================================ internals
+
+    def _forward(self, items: Sequence[tuple[int, RunState, list[int], int]]) -> list[torch.Tensor | None]:
+        """One forward over every item's tokens laid end to end; all runs advance, or (on error) none does."""
+        step = attention.step_batch([(ids, run.length, run.state, n) for _, run, ids, n in items], self.device)
+        points = [[r.checkpoint() for r in run.state] for _, run, _, _ in items]
+        try:
+            with torch.inference_mode():
+                kernel = attention.kernel_for(self.device, self._rows_dtype)
+                logits = self._model(input_ids=step.tokens, step=step, kernel=kernel)  # [K, vocab]
+        except BaseException:
+            for (_, run, _, _), run_points in zip(items, points, strict=True):
+                for rows, point in zip(run.state, run_points, strict=True):
+                    rows.rollback(point)
+            raise
+        out: list[torch.Tensor | None] = []
+        at = 0
+        for _, run, ids, n in items:
+            run.length += len(ids)
+            out.append(logits[at : at + n] if n else None)
+            at += n
+        return out
