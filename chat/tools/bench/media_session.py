@@ -41,10 +41,10 @@ def run(runtime: Any, turns: int = TURNS) -> dict[str, Any]:
     renders: list[float] = []
     render = runtime.render_prompt
 
-    def timed_render(messages):
+    def timed_render(messages, **options):
         start = time.perf_counter()
         try:
-            return render(messages)
+            return render(messages, **options)
         finally:
             renders.append((time.perf_counter() - start) * 1e3)
 
