@@ -49,6 +49,11 @@ def load_stock(spec: str, dtype: str = "float32") -> StockModel:
 
         tokenizer, config = registry._tiny_text(spec.removeprefix("tiny-"))
         model = build_tiny_model(config, torch_dtype)
+    elif (gguf := registry._gguf_file(spec)) is not None:  # the built-in model too: the file's own dequantization
+        from chat.models import gguf_model
+
+        model, tokenizer = gguf_model.load_gguf(gguf, "float32")
+        model = model.to(torch_dtype).eval()
     else:
         path, _, _ = registry._directory_of(spec)
         tokenizer = registry._text_tokenizer(path)

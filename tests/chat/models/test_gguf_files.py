@@ -99,6 +99,21 @@ def test_an_f32_gguf_gives_the_float32_models_logits_and_template(f32_model, ref
     assert (logits - full_logits(llama, tokens)).abs().max().item() <= TOLERANCE
 
 
+def test_the_stock_baseline_of_a_gguf_file_is_its_dequantized_transformers_model(files, reference):
+    """Benchmarks' baselines (``bench batch``, ``bench turns`` on the built-in model) load the file's own float32
+    dequantization as a stock transformers model, not a directory the file was once converted into."""
+    from chat.tools.testing.baselines import load_stock
+
+    stock = load_stock(str(files["q4_1"]))
+    assert type(stock.model).__name__ == "LlamaForCausalLM"
+    assert not any(hasattr(m, "block_weight") for m in stock.model.modules())  # every weight dequantized
+    tokens = stock.render(MESSAGES)
+    assert tokens == load_model(str(files["q4_1"]), weights="float32").render(MESSAGES)
+    assert (hf_logits(stock.model, tokens) - hf_logits(dequantized_copy(reference, "Q4_1"), tokens)).abs().max() <= (
+        TOLERANCE
+    )
+
+
 @pytest.mark.parametrize("qtype", QUANTIZED)
 def test_a_quantized_gguf_gives_its_dequantized_weights_logits(files, q8_model, f32_model, reference, qtype):
     model = q8_model if qtype == "Q8_0" else load_model(str(files[qtype.lower()]), weights="float32")
