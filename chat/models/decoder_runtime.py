@@ -16,7 +16,7 @@ from chat.models import attention, native
 from chat.models.adapter import DEFAULT_ROTATING_MARGIN, ModelAdapter, RunState
 from chat.models.decoder import Decoder
 from chat.models.errors import RunStateError
-from chat.models.kv_rows import AttentionRows
+from chat.models.kv_rows import AttentionRows, drop_last_of_run
 
 _log = logging.getLogger(__name__)
 
@@ -142,10 +142,7 @@ class DecoderAdapter(ModelAdapter):
         rows: list[AttentionRows] = self._live(run)
         if n == 0:
             return
-        if not 0 < n <= run.length or any(r.seen - n < max(r.floor, r.first) or not r.at_tip() for r in rows):
-            raise RunStateError(f"cannot rewind {n} of the run's {run.length} tokens")
-        for r in rows:
-            r.drop_last(n)
+        drop_last_of_run(rows, n, run.length)
         run.length -= n
 
     def snapshot(self, run: RunState) -> None:

@@ -26,6 +26,7 @@ from chat.models.adapter import DEFAULT_ROTATING_MARGIN, ModelAdapter, RunState
 from chat.models.errors import RunStateError
 from chat.models.fast_paths import install
 from chat.models.hf_cache import CacheLayout, RunCache
+from chat.models.kv_rows import drop_last_of_run
 from chat.models.smoothing import CALIBRATION_TEXT
 
 _log = logging.getLogger(__name__)
@@ -171,10 +172,7 @@ class TransformersAdapter(ModelAdapter):
         if not self.can_rewind:
             raise RunStateError(f"{self.name} has recurrent layers: its runs cannot be rewound")
         rows = [cache.layers[s.layer].rows for s in self._layout.slots if s.kind in ("kv", "rotating")]
-        if not 0 < n <= run.length or any(r.seen - n < max(r.floor, r.first) or not r.at_tip() for r in rows):
-            raise RunStateError(f"cannot rewind {n} of the run's {run.length} tokens")
-        for r in rows:
-            r.drop_last(n)
+        drop_last_of_run(rows, n, run.length)
         run.length -= n
 
     def snapshot(self, run: RunState) -> None:

@@ -28,10 +28,13 @@ Not thread-safe: one thread drives all runs of a model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from cache import NormalKV, RotatingKV
 from chat.models import native
+from chat.models.errors import RunStateError
 
 ROW_ALIGN = 256  # buffer capacities are multiples of this
 _MARK_ATTR = "_turncache_mark"
@@ -318,3 +321,17 @@ class AttentionRows:
         self.keys, self.values, self.mark = new_k, new_v, mark
         self.row0 = 0
         self.first = self.seen - take
+
+
+def drop_last_of_run(layers: Sequence[AttentionRows], n: int, length: int) -> None:
+    """Forget the last ``n`` of a run's ``length`` tokens in every layer's rows (:meth:`AttentionRows.drop_last`),
+    all or none: each layer is checked first.
+
+    Raises:
+        RunStateError: ``n`` is not in ``(0, length]``, or a layer cannot drop that many (below its floor, or not at
+            the tip of its own buffer).
+    """
+    if not 0 < n <= length or any(r.seen - n < max(r.floor, r.first) or not r.at_tip() for r in layers):
+        raise RunStateError(f"cannot rewind {n} of the run's {length} tokens")
+    for r in layers:
+        r.drop_last(n)
