@@ -3,10 +3,10 @@
 The CLI runs a benchmark under ``report.json_stdout``; the first test pins that guard with the kinds of output that
 broke ``bench cluster`` (a library's print, a child process's lines, as Ray's raylet writes them). The others run
 real benchmarks' ``--json`` paths in a subprocess and parse standard output with ``json.loads``: those cheap enough
-on tiny models here (``bench cache`` with few entries, ``bench http`` on tiny-llama at one level). Not run here, for
-time on a 2-core machine: ``turns``, ``serve``, ``load``, ``batch``, ``multiturn``, ``agent``, ``constrained`` (minutes
-each even on tiny models), ``weights`` (the built-in model only), ``restart`` (three server processes) and
-``cluster`` (Ray); they all print through the same ``emit`` under the same guard.
+on tiny models here (``bench cache`` with few entries, ``bench http`` on tiny-llama at one level, one round). Not
+run here, for time on a 2-core machine: ``turns``, ``serve``, ``load``, ``batch``, ``multiturn``, ``agent``,
+``constrained`` (minutes each even on tiny models), ``weights`` (the built-in model only), ``restart`` (three server
+processes) and ``cluster`` (Ray); they all print through the same ``emit`` under the same guard.
 """
 
 import json
@@ -49,5 +49,5 @@ def test_bench_cache_json_is_alone_on_stdout():
 
 
 def test_bench_http_json_is_alone_on_stdout():
-    result = _bench_json("http", "--model", "tiny-llama", "--levels", "1")
+    result = _bench_json("http", "--model", "tiny-llama", "--levels", "1", "--rounds", "1")
     assert result["levels"] == [1] and result["errors"] == 0
