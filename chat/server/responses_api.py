@@ -70,9 +70,12 @@ class ResponsesRequest(BaseModel):
     user: Any = None
 
     def check(self) -> None:
-        """Raises RequestError: a field not honoured (``unsupported_parameter``)."""
+        """Raises RequestError: a field not honoured (``unsupported_parameter``), or ``reasoning`` that is no object
+        (``invalid_request``)."""
         refuse_unsupported(self, _UNSUPPORTED)
-        if self.reasoning is not None and any(v is not None for v in dict(self.reasoning).values()):
+        if self.reasoning is not None and not isinstance(self.reasoning, dict):
+            raise RequestError(ErrorCode.INVALID_REQUEST, "reasoning must be an object", param="reasoning")
+        if self.reasoning is not None and any(v is not None for v in self.reasoning.values()):
             raise RequestError(
                 ErrorCode.UNSUPPORTED_PARAMETER,
                 "reasoning is not supported (thinking models think by default; see docs/openai.md)",
@@ -194,7 +197,10 @@ def _tool_choice(choice: Any) -> Any:
 
 
 def _format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``text.format`` as a chat ``response_format``. Raises RequestError: a format that is no object."""
     fmt = (text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise RequestError(ErrorCode.INVALID_REQUEST, "text.format must be an object", param="text.format")
     if not fmt or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_schema":

@@ -79,6 +79,9 @@ def test_store_false_keeps_nothing(agent):
         ({"input": "x", "background": True}, "unsupported_parameter", "background"),
         ({"input": "x", "include": ["reasoning.encrypted_content"]}, "unsupported_parameter", "include"),
         ({"input": "x", "reasoning": {"effort": "high"}}, "unsupported_parameter", "reasoning"),
+        ({"input": "x", "reasoning": [1, 2.5]}, "invalid_request", "reasoning"),  # found by the OpenAPI fuzz test
+        ({"input": "x", "reasoning": "high"}, "invalid_request", "reasoning"),
+        ({"input": "x", "text": {"format": "json"}}, "invalid_request", "text.format"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "unsupported_parameter", "tools.0.type"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "unsupported_parameter", "input.0.type"),
         ({"input": "x", "previous_response_id": "resp_nope"}, "not_found", "previous_response_id"),
