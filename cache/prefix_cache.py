@@ -260,8 +260,10 @@ class PrefixCache:
         """The longest cached prefix of ``tokens`` that can be restored, leaving at least one token to compute.
 
         Side effects: counts the lookup; on a hit the entry becomes the most recently used. An entry held only on
-        disk is read back into the device tier (then budgets are enforced); one whose files turn out unreadable is
-        dropped with a warning and the next best prefix is looked up.
+        disk is read back into the device tier, then the budgets are enforced without moving that entry out of it
+        (the acquire that follows would bring it back, and what it pushed out would be lost for nothing), so the
+        device tier may stay over its budget by that entry until the next operation; one whose files turn out
+        unreadable is dropped with a warning and the next best prefix is looked up.
 
         Raises:
             TokenError, SpanError: bad query; nothing is counted.
@@ -293,7 +295,7 @@ class PrefixCache:
                 break
             if self._read_back(entry):  # else it was dropped: look again
                 self._touch(entry)
-                self._enforce_budgets()
+                self._enforce_budgets(spare=entry)  # the acquire that follows would only bring it back
                 break
         self._counters["hits"] += 1
         self._counters["hit_tokens"] += length
@@ -659,17 +661,19 @@ class PrefixCache:
         """Bytes of ``tier`` a tenant keeps while another holds bytes there; None: shares off or no budget."""
         return share_limit(self._share, self._budgets[tier])
 
-    def _enforce_budgets(self) -> None:
+    def _enforce_budgets(self, spare: _Entry | None = None) -> None:
         """Over a tier's budget, its idle entries go until it is back under: first those that cannot fit there at
         all, then those of tenants over their share (:meth:`_over_share_order`), then the least recently used.
         device -> host (or out of memory when the host budget is 0 or too small for the entry alone), host -> out of
         memory (the disk tier if the entry has a file, else dropped), and on disk the file goes (with the entry if
-        that was its only copy)."""
+        that was its only copy). ``spare``: an idle entry that stays in memory this time (a lookup's read-back, about
+        to be acquired); its file may still go."""
         for tier in MEMORY_TIERS:
             budget = self._budgets[tier]
             if budget is None or self._tier_bytes[tier] <= budget:
                 continue
-            idle = [e for e in map(self._entries.__getitem__, self._lru) if e.tier == tier and not e.users]
+            lru = map(self._entries.__getitem__, self._lru)
+            idle = [e for e in lru if e.tier == tier and not e.users and e is not spare]
             leased = _storages_union(self._leased.values()) if tier == DEVICE else None
             too_big = [e for e in idle if self._too_big(e, tier, leased)]
             for entry in itertools.chain(too_big, self._over_share_order(tier, idle), idle):

@@ -12,6 +12,8 @@ Rules, as written in cache/DESIGN.md:
   use, then the least recently used; device -> host (or out of memory if the host budget is 0 or too small for the
   entry alone), host -> out of memory,
   disk: the file goes, and the entry with it if it was only on disk;
+- a lookup that reads an entry back from disk (into the device tier) enforces the budgets without moving that entry
+  out of memory (the acquire that follows would bring it back);
 - a flush gives a file to every entry in memory that has none (most recently used first), then enforces the disk
   budget;
 - supersession: an insert drops the entries it covers only if, enforcing the budgets without dropping them, the new
@@ -145,7 +147,7 @@ class ReferenceCache:
         hit.recency = self._tick()
         if hit.tier == "disk":
             hit.tier = "device"
-            self.enforce()
+            self.enforce(spare=hit.eid)  # read back for the acquire that follows: it stays in memory this time
         return best[0], best[2]
 
     def insert(self, eid: int, namespace, tokens, media, lo, points, nbytes, dbytes) -> tuple[int, bool]:
@@ -272,10 +274,11 @@ class ReferenceCache:
             return e.nbytes <= limit
         return e.dbytes + sum(o.dbytes for o in same if o.file) <= limit
 
-    def victim(self, tier: str) -> RefEntry | None:
-        """The idle entry of ``tier`` that goes next (see the module docstring); None if there is none."""
+    def victim(self, tier: str, spare: int | None = None) -> RefEntry | None:
+        """The idle entry of ``tier`` that goes next (see the module docstring), never ``spare``; None if there is
+        none."""
         idle = [self.entries[i] for i in self.lru() if self.in_tier(self.entries[i], tier)]
-        idle = [e for e in idle if not e.users]
+        idle = [e for e in idle if not e.users and e.eid != spare]
         rules = (
             lambda e: not self.fits_alone(e, tier),
             lambda e: self.over_share(tier, e.namespace.salt) and not self.fits_share(e, tier),
@@ -288,20 +291,22 @@ class ReferenceCache:
                     return e
         return None
 
-    def log_move(self, tier: str, e: RefEntry) -> None:
+    def log_move(self, tier: str, e: RefEntry, spare: int | None = None) -> None:
+        """``spare`` (a lookup's read-back, about to be acquired) is not counted idle: it cannot be moved."""
         idle: dict[str, int] = {}
         for o in self.entries.values():
-            if self.in_tier(o, tier) and not o.users:
+            if self.in_tier(o, tier) and not o.users and o.eid != spare:
                 idle[o.namespace.salt] = idle.get(o.namespace.salt, 0) + 1
         fits = self.fits_alone(e, tier)
         self.moves.append(Move(tier, e.eid, e.namespace.salt, fits, self.tenant_bytes(tier), idle))
 
-    def enforce(self) -> None:
+    def enforce(self, spare: int | None = None) -> None:
+        """``spare``: an idle entry that stays in memory this time (its file may go)."""
         for tier, budget in (("device", self.device_budget), ("host", self.host_budget)):
             if budget is None:
                 continue
-            while self.tier_bytes(tier) > budget and (e := self.victim(tier)) is not None:
-                self.log_move(tier, e)
+            while self.tier_bytes(tier) > budget and (e := self.victim(tier, spare)) is not None:
+                self.log_move(tier, e, spare)
                 if tier == "device" and self.host_budget != 0 and self.fits_alone(e, "host"):
                     e.tier = "host"
                     self.counters["offloads"] += 1

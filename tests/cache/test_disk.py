@@ -399,17 +399,12 @@ def test_an_entry_that_leaves_memory_before_its_file_is_written_is_served_from_t
     assert c.close(timeout=10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (cache/DESIGN.md, Limits): a lookup's read-back pushes out an idle "
-    "entry that host memory could keep",
-)
 def test_a_lookup_that_reads_an_entry_back_keeps_an_idle_entry_host_memory_can_hold(tmp_path):
     """Found by the property test (seed 12785255949245291216207987224353160150): the lookup reads disk-only entry 2
-    back into the device tier; enforcing the budgets there treats it as idle (it is not acquired yet) and moves it to
-    the host tier, which pushes idle entry 3 (no file: the disk budget is full with entry 2's) out of memory, so it is
-    dropped; the acquire then moves entry 2 to the device tier and host memory is left empty. Strict: when the gap is
-    closed this test passes and must lose its mark."""
+    back into the device tier. Enforcing the budgets there used to treat it as idle (it is not acquired yet) and
+    move it to the host tier, which pushed idle entry 3 (no file: the disk budget is full with entry 2's) out of
+    memory, so it was dropped; the acquire then moved entry 2 to the device tier and host memory was left empty.
+    The lookup now spares the entry it read back."""
     ns = Namespace("m", "float32")
     cache = open_cache(
         tmp_path, device_budget_bytes=48, host_budget_bytes=72, disk_budget_bytes=72, disk_chunk_tokens=2
@@ -422,3 +417,4 @@ def test_a_lookup_that_reads_an_entry_back_keeps_an_idle_entry_host_memory_can_h
     assert cache.entry_tier(held) == DISK and cache.entry_tier(idle) == "host" and not cache.entry_has_file(idle)
     cache.acquire(cache.lookup(ns, [1, 1, 1]), ns)
     assert idle in cache.entry_ids(), "the idle entry was dropped although host memory had room for it"
+    assert cache.entry_tier(held) == "device" and cache.entry_tier(idle) == "host" and cache.stats().evictions == 0

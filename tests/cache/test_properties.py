@@ -183,9 +183,9 @@ SHARE_MODES = {  # mode -> (tenants, whether the real cache has a share, whether
 @given(data=st.data())
 def test_cache_agrees_with_linear_reference_and_keeps_what_fits(tiers, shares, data):
     """``derandomize``: the suite runs one fixed sequence of 150 examples per case, so that a landing does not
-    depend on the draw. Random exploration finds more (run with ``--hypothesis-seed=random`` or a seed): seed
-    12785255949245291216207987224353160150 found a known gap, recorded in cache/DESIGN.md (Limits, "Known gap") and
-    reproduced in test_disk.py: a lookup's read-back pushes out an idle entry that host memory could hold."""
+    depend on the draw. Random exploration finds more (set ``derandomize=False`` and run with
+    ``--hypothesis-seed=random`` or a seed): seed 12785255949245291216207987224353160150 found that a lookup's
+    read-back pushed out an idle entry host memory could hold (fixed; the example is in test_disk.py)."""
     tenants, real_share, ref_share = SHARE_MODES[shares]
     namespaces = [Namespace("m", "float32", salt=salt) for salt in ("", "t2", "t3")[:tenants]]
     share = data.draw(st.sampled_from([0.25, 1 / 3, 0.5, 1.0]) | st.floats(0.05, 1.0), label="share")
