@@ -61,8 +61,8 @@ one token each (no drafts), by rank, up to ``yield_budget - yield_budget // 2`` 
 the least prefill chunk does not apply to them). A step then holds at most ``yield_budget`` tokens of worse
 priorities, so a better turn that arrives waits for a short step, and its own decoding is not slowed by full batch
 steps either. What that wait is worth was measured (bench tenants, docs/benchmarks.md): the better turn's own
-first-token step and delivery cost the same alone and under load; what it adds under load is about half a step in
-flight. A step's cost is a fixed part (weights, per-layer work: most of a short step) and a part per token, so a
+first-token step holds the same work alone and under load, and what scheduling adds under load is about half a step
+in flight. A step's cost is a fixed part (weights, per-layer work: most of a short step) and a part per token, so a
 smaller budget shortens that wait less than in proportion, while the worse priorities' throughput falls faster:
 each step pays the fixed cost for fewer of their tokens. Turns of the best priority around, and every turn when all
 have one priority, are not affected. ``yield_budget`` 0 turns yielding off; settings ``--yield-budget`` (default
