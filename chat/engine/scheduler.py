@@ -10,8 +10,9 @@
    priority than one around take fewer seats (see *Yielding*).
 3. Prefilling turns share what is left of ``token_budget`` by rank (oldest first among equal priorities), each a
    chunk of its prompt (a chunk also ends where a recurrent snapshot is wanted). The first waiting prefill always
-   gets at least :data:`MIN_PREFILL_CHUNK` tokens, even when decode tokens took the whole budget, so a long prompt
-   keeps moving and never stalls the decoding turns for more than one chunk per step. A new turn whose prompt
+   gets at least :data:`MIN_PREFILL_CHUNK` tokens (unless it yields: then its share of the yield budget), even when
+   decode tokens took the whole budget, so a long prompt keeps moving and never stalls the decoding turns for more
+   than one chunk per step. A new turn whose prompt
    shares at least :data:`SHARE_MIN` uncached tokens (and a quarter of what it has to compute) with a turn ranked
    ahead of it and still prefilling waits for that turn: once that one has stored its prompt, the new one looks the
    cache up again and computes only what is its own (see *Prefixes shared in flight*).
@@ -54,15 +55,19 @@ rank, is never left out, so the bound below holds.
 ``token_budget`` of batch prompts costs several times an interactive turn's own step, so what the step in flight
 holds matters as much as what the turn's own step holds. While a better priority is *around* — a turn of it is
 active, or one ended less than ``yield_hold_s`` seconds ago (its user reading the reply and writing the next
-question) — the turns of every worse priority share ``yield_budget`` tokens per step: their decoding turns one
-token each (no drafts), by rank, then their prefills what is left, except that the first prefill of a step keeps its
-:data:`MIN_PREFILL_CHUNK`. A step then holds at most ``yield_budget + MIN_PREFILL_CHUNK`` tokens of worse priorities,
-so a better turn that arrives waits for a short step, and its own decoding is not slowed by full batch steps either.
-The price is the worse priorities' throughput while a better one is around: each step pays the forward's fixed cost
-for fewer of their tokens (docs/benchmarks.md, bench tenants, measures both sides). Turns of the best priority
-around, and every turn when all have one priority, are not affected. ``yield_budget`` 0 turns yielding off;
-settings ``--yield-budget`` (default :data:`DEFAULT_YIELD_BUDGET`, the least prefill chunk) and ``--yield-hold-s``
-(default :data:`DEFAULT_YIELD_HOLD_S`; 0: only while a better turn is active).
+question) — the turns of every worse priority share ``yield_budget`` tokens per step, no more: their decoding turns
+one token each (no drafts), by rank, up to ``yield_budget - yield_budget // 2`` of them while a worse prompt waits
+(all of it otherwise), then their prefills what is left (at least ``yield_budget // 2``, so the prompts keep moving;
+the least prefill chunk does not apply to them). A step then holds at most ``yield_budget`` tokens of worse
+priorities, so a better turn that arrives waits for a short step, and its own decoding is not slowed by full batch
+steps either. What that wait is worth was measured (bench tenants, docs/benchmarks.md): the better turn's own
+first-token step holds the same work alone and under load, and what scheduling adds under load is about half a step
+in flight. A step's cost is a fixed part (weights, per-layer work: most of a short step) and a part per token, so a
+smaller budget shortens that wait less than in proportion, while the worse priorities' throughput falls faster:
+each step pays the fixed cost for fewer of their tokens. Turns of the best priority around, and every turn when all
+have one priority, are not affected. ``yield_budget`` 0 turns yielding off; settings ``--yield-budget`` (default
+:data:`DEFAULT_YIELD_BUDGET`; at least 2: a token for the worse replies and one for their prompts) and
+``--yield-hold-s`` (default :data:`DEFAULT_YIELD_HOLD_S`; 0: only while a better turn is active).
 
 *Aging rule*: a waiting turn's priority improves by one every :data:`AGING_STEPS` steps. The rank of a decoding turn
 is ``priority * AGING_STEPS + the step it last had a seat``; the rank of a prefill is ``priority * AGING_STEPS + the
@@ -74,7 +79,9 @@ prefills of a priority that gets nothing age as before. So a turn of priority ``
 work (a decoding turn: after it last sat): only turns arriving within ``(p - q_min) * AGING_STEPS`` steps of that
 can overtake them, and at most 200 x 4 = 800 steps' worth of arrivals ever can. A decoding turn gets a seat at least
 every ``(p - q_min) * AGING_STEPS + 1 + ceil(decoding / seats)`` steps (``seats``: at most ``yield_budget`` while it
-yields). Nothing starves, however many turns of higher priority keep coming (``tests/chat/engine/test_scheduler.py``).
+yields, ``yield_budget - yield_budget // 2`` while a worse prompt waits too), and the yielding prompts get at least
+``yield_budget // 2`` tokens in every step without a better prompt in it. Nothing starves, however many turns of
+higher priority keep coming (``tests/chat/engine/test_scheduler.py``).
 
 **Failure isolation.** The runtime reports an error per feed: a feed that fails alone ends only its own turn
 (finish_reason "error", nothing stored); when a batched forward fails, the runtime rolls every run back and runs each
@@ -109,7 +116,7 @@ SHARE_MIN = 16  # a fresh turn waits for an older prefilling turn only to share 
 AGING_STEPS = 4  # a waiting turn's priority improves by one every this many steps (see Priorities and fairness)
 DEFAULT_YIELD_BUDGET = 16  # tokens per step of worse priorities while a better one is around (see Yielding); 0: off
 DEFAULT_YIELD_HOLD_S = 10.0  # seconds a priority stays around after its last turn ended
-YIELD_BUDGET_RANGE = (MIN_PREFILL_CHUNK, 8192)  # or 0: off
+YIELD_BUDGET_RANGE = (2, 8192)  # or 0: off (2: a token for the worse replies and one for their prompts)
 YIELD_HOLD_RANGE = (0.0, 3600.0)
 
 
@@ -251,7 +258,10 @@ class Scheduler:
         s = self.settings
         top = self._top_priority() if s.yield_budget else sys.maxsize  # worse priorities yield; off: none is worse
         seats = s.max_batch - (1 if self._prefilling else 0)  # one seat kept for the oldest waiting prefill
-        decoders = self._seat(max(seats, 0), top)
+        rows = s.yield_budget  # worse decoding turns seated; half the yield budget kept for worse prompts (Yielding)
+        if any(_priority(t) > top for t in self._prefilling):
+            rows -= s.yield_budget // 2
+        decoders = self._seat(max(seats, 0), top, rows)
         worse = sum(_priority(t) > top for t in decoders)  # each takes one token of the yield budget
         prefills = self._plan_prefills(s.token_budget - len(decoders), s.max_batch - len(decoders), top, worse)
         firsts = [(*self._prefill_rank(t), _priority(t)) for t, _ in prefills if t.pending_ends_prompt]
@@ -269,10 +279,9 @@ class Scheduler:
             plan.append((turn, feed))
         return plan + prefills
 
-    def _seat(self, seats: int, top: int) -> list[Turn]:
-        """Up to ``seats`` decoding turns, by rank, of which at most ``yield_budget`` of priority worse than ``top``
-        (each one seated ranks again from this step: with equal priorities, round-robin)."""
-        cap = self.settings.yield_budget
+    def _seat(self, seats: int, top: int, cap: int) -> list[Turn]:
+        """Up to ``seats`` decoding turns, by rank, of which at most ``cap`` of priority worse than ``top`` (each one
+        seated ranks again from this step: with equal priorities, round-robin)."""
         if len(self._decoding) <= seats and sum(_priority(t) > top for t in self._decoding) <= cap:
             return list(self._decoding)
         taken: list[Turn] = []
@@ -308,7 +317,7 @@ class Scheduler:
                 break
             yields = priority > top
             if yields:
-                give = min(give, max(yield_left, MIN_PREFILL_CHUNK if first else 0))
+                give = min(give, yield_left)  # no least chunk: the yield budget bounds the step (Yielding)
                 if give <= 0:
                     continue  # the worse priorities' share of this step is spent; a better one may still come
             feed = turn.next_feed(give)

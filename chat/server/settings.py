@@ -14,7 +14,7 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 
 
-YIELD_BUDGET_LEAST = 16  # chat.engine.scheduler.MIN_PREFILL_CHUNK (not imported: it would load torch here)
+YIELD_BUDGET_LEAST = 2  # chat.engine.scheduler.YIELD_BUDGET_RANGE[0] (not imported: it would load torch here)
 
 
 class ServerSettings(BaseSettings):
@@ -47,7 +47,7 @@ class ServerSettings(BaseSettings):
         16,
         ge=0,
         le=8192,
-        description="tokens per step of worse priorities while a better priority is around (0: off; else >= 16)",
+        description="tokens per step of worse priorities while a better priority is around (0: off; else >= 2)",
     )
     yield_hold_s: float = Field(
         10.0, ge=0, le=3600, description="seconds a priority stays around after its last turn ended"

@@ -60,7 +60,7 @@ def test_bench_cache_table_without_json(capsys):
         (["--max-batch", "0"], "--max-batch"),
         (["--max-batch", "1000"], "--max-batch"),
         (["--token-budget", "8"], "--token-budget"),
-        (["--yield-budget", "15"], "--yield-budget"),
+        (["--yield-budget", "1"], "--yield-budget"),
         (["--yield-budget", "-1"], "--yield-budget"),
         (["--yield-hold-s", "-1"], "--yield-hold-s"),
         (["--weights", "int4"], "--weights"),
@@ -122,11 +122,11 @@ def test_the_tenant_cache_share_flag_reaches_the_prefix_cache(monkeypatch):
 
 def test_the_yield_flags_reach_the_scheduler(monkeypatch):
     from chat.cli import _settings, build_parser
-    from chat.engine.scheduler import DEFAULT_YIELD_BUDGET, DEFAULT_YIELD_HOLD_S, MIN_PREFILL_CHUNK
+    from chat.engine.scheduler import DEFAULT_YIELD_BUDGET, DEFAULT_YIELD_HOLD_S, YIELD_BUDGET_RANGE
     from chat.server.main import batch_settings
     from chat.server.settings import YIELD_BUDGET_LEAST
 
-    assert YIELD_BUDGET_LEAST == MIN_PREFILL_CHUNK
+    assert YIELD_BUDGET_RANGE[0] == YIELD_BUDGET_LEAST
     monkeypatch.delenv("TURNCACHE_YIELD_BUDGET", raising=False)
     default = batch_settings(_settings(build_parser().parse_args(["serve"])))
     assert (default.yield_budget, default.yield_hold_s) == (DEFAULT_YIELD_BUDGET, DEFAULT_YIELD_HOLD_S)

@@ -107,7 +107,7 @@ class TenantsConfig:
 
     def __post_init__(self) -> None:
         """Raises :class:`TenantsSettingError` naming the first setting out of range."""
-        from chat.engine.scheduler import TOKEN_BUDGET_RANGE, YIELD_HOLD_RANGE
+        from chat.engine.scheduler import TOKEN_BUDGET_RANGE, YIELD_BUDGET_RANGE, YIELD_HOLD_RANGE
         from chat.protocol.limits import MAX_PRIORITY
 
         counts = ("quiet_sessions", "quiet_turns", "quiet_reply_tokens", "noisy_conversations", "noisy_turns")
@@ -121,8 +121,9 @@ class TenantsConfig:
         low, high = TOKEN_BUDGET_RANGE
         if self.token_budget is not None and not low <= self.token_budget <= high:
             raise TenantsSettingError("token_budget", f"must be in [{low}, {high}]")
-        if self.yield_budget is not None and not (self.yield_budget == 0 or low <= self.yield_budget <= high):
-            raise TenantsSettingError("yield_budget", f"must be 0 (off) or in [{low}, {high}]")
+        least, most = YIELD_BUDGET_RANGE
+        if self.yield_budget is not None and not (self.yield_budget == 0 or least <= self.yield_budget <= most):
+            raise TenantsSettingError("yield_budget", f"must be 0 (off) or in [{least}, {most}]")
         if self.yield_hold_s is not None and not 0 <= self.yield_hold_s <= YIELD_HOLD_RANGE[1]:
             raise TenantsSettingError("yield_hold_s", f"must be in [0, {YIELD_HOLD_RANGE[1]:g}]")
         if self.threads is not None and (isinstance(self.threads, bool) or not 1 <= self.threads <= 256):

@@ -188,7 +188,7 @@ def test_a_runtime_that_raises_fails_the_step_and_the_scheduler_goes_on():
         ({"token_budget": 15}, "token_budget"),
         ({"token_budget": 8193}, "token_budget"),
         ({"token_budget": True}, "token_budget"),
-        ({"yield_budget": 15}, "yield_budget"),
+        ({"yield_budget": 1}, "yield_budget"),
         ({"yield_budget": -1}, "yield_budget"),
         ({"yield_budget": 8193}, "yield_budget"),
         ({"yield_hold_s": -0.5}, "yield_hold_s"),
@@ -406,7 +406,7 @@ def test_while_a_better_priority_is_around_worse_turns_share_the_yield_budget_un
         scheduler.step()
         clock.now += 0.1
     for step in range(steps_before + 1, len(rt.steps)):  # the chat turn's own prompt step aside
-        assert 4 + MIN_PREFILL_CHUNK <= worse_tokens(rt, batch, step) <= 24  # 4 decode tokens + 20 prompt tokens
+        assert worse_tokens(rt, batch, step) == 24  # 4 decode tokens + 20 prompt tokens
     clock.now += 4.9  # within the hold: the chat's next question may be on its way
     scheduler.step()
     assert worse_tokens(rt, batch, -1) == 24
@@ -430,6 +430,43 @@ def test_yielding_decoders_take_at_most_the_yield_budget_of_seats_round_robin():
         scheduler.step()
         assert worse_tokens(rt, batch, -1) == 16 and id(chat._run) in rt.runs_per_step[-1]
     assert [len(t.reply.tokens) - b for t, b in zip(batch, before, strict=True)] == [4] * 40
+
+
+def test_while_yielding_a_step_holds_at_most_the_yield_budget_even_of_prompts_alone():
+    """No least prefill chunk for a yielding prompt: the step a better turn may have to wait for stays within the
+    yield budget (it was yield_budget + MIN_PREFILL_CHUNK)."""
+    rt = CountingRuntime(script=lambda prompt: "ok")
+    scheduler = Scheduler(rt, BatchSettings(max_batch=8, token_budget=256, yield_budget=6, yield_hold_s=100.0))
+    chat = begun(rt, None, request("hi", max_tokens=2, priority=-1))
+    scheduler.add(chat)
+    while not chat.done:
+        scheduler.step()  # the chat tenant is around from now on (the hold)
+    batch = begun(rt, None, request("batch " + "p" * 300))
+    scheduler.add(batch)
+    for _ in range(10):
+        scheduler.step()
+        assert rt.steps[-1] == [6] and rt.runs_per_step[-1] == [id(batch._run)]
+
+
+def test_while_yielding_worse_replies_leave_half_the_yield_budget_to_worse_prompts():
+    rt = CountingRuntime(script=lambda prompt: "z" * 400)
+    scheduler = Scheduler(rt, BatchSettings(max_batch=64, token_budget=256, yield_budget=16, yield_hold_s=100.0))
+    replies = [begun(rt, None, request(f"d{i}", max_tokens=300)) for i in range(40)]
+    for turn in replies:
+        scheduler.add(turn)
+    while not all(t.decoding for t in replies):
+        scheduler.step()
+    chat = begun(rt, None, request("c", max_tokens=2, priority=-1))
+    scheduler.add(chat)
+    while not chat.done:
+        scheduler.step()
+    prompt = begun(rt, None, request("batch " + "p" * 200))
+    scheduler.add(prompt)
+    for _ in range(10):
+        scheduler.step()
+        fed = dict(zip(rt.runs_per_step[-1], rt.steps[-1], strict=True))
+        assert fed.pop(id(prompt._run)) == 8  # half the yield budget: the prompt keeps moving
+        assert len(fed) == 8 and set(fed.values()) == {1}  # and the replies share the other half, a token each
 
 
 def test_the_step_of_a_better_turns_first_token_carries_no_worse_reply():
@@ -559,9 +596,9 @@ def workloads(draw, *, priorities):
 
 def drive(workload, settings: BatchSettings, *, dt: list[float] | None = None, check=None) -> tuple[list, dict]:
     """Run ``workload`` (turns added at their arrival step); the clock moves by ``dt[step % len(dt)]`` before each
-    step. ``check(step, top, fed)`` sees every step: the reference's best priority around and each fed turn's
-    (priority, tokens, was decoding). Returns (the forwards' feeds as (turn index, tokens), each turn's reply
-    tokens and finish reason)."""
+    step. ``check(step, top, fed, prompts)`` sees every step: the reference's best priority around, each fed turn's
+    (priority, tokens, was decoding) and the priorities of the turns prefilling before it. Returns (the forwards'
+    feeds as (turn index, tokens), each turn's reply tokens and finish reason)."""
     rt, clock = CountingRuntime(script=lambda prompt: "r" * 60), Clock()
     rt.can_rewind = True  # greedy replies draft tokens when a step is small
     scheduler = Scheduler(rt, settings, clock=clock)
@@ -586,6 +623,7 @@ def drive(workload, settings: BatchSettings, *, dt: list[float] | None = None, c
         around = [workload[i][3] for i in active] + list(ended)
         top = min(around, default=0)
         decoding = {i for i in active if turns[i].decoding}
+        prompts = [workload[i][3] for i in active - decoding]  # priorities of the prefilling turns
         if not scheduler.busy:
             continue
         for turn, events in scheduler.step():
@@ -598,7 +636,7 @@ def drive(workload, settings: BatchSettings, *, dt: list[float] | None = None, c
         fed = [(index[run], n) for run, n in zip(rt.runs_per_step[-1], rt.steps[-1], strict=True)]
         steps.append(fed)
         if check is not None:
-            check(step, top, [(workload[i][3], n, i in decoding) for i, n in fed])
+            check(step, top, [(workload[i][3], n, i in decoding) for i, n in fed], prompts)
     assert len(done) == len(turns), "not every turn finished"
     return steps, {i: (d.token_ids, d.finish_reason) for i, d in done.items()}
 
@@ -622,18 +660,19 @@ def test_with_one_priority_yielding_changes_no_step(work, max_batch, budget, yie
     work=workloads(priorities=[-5, 0, 0, 3]),
     max_batch=st.integers(2, 8),
     budget=st.sampled_from([16, 48, 128]),
-    yield_budget=st.sampled_from([16, 24]),
+    yield_budget=st.sampled_from([2, 5, 16, 24]),
     hold=st.sampled_from([0.0, 0.5, 100.0]),
     dt=st.lists(st.sampled_from([0.0, 0.2, 0.7]), min_size=1, max_size=4),
 )
 def test_worse_priorities_never_take_more_than_the_yield_budget_and_every_reply_is_its_own(
     work, max_batch, budget, yield_budget, hold, dt
 ):
-    def check(step, top, fed):
+    def check(step, top, fed, prompts):
         worse = [(n, decoding) for priority, n, decoding in fed if priority > top]
         assert all(n == 1 for n, decoding in worse if decoding), step  # one token, no drafts
-        assert sum(1 for _, decoding in worse if decoding) <= yield_budget, step
-        assert sum(n for n, _ in worse) <= yield_budget + MIN_PREFILL_CHUNK, step
+        seats = yield_budget - (yield_budget // 2 if any(p > top for p in prompts) else 0)
+        assert sum(1 for _, decoding in worse if decoding) <= seats, step
+        assert sum(n for n, _ in worse) <= yield_budget, step
 
     settings_ = BatchSettings(max_batch=max_batch, token_budget=budget, yield_budget=yield_budget, yield_hold_s=hold)
     _, done = drive(work, settings_, dt=dt, check=check)

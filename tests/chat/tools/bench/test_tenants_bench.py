@@ -91,7 +91,7 @@ def test_the_scheduler_settings_given_reach_the_server_and_the_others_are_its_de
         ({"noisy_conversations": -3}, "noisy_conversations"),
         ({"quiet_priority": 101}, "quiet_priority"),
         ({"token_budget": 8}, "token_budget"),
-        ({"yield_budget": 8}, "yield_budget"),
+        ({"yield_budget": 1}, "yield_budget"),
         ({"yield_hold_s": -1.0}, "yield_hold_s"),
         ({"threads": 0}, "threads"),
         ({"tenant_share": 1.5}, "tenant_share"),
