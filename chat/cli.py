@@ -392,7 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--idle-connection-s",
         type=float,
         metavar="S",
-        help="seconds a new HTTP connection may stay silent before it is closed (30)",
+        help="seconds an HTTP connection may stay without a request (new, or kept alive after a response) before it "
+        "is closed (30)",
     )
     slow.add_argument(
         "--send-buffer-kib",

@@ -88,6 +88,14 @@ def send_buffer_bytes(kib: int | None) -> int | None:
     return None if kib is None else kib * 1024
 
 
+def uvicorn_http_options(idle_s: float, send_buffer_kib: int | None) -> dict:
+    """uvicorn settings for HTTP connections: :func:`http_protocol`, and its keep-alive timeout (how long a connection
+    may stay open without a request after a response) set to ``idle_s`` too. uvicorn's own is 5 s, the same as
+    httpx's pool (which the openai SDK uses) keeps an idle connection: a client that reuses one at 5 s races the
+    server's close and gets a read error on a request it never sent; the server's timeout must be the longer one."""
+    return {"http": http_protocol(idle_s, send_buffer_bytes(send_buffer_kib)), "timeout_keep_alive": idle_s}
+
+
 def http_protocol(idle_s: float, send_buffer_bytes: int | None = None) -> type:
     """uvicorn's HTTP protocol (httptools where installed, else h11), closing idle connections and setting each
     connection's kernel send buffer (:func:`closing_idle`)."""

@@ -12,7 +12,7 @@ from cache import PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.scheduler import BatchSettings
 from chat.server.app import create_app, key_store
-from chat.server.backpressure import http_protocol, send_buffer_bytes
+from chat.server.backpressure import uvicorn_http_options
 from chat.server.settings import MiB, ServerSettings
 
 log = logging.getLogger("turncache.server")
@@ -99,7 +99,7 @@ def serve(settings: ServerSettings) -> int:
             access_log=False,  # never printed at "warning"; off, it costs no work per response either
             ws="websockets-sansio",
             ws_max_size=settings.max_ws_frame_mib * MiB,
-            http=http_protocol(settings.idle_connection_s, send_buffer_bytes(settings.send_buffer_kib)),
+            **uvicorn_http_options(settings.idle_connection_s, settings.send_buffer_kib),
         )
     finally:
         close_engine(engine)

@@ -10,7 +10,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from chat.protocol.limits import MAX_FRAME_BYTES
-from chat.server.backpressure import http_protocol, send_buffer_bytes
+from chat.server.backpressure import uvicorn_http_options
 
 IDLE_CONNECTION_S = 30.0  # an app without server settings: how long a connection may stay silent before it closes
 
@@ -30,9 +30,8 @@ class BackgroundServer:
             ws="websockets-sansio",
             ws_max_size=ws_max_size,
             lifespan="off",
-            http=http_protocol(
-                getattr(settings, "idle_connection_s", IDLE_CONNECTION_S),
-                send_buffer_bytes(getattr(settings, "send_buffer_kib", None)),
+            **uvicorn_http_options(
+                getattr(settings, "idle_connection_s", IDLE_CONNECTION_S), getattr(settings, "send_buffer_kib", None)
             ),
         )
         self.app = app  # what it serves

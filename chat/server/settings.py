@@ -134,7 +134,10 @@ class ServerSettings(BaseSettings):
         30.0, gt=0, description="seconds one write to a client may wait for it to read before the connection closes"
     )
     idle_connection_s: float = Field(
-        30.0, gt=0, description="seconds an HTTP connection may stay open without sending a request before it closes"
+        30.0,
+        gt=0,
+        description="seconds an HTTP connection may stay open without sending a request (after opening, or after a "
+        "response on a kept-alive connection) before it closes; keep it above clients' pool expiry (httpx: 5 s)",
     )
     send_buffer_kib: int | None = Field(
         None,

@@ -201,3 +201,34 @@ def test_each_connections_kernel_send_buffer_is_the_one_set_and_the_setting_is_c
     assert buffers[1] != buffers[0]  # not set: the kernel's own
     with pytest.raises(pydantic.ValidationError, match="send_buffer_kib"):
         ServerSettings(send_buffer_kib=1)
+
+
+def test_a_kept_alive_connection_closes_after_the_idle_time_not_uvicorns_own_5_s():
+    """uvicorn closes a kept-alive connection 5 s after a response, the very moment httpx's pool (the openai SDK's
+    too) lets a client reuse it: a request sent into that race fails with a read error. The server's keep-alive
+    timeout is ``idle_connection_s`` (30 s by default, longer than the clients'); here 0.3 s, so the close comes long
+    before uvicorn's 5 s would."""
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+
+    from chat.server.runner import BackgroundServer
+
+    app = FastAPI()
+    app.state.settings = SimpleNamespace(idle_connection_s=0.3, send_buffer_kib=None)
+
+    @app.get("/ping")
+    def ping() -> dict:
+        return {"ok": True}
+
+    with BackgroundServer(app) as server:
+        conn = socket.create_connection(("127.0.0.1", server.port), timeout=3)
+        conn.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+        reply = b""
+        while b'{"ok":true}' not in reply:
+            reply += conn.recv(4096)
+        start = time.monotonic()
+        assert conn.recv(1) == b""  # the server closed it (a timeout here raises: still open after 3 s)
+        waited = time.monotonic() - start
+        conn.close()
+    assert reply.startswith(b"HTTP/1.1 200") and waited < 3
