@@ -201,3 +201,29 @@ def test_each_connections_kernel_send_buffer_is_the_one_set_and_the_setting_is_c
     assert buffers[1] != buffers[0]  # not set: the kernel's own
     with pytest.raises(pydantic.ValidationError, match="send_buffer_kib"):
         ServerSettings(send_buffer_kib=1)
+
+
+class _ReadingSocket:
+    """A WebSocket whose client reads every frame at once."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def send_text(self, frame: str) -> None:
+        self.sent.append(frame)
+        await asyncio.sleep(0)
+
+
+def test_a_websocket_writer_sends_every_frame_in_order_and_leaves_no_timer_behind():
+    async def run():
+        sock = _socket(_ReadingSocket(), send_timeout_s=30)
+        for i in range(50):
+            sock.outbox.put_nowait(f"frame {i}")
+        sock.outbox.put_nowait(None)
+        await sock._write()
+        pending = [h for h in asyncio.get_running_loop()._scheduled if not h.cancelled()]  # timers still set
+        return sock, pending
+
+    sock, pending = asyncio.run(run())
+    assert sock.ws.sent == [f"frame {i}" for i in range(50)] and not sock.too_slow and sock.open
+    assert pending == []  # one watchdog for the writer, cancelled when it ends (not one timer per frame)
