@@ -9,11 +9,11 @@ runs three ways, each on a fresh engine with an empty prefix cache (the same pro
   this process), from an asyncio client (httpx) that reads the server-sent events line by line and parses each;
 - ``ws``: ``completion.create`` on one WebSocket per session (the ``websockets`` client), every event parsed.
 
-The served ways' clients run in a process of their own (:mod:`chat.tools.bench.http_clients`), as a server's clients
-run elsewhere: in this process they would share its interpreter lock with the server and the engine's thread (the
-cost of parsing every event landed on the engine's Python); what they take of the machine's cores is reported as
-``client_cpu_share``. ``clients_apart=False`` (``--clients-in-process``) runs them in this process's main thread as
-before, for comparison.
+The served ways' clients run in a process of their own (:mod:`chat.tools.bench.http_clients`), as a server's clients run
+elsewhere: in this process they would share its interpreter lock with the server and the engine's thread, a cost no
+deployment has (two runs side by side did not tell the placements apart, docs/benchmarks.md); what they take of the
+machine's cores is reported as ``client_cpu_share``. ``clients_apart=False`` (``--clients-in-process``) runs them in
+this process's main thread as before, for comparison.
 
 A level's rate is all completion tokens (the replies' ``usage``) over its wall time, from the first request sent to
 the last reply ended; its time to first token is the median over sessions (served: from the request sent to the

@@ -1,10 +1,11 @@
 """The sessions' clients of ``turncache bench http``: one level's conversations over HTTP (SSE) or the WebSocket.
 
 By default they run in a process of their own (:func:`run_apart`; ``python -m chat.tools.bench.http_clients``), as a
-real server's clients run on other machines: in the benchmark's process they would share its interpreter lock with
-the server's event loop and the engine's thread, and every event they parse would hold the engine's Python back for
-that long, a cost no deployment has. What they cost the machine (two cores shared with the engine and the server) is
-their CPU time, which they report and the benchmark gives as ``client_cpu_share``. :func:`run_here` runs them in the
+real server's clients run on other machines: in the benchmark's process they would share its interpreter lock with the
+server's event loop and the engine's thread, and every event they parse would hold the engine's Python back for that
+long, a cost no deployment has (not one that two runs side by side could tell from the noise, though:
+docs/benchmarks.md, 2026-11-26 afternoon). What they cost the machine (two cores shared with the engine and the server)
+is their CPU time, which they report and the benchmark gives as ``client_cpu_share``. :func:`run_here` runs them in the
 calling thread instead (``bench http --clients-in-process``), for comparison.
 
 - ``http``: ``POST /v1/chat/completions`` with ``stream: true``, an ``httpx.AsyncClient`` reading the server-sent
