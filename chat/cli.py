@@ -241,6 +241,7 @@ def _bench_http(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         bad_level=args.bad_level,
         bad_pause_s=args.bad_pause_s,
+        clients_apart=not args.clients_in_process,
     )
 
 
@@ -646,7 +647,13 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument(
         "--levels", type=_levels, default=(1, 8, 32), metavar="N,N,...", help="concurrent sessions (1,8,32)"
     )
-    http.add_argument("--rounds", type=_positive_int, default=3, help="runs of each level and way; medians (3)")
+    http.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=4,
+        help="runs of each level and way, the ways back to back in each round (order reversed every other round); "
+        "medians, served/engine paired by round (4)",
+    )
     http.add_argument(
         "--bad-level",
         type=_positive_int,
@@ -661,6 +668,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         metavar="S",
         help="seconds a slow reader of the bad-client phase reads nothing after its request (5)",
+    )
+    http.add_argument(
+        "--clients-in-process",
+        action="store_true",
+        help="run the sessions' clients in the benchmark's own process (sharing its interpreter lock with the server "
+        "and the engine) instead of a process of their own",
     )
     http.set_defaults(run=_bench_http)
     restart = bench_sub.add_parser(

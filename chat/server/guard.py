@@ -2,8 +2,9 @@
 
 A plain ASGI middleware, not Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``): that one passes
 every chunk of a streamed response through a memory stream and a task of its own, a cost per server-sent event that
-``turncache bench http`` showed at 32 streams. Here a request is checked once and then handed on untouched: the
-response's chunks go straight from the route to the server.
+``turncache bench http`` showed at 32 streams. ``create_app`` puts it in front of FastAPI's whole stack
+(``chat.server.app.GuardedApp``), so that a refused request runs nothing else. Here a request is checked once and then
+handed on untouched: the response's chunks go straight from the route to the server.
 
 Checks, in order: a ``content-length`` that is not a number or over the body limit is ``too_large``; a path under
 ``/v1/`` (or ``/metrics``, ``/tokenize``, ``/detokenize``) needs a known bearer key (``unauthorized``), and its

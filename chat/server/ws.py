@@ -199,26 +199,56 @@ class ChatSocket:
             self.open = False  # nothing more is sent; the reader sees the close and cancels the turns
 
     async def _write(self) -> None:
-        while (frame := await self.outbox.get()) is not None:
-            if isinstance(frame, int):
-                reason = ErrorCode.SLOW_CLIENT if self.too_slow else ErrorCode.KEY_REVOKED
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(self.send_timeout_s):
-                        await self.ws.close(code=frame, reason=reason.value)
+        """Send the outbox's frames in order. One timer per socket watches the write in progress: a frame the client
+        does not take within ``send_timeout_s`` drops the socket as too slow (an ``asyncio.timeout`` around every
+        write made and cancelled a timer per frame: per token and socket)."""
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        limit = self.send_timeout_s
+        since: float | None = None  # when the write in progress began (None: none is)
+        timed_out = False
+        timer: asyncio.TimerHandle | None = None
+
+        def watch() -> None:  # on the loop: cancel the writer inside a write that waited too long
+            nonlocal timed_out, timer
+            assert limit is not None
+            if since is not None and loop.time() - since >= limit:
+                timed_out = True
+                task.cancel()
                 return
-            if isinstance(frame, asyncio.Future):
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(frame, WRITE_WAIT_S)
-                continue
-            try:
-                async with asyncio.timeout(self.send_timeout_s):
+            timer = loop.call_later(limit if since is None else since + limit - loop.time(), watch)
+
+        if limit is not None:
+            timer = loop.call_later(limit, watch)
+        try:
+            while (frame := await self.outbox.get()) is not None:
+                if isinstance(frame, int):
+                    reason = ErrorCode.SLOW_CLIENT if self.too_slow else ErrorCode.KEY_REVOKED
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(self.send_timeout_s):
+                            await self.ws.close(code=frame, reason=reason.value)
+                    return
+                if isinstance(frame, asyncio.Future):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(frame, WRITE_WAIT_S)
+                    continue
+                since = loop.time()
+                try:
                     await self.ws.send_text(frame)
-            except TimeoutError:
-                self._drop_slow_client(f"a frame waited more than {self.send_timeout_s} s for the client")
-                return
-            except Exception:  # the client is gone; the reader notices and cleans up
-                self.open = False
-                return
+                except asyncio.CancelledError:
+                    if not timed_out:
+                        raise
+                    task.uncancel()
+                    self._drop_slow_client(f"a frame waited more than {self.send_timeout_s} s for the client")
+                    return
+                except Exception:  # the client is gone; the reader notices and cleans up
+                    self.open = False
+                    return
+                finally:
+                    since = None
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def _handle(self, frame: str | bytes) -> None:
         step = self._receive(frame)

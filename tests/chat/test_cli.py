@@ -170,3 +170,10 @@ def test_bench_http_refuses_bad_settings_naming_the_flag(flags, named, capsys):
     with pytest.raises(SystemExit) as refused:
         main(["bench", "http", "--json", *flags])
     assert refused.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_bench_http_runs_its_clients_apart_unless_told_to_keep_them_in_process(monkeypatch):
+    got = []
+    monkeypatch.setattr("chat.tools.bench.http_bench.main", lambda **kwargs: got.append(kwargs) or 0)
+    assert main(["bench", "http", "--json"]) == 0 and main(["bench", "http", "--json", "--clients-in-process"]) == 0
+    assert [g["clients_apart"] for g in got] == [True, False] and got[0]["rounds"] == 4

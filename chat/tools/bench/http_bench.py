@@ -2,27 +2,38 @@
 
 The workload is ``bench batch``'s (:mod:`chat.tools.bench.batch_bench`): at each level of concurrent sessions, every
 session asks one different question at the same moment, greedy, replies of ``reply_tokens`` (64) tokens. Each level
-runs three ways in this one process, each on a fresh engine with an empty prefix cache (the same prompts would hit
-otherwise):
+runs three ways, each on a fresh engine with an empty prefix cache (the same prompts would hit otherwise):
 
 - ``engine``: the turns submitted to the engine directly (``bench batch``'s measurement);
 - ``http``: ``POST /v1/chat/completions`` with ``stream: true`` to a real server on loopback (uvicorn in a thread of
   this process), from an asyncio client (httpx) that reads the server-sent events line by line and parses each;
 - ``ws``: ``completion.create`` on one WebSocket per session (the ``websockets`` client), every event parsed.
 
+The served ways' clients run in a process of their own (:mod:`chat.tools.bench.http_clients`), as a server's clients run
+elsewhere: in this process they would share its interpreter lock with the server and the engine's thread, a cost no
+deployment has (two runs side by side did not tell the placements apart, docs/benchmarks.md); what they take of the
+machine's cores is reported as ``client_cpu_share``. ``clients_apart=False`` (``--clients-in-process``) runs them in
+this process's main thread as before, for comparison.
+
 A level's rate is all completion tokens (the replies' ``usage``) over its wall time, from the first request sent to
 the last reply ended; its time to first token is the median over sessions (served: from the request sent to the
 first content received, on the client's clock; engine: the engine's own ``ttft_ms``). Each level runs ``rounds``
-times (3), the three ways one after another within a round, and reports medians.
+times (4), each on fresh engines, the three ways back to back within a round, in the order engine, http, ws in even
+rounds and reversed in odd ones (so that over an even number of rounds each way's mean position is the same and a
+steady drift of the machine lands on no way in particular). Rates and first-token times are medians over the
+rounds; a served / engine ratio is the median over the rounds of the ratio within each round (not the ratio of the
+medians), so that a round where the whole machine was slow moves both sides of its ratio.
 
 Keys: ``levels``; per level, as lists in the order of ``levels``: ``engine_tokens_per_s``, ``http_tokens_per_s``,
 ``ws_tokens_per_s``, ``http_ttft_p50_ms``, ``engine_ttft_p50_ms``, ``served_ratio_http`` and ``served_ratio_ws``
-(served rate / engine rate); ``client_cpu_share``: the CPU time of the client (the thread that runs the clients'
-event loop, read with ``time.thread_time`` around each served run) over the served runs' wall time x the machine's
-cores, so 0.5 on 2 cores means the client took one core to itself; ``errors``: turns that failed, on any path.
+(served rate / engine rate, paired by round as above); ``client_cpu_share``: the CPU time of the clients (their
+process's, or the thread that runs their event loop with ``--clients-in-process``, over each served run) over the
+served runs' wall time x the machine's cores, so 0.5 on 2 cores means the clients took one core to themselves;
+``errors``: turns that failed, on any path.
 
 **Bad clients** (:class:`BadClients`): then the workload runs at ``bad_client_level`` sessions (default: the largest
-level) over HTTP, ``rounds`` times without and with bad clients beside it (alternating which comes first), on servers
+level) over HTTP, ``rounds`` times without and with bad clients beside it (alternating which comes first, the
+sessions' clients as above), on servers
 with API keys (the sessions, the slow readers and the flood are three tenants; the flood's has a limit of
 ``flood_requests_per_minute``) and tighter backpressure settings (``bad_client_settings``). The bad clients run in a
 process of their own (:mod:`chat.tools.bench.bad_clients`: slow readers that read nothing for ``--bad-pause-s``,
@@ -38,7 +49,6 @@ resident memory grew in a run with the bad clients than without (medians of peak
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -47,27 +57,17 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from chat.tools.bench.batch_bench import prompts, run_level
+from chat.tools.bench.http_clients import ClientConfig, Served, run_apart, run_here
 from chat.tools.bench.report import emit
 from chat.tools.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
 
 LEVELS = (1, 8, 32)
-TIMEOUT_S = 600.0  # the longest a client waits for the next bytes of a reply
 BAD_CLIENTS_STOP_S = 120.0  # the longest the bad clients' process may take to stop and report
-
-
-@dataclass
-class Served:
-    """One session's reply as a client saw it."""
-
-    tokens: int  # completion tokens, from the reply's usage
-    ttft_ms: float | None  # request sent -> first content received (None: no content)
-    error: str | None = None
 
 
 @dataclass
@@ -78,99 +78,33 @@ class Level:
     ttft_p50_ms: float
     errors: int
     wall_s: float
-    client_cpu_s: float = 0.0  # served runs: the client thread's CPU time over wall_s
-
-
-def _chat_body(messages: list[dict], reply_tokens: int, stream: bool = True) -> dict:
-    return {"messages": messages, "temperature": 0.0, "max_tokens": reply_tokens, "stream": stream}
-
-
-async def http_session(client, url: str, messages: list[dict], reply_tokens: int) -> Served:
-    """One streamed chat completion over ``client`` (an ``httpx.AsyncClient``, with the headers it sends): every
-    ``data:`` line parsed."""
-    start = time.perf_counter()
-    ttft, tokens = None, 0
-    async with client.stream("POST", url, json=_chat_body(messages, reply_tokens)) as response:
-        if response.status_code != 200:
-            return Served(0, None, f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                return Served(tokens, ttft, str(chunk["error"]))
-            if ttft is None and any(c["delta"].get("content") for c in chunk["choices"]):
-                ttft = (time.perf_counter() - start) * 1000
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return Served(tokens, ttft)
-
-
-async def ws_session(url: str, messages: list[dict], reply_tokens: int) -> Served:
-    """One ``completion.create`` on a WebSocket of its own: every event parsed."""
-    from websockets.asyncio.client import connect
-
-    async with connect(url, max_size=None) as ws:
-        start = time.perf_counter()
-        sampling = {"temperature": 0.0, "max_tokens": reply_tokens}
-        await ws.send(json.dumps({"type": "completion.create", "messages": messages, "sampling": sampling}))
-        ttft = None
-        while True:
-            event = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
-            if event["type"] == "reply.delta" and ttft is None:
-                ttft = (time.perf_counter() - start) * 1000
-            elif event["type"] == "error" and "turn_id" not in event:
-                return Served(0, ttft, f"{event['code']}: {event['message']}")
-            elif event["type"] == "reply.done":
-                error = None if event["finish_reason"] in ("stop", "length") else event["finish_reason"]
-                return Served(event["usage"]["completion_tokens"], ttft, error)
-
-
-async def _http_level(
-    base: str, conversations: list[list[dict]], reply_tokens: int, key: str | None = None
-) -> list[Served | BaseException]:
-    import httpx
-
-    limits = httpx.Limits(max_connections=len(conversations), max_keepalive_connections=len(conversations))
-    headers = {"authorization": f"Bearer {key}"} if key else None
-    async with httpx.AsyncClient(limits=limits, timeout=TIMEOUT_S, headers=headers) as client:
-        url = base + "/v1/chat/completions"
-        return await asyncio.gather(
-            *(http_session(client, url, m, reply_tokens) for m in conversations), return_exceptions=True
-        )
-
-
-async def _ws_level(
-    base: str, conversations: list[list[dict]], reply_tokens: int, key: str | None = None
-) -> list[Served | BaseException]:
-    url = base.replace("http://", "ws://") + "/v1/ws" + (f"?token={key}" if key else "")
-    return await asyncio.gather(*(ws_session(url, m, reply_tokens) for m in conversations), return_exceptions=True)
+    client_cpu_s: float = 0.0  # served runs: the clients' CPU time over wall_s
 
 
 def served_level(
     engine,
     runtime,
-    client,
+    transport: str,
     conversations: list[list[dict]],
     reply_tokens: int,
     *,
+    clients_apart: bool = True,
     settings=None,
     key: str | None = None,
     beside=None,
 ) -> Level:
-    """All conversations at once through a server over ``engine`` (with ``settings``, default the server's), from
-    ``client`` (:func:`_http_level` or :func:`_ws_level`, sending ``key``), whose event loop runs in this thread.
-    ``beside(server)``: a context manager entered once the server is up, left once the conversations are done
-    (the bad clients' process)."""
+    """All conversations at once through a server over ``engine`` (with ``settings``, default the server's), over
+    ``transport`` ("http" or "ws", sending ``key``), from clients in a process of their own (``clients_apart``) or in
+    this thread (:mod:`chat.tools.bench.http_clients`). ``beside(server)``: a context manager entered once the server
+    is up, left once the conversations are done (the bad clients' process)."""
     from chat.server.app import create_app
     from chat.server.runner import BackgroundServer
     from chat.server.settings import ServerSettings
 
     app = create_app(engine, settings if settings is not None else ServerSettings(), model_name=runtime.name)
     with BackgroundServer(app) as server, beside(server) if beside is not None else contextlib.nullcontext():
-        cpu, start = time.thread_time(), time.perf_counter()
-        replies = asyncio.run(client(server.url, conversations, reply_tokens, key))
-        wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
+        cfg = ClientConfig(transport, server.url, conversations, reply_tokens, key)
+        replies, wall, cpu = (run_apart if clients_apart else run_here)(cfg)
     ok = [r for r in replies if isinstance(r, Served) and r.error is None]
     ttfts = [r.ttft_ms for r in ok if r.ttft_ms is not None]
     return Level(
@@ -192,14 +126,15 @@ def run_on(
     *,
     levels: tuple[int, ...] = LEVELS,
     reply_tokens: int = 64,
-    rounds: int = 3,
+    rounds: int = 4,
     max_batch: int | None = None,
     token_budget: int | None = None,
     bad: BadClients | None = None,
+    clients_apart: bool = True,
 ) -> dict:
-    """The benchmark on a loaded runtime (``bad``: the bad-client phase's set-up, default at the largest level).
-    Torch runs in parallel only in the engines' workers: this thread (the clients' event loop) stays single-threaded
-    (chat.tools.bench.threads)."""
+    """The benchmark on a loaded runtime (``bad``: the bad-client phase's set-up, default at the largest level;
+    ``clients_apart``: the sessions' clients in a process of their own, else in this thread). Torch runs in parallel
+    only in the engines' workers: this thread stays single-threaded (chat.tools.bench.threads)."""
     from cache import PrefixCache
     from chat.engine.engine import Engine
     from chat.engine.scheduler import BatchSettings
@@ -212,8 +147,8 @@ def run_on(
 
     ways = {
         "engine": lambda e, c: engine_level(e, c, reply_tokens),
-        "http": lambda e, c: served_level(e, runtime, _http_level, c, reply_tokens),
-        "ws": lambda e, c: served_level(e, runtime, _ws_level, c, reply_tokens),
+        "http": lambda e, c: served_level(e, runtime, "http", c, reply_tokens, clients_apart=clients_apart),
+        "ws": lambda e, c: served_level(e, runtime, "ws", c, reply_tokens, clients_apart=clients_apart),
     }
     warm = fresh_engine()
     try:  # every weight touched once, the server's code paths imported
@@ -224,17 +159,19 @@ def run_on(
     results: dict[str, list[list[Level]]] = {way: [] for way in ways}
     for n in levels:
         runs: dict[str, list[Level]] = {way: [] for way in ways}
-        for _ in range(rounds):
-            for way, measure in ways.items():
+        for r in range(rounds):
+            for way in round_order(tuple(ways), r):
                 engine = fresh_engine()
                 try:
-                    runs[way].append(measure(engine, prompts(n)))
+                    runs[way].append(ways[way](engine, prompts(n)))
                 finally:
                     engine.close()
         for way in ways:
             results[way].append(runs[way])
     result = summary(levels, results)
-    phase = bad_client_phase(runtime, fresh_engine, bad or BadClients(max(levels)), rounds, reply_tokens)
+    phase = bad_client_phase(
+        runtime, fresh_engine, bad or BadClients(max(levels)), rounds, reply_tokens, clients_apart=clients_apart
+    )
     result["errors"] += phase.pop("errors")
     return {**result, **phase}
 
@@ -354,7 +291,9 @@ class PeakRss:
 Runs = dict[bool, list[tuple[Level, float | None]]]  # with bad clients or not -> each run's level and memory growth
 
 
-def bad_client_phase(runtime, fresh_engine, phase: BadClients, rounds: int, reply_tokens: int) -> dict:
+def bad_client_phase(
+    runtime, fresh_engine, phase: BadClients, rounds: int, reply_tokens: int, *, clients_apart: bool = True
+) -> dict:
     """``rounds`` rounds of the phase (without and with the bad clients, in alternating order); its keys."""
     tenants = ("sessions", "slow", "flood")
     keys = {tenant: secrets.token_urlsafe(24) for tenant in tenants}
@@ -372,9 +311,10 @@ def bad_client_phase(runtime, fresh_engine, phase: BadClients, rounds: int, repl
                     level = served_level(
                         engine,
                         runtime,
-                        _http_level,
+                        "http",
                         prompts(phase.level),
                         reply_tokens,
+                        clients_apart=clients_apart,
                         settings=settings,
                         key=keys["sessions"],
                         beside=beside,
@@ -412,11 +352,25 @@ def bad_client_summary(phase: BadClients, runs: Runs, reports: list[dict]) -> di
     }
 
 
+def round_order(ways: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """The order of the ways in round ``r``: as given in even rounds, reversed in odd ones, so that over an even
+    number of rounds every way's mean position is the same and a machine that drifts steadily favours none."""
+    return ways if r % 2 == 0 else ways[::-1]
+
+
 def summary(levels: tuple[int, ...], results: dict[str, list[list[Level]]]) -> dict:
-    """The result object from every run: ``results[way][level index]`` lists that level's rounds."""
+    """The result object from every run: ``results[way][level index]`` lists that level's rounds, in the order they
+    ran. Rates and first-token times are medians over the rounds; a served / engine ratio is the median over the
+    rounds of the ratio within each round (the ways of a round ran back to back)."""
 
     def median(way: str, field: str) -> list[float]:
         return [statistics.median(getattr(r, field) for r in runs) for runs in results[way]]
+
+    def ratio(way: str) -> list[float]:
+        return [
+            statistics.median(s.tokens_per_s / e.tokens_per_s for s, e in zip(served, engine, strict=True))
+            for served, engine in zip(results[way], results["engine"], strict=True)
+        ]
 
     engine, http, ws = (median(w, "tokens_per_s") for w in ("engine", "http", "ws"))
     served = [r for way in ("http", "ws") for runs in results[way] for r in runs]
@@ -428,8 +382,8 @@ def summary(levels: tuple[int, ...], results: dict[str, list[list[Level]]]) -> d
         "ws_tokens_per_s": ws,
         "http_ttft_p50_ms": median("http", "ttft_p50_ms"),
         "engine_ttft_p50_ms": median("engine", "ttft_p50_ms"),
-        "served_ratio_http": [h / e for h, e in zip(http, engine, strict=True)],
-        "served_ratio_ws": [w / e for w, e in zip(ws, engine, strict=True)],
+        "served_ratio_http": ratio("http"),
+        "served_ratio_ws": ratio("ws"),
         "client_cpu_share": sum(r.client_cpu_s for r in served) / (served_wall * (os.cpu_count() or 1)),
         "errors": sum(r.errors for runs in results.values() for level in runs for r in level),
     }
@@ -457,14 +411,16 @@ def main(
     model: str = "smollm2",
     levels: tuple[int, ...] = LEVELS,
     *,
-    rounds: int = 3,
+    rounds: int = 4,
     bad_level: int | None = None,
     bad_pause_s: float = 5.0,
+    clients_apart: bool = True,
 ) -> int:
     from chat.models import load_model
 
     bad = BadClients(bad_level or max(levels), pause_s=bad_pause_s)
-    result = run_on(in_fresh_thread(lambda: load_model(model)), levels=levels, rounds=rounds, bad=bad)
+    runtime = in_fresh_thread(lambda: load_model(model))
+    result = run_on(runtime, levels=levels, rounds=rounds, bad=bad, clients_apart=clients_apart)
     if not as_json:
         result = {**result, **{f"target: {k}": v for k, v in targets_met(result).items()}}
     emit(result, TARGETS, as_json)

@@ -232,3 +232,29 @@ def test_a_kept_alive_connection_closes_after_the_idle_time_not_uvicorns_own_5_s
         waited = time.monotonic() - start
         conn.close()
     assert reply.startswith(b"HTTP/1.1 200") and waited < 3
+
+
+class _ReadingSocket:
+    """A WebSocket whose client reads every frame at once."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def send_text(self, frame: str) -> None:
+        self.sent.append(frame)
+        await asyncio.sleep(0)
+
+
+def test_a_websocket_writer_sends_every_frame_in_order_and_leaves_no_timer_behind():
+    async def run():
+        sock = _socket(_ReadingSocket(), send_timeout_s=30)
+        for i in range(50):
+            sock.outbox.put_nowait(f"frame {i}")
+        sock.outbox.put_nowait(None)
+        await sock._write()
+        pending = [h for h in asyncio.get_running_loop()._scheduled if not h.cancelled()]  # timers still set
+        return sock, pending
+
+    sock, pending = asyncio.run(run())
+    assert sock.ws.sent == [f"frame {i}" for i in range(50)] and not sock.too_slow and sock.open
+    assert pending == []  # one watchdog for the writer, cancelled when it ends (not one timer per frame)

@@ -72,3 +72,39 @@ def test_a_request_that_starts_turns_from_a_tenant_over_its_limits_is_refused_be
     assert len(asked) == 3
     seen, sent, _ = _run(key, admit_early=lambda tenant: None)  # within its limits: the route runs
     assert seen["tenant"] == "tenant-1" and sent[0]["status"] == 200
+
+
+def test_the_apps_guard_refuses_before_fastapis_own_stack_and_lets_the_rest_through_it(monkeypatch):
+    """create_app puts the guard in front of FastAPI's stack: a refused request never enters it (a flood past its
+    limit costs the guard and the refusal only), an admitted one goes through it to its route."""
+    import json
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from tests.chat.server.conftest import make_server
+
+    entered = []
+    stack = FastAPI.__call__
+
+    async def counting(self, scope, receive, send):
+        if scope["type"] == "http":
+            entered.append(scope["path"])
+        await stack(self, scope, receive, send)
+
+    monkeypatch.setattr(FastAPI, "__call__", counting)
+    keys = {"good-key-0123456789abcdef": "a", "tenants": {"a": {"requests_per_minute": 1}}}
+    engine, srv = make_server(api_keys=json.dumps(keys), keys_poll_s=0)
+    try:
+        with TestClient(srv.app) as client:
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            assert client.post("/v1/chat/completions", json=body).status_code == 401
+            assert entered == []
+            good = {"authorization": "Bearer good-key-0123456789abcdef"}
+            assert client.post("/v1/chat/completions", json=body, headers=good).status_code == 200
+            assert entered == ["/v1/chat/completions"]
+            refused = client.post("/v1/chat/completions", json=body, headers=good)
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited"
+            assert entered == ["/v1/chat/completions"]
+    finally:
+        engine.close()

@@ -1,7 +1,7 @@
 import json
 
 from chat.cli import main as cli_main
-from chat.tools.bench.http_bench import Level, summary, targets_met
+from chat.tools.bench.http_bench import Level, round_order, summary, targets_met
 
 KEYS = {
     "levels",
@@ -49,7 +49,7 @@ def test_bench_http_prints_one_json_object_with_every_key_measured(capsys):
     assert flood["ok"] <= 10 * (1 + flood_minutes)  # the flood's tenant may make 10 requests a minute
 
 
-def test_the_summary_takes_medians_per_level_and_the_clients_share_of_all_cores(monkeypatch):
+def test_the_summary_takes_medians_per_level_ratios_paired_by_round_and_the_clients_share_of_all_cores(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     one = lambda rate, cpu=0.0: Level(rate, 10.0, 0, 2.0, cpu)  # noqa: E731
     results = {
@@ -59,7 +59,8 @@ def test_the_summary_takes_medians_per_level_and_the_clients_share_of_all_cores(
     }
     result = {**summary((8,), results), "bad_client_tokens_per_s_ratio": 0.95}
     assert result["engine_tokens_per_s"] == [100] and result["http_tokens_per_s"] == [60]
-    assert result["served_ratio_http"] == [0.6] and result["served_ratio_ws"] == [0.5]
+    # ratios within each round (0.9, 0.25, 0.75; 0.5, 50/120, 0.625), then their median; not 60/100 and 50/100
+    assert result["served_ratio_http"] == [0.75] and result["served_ratio_ws"] == [0.5]
     assert result["client_cpu_share"] == 3.0 / (12.0 * 2)  # 3 s of client CPU over 6 runs x 2 s x 2 cores
     assert targets_met(result) == {
         "errors == 0": True,
@@ -67,3 +68,10 @@ def test_the_summary_takes_medians_per_level_and_the_clients_share_of_all_cores(
         "served_ratio_http at 8 >= 0.85": False,
         "served_ratio_ws at 8 >= 0.85": False,
     }
+
+
+def test_the_ways_swap_order_every_other_round_so_each_ways_mean_position_is_the_same():
+    ways = ("engine", "http", "ws")
+    assert round_order(ways, 0) == ways and round_order(ways, 1) == ("ws", "http", "engine")
+    positions = {w: [round_order(ways, r).index(w) for r in range(4)] for w in ways}
+    assert all(sum(p) == 4 for p in positions.values())  # mean position 1 each over 4 rounds

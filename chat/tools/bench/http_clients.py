@@ -1,0 +1,182 @@
+"""The sessions' clients of ``turncache bench http``: one level's conversations over HTTP (SSE) or the WebSocket.
+
+By default they run in a process of their own (:func:`run_apart`; ``python -m chat.tools.bench.http_clients``), as a
+real server's clients run on other machines: in the benchmark's process they would share its interpreter lock with the
+server's event loop and the engine's thread, and every event they parse would hold the engine's Python back for that
+long, a cost no deployment has (not one that two runs side by side could tell from the noise, though:
+docs/benchmarks.md, 2026-11-26 afternoon). What they cost the machine (two cores shared with the engine and the server)
+is their CPU time, which they report and the benchmark gives as ``client_cpu_share``. :func:`run_here` runs them in the
+calling thread instead (``bench http --clients-in-process``), for comparison.
+
+- ``http``: ``POST /v1/chat/completions`` with ``stream: true``, an ``httpx.AsyncClient`` reading the server-sent
+  events line by line and parsing each ``data:`` line;
+- ``ws``: ``completion.create`` on one WebSocket per session (the ``websockets`` client), every event parsed.
+
+A level's wall time runs from the first request sent to the last reply ended, on the clients' clock. The process
+protocol: ``python -m chat.tools.bench.http_clients CONFIG_JSON`` (:class:`ClientConfig`) imports its clients, writes
+``ready`` on a line, waits for a line on its standard input, runs the level, and writes one JSON object on a line:
+``replies`` (each session's :class:`Served`, in order; an exception as its error), ``wall_s`` and ``cpu_s`` (its own
+CPU time over the level).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TIMEOUT_S = 600.0  # the longest a client waits for the next bytes of a reply
+
+
+@dataclass
+class Served:
+    """One session's reply as a client saw it."""
+
+    tokens: int  # completion tokens, from the reply's usage
+    ttft_ms: float | None  # request sent -> first content received (None: no content)
+    error: str | None = None
+
+
+@dataclass
+class ClientConfig:
+    transport: str  # "http" or "ws"
+    url: str  # the server's base URL (http://host:port)
+    conversations: list[list[dict]]  # one session each, all at once
+    reply_tokens: int
+    key: str | None = None  # bearer key (None: none sent)
+
+
+def _chat_body(messages: list[dict], reply_tokens: int, stream: bool = True) -> dict:
+    return {"messages": messages, "temperature": 0.0, "max_tokens": reply_tokens, "stream": stream}
+
+
+async def http_session(client, url: str, messages: list[dict], reply_tokens: int) -> Served:
+    """One streamed chat completion over ``client`` (an ``httpx.AsyncClient``, with the headers it sends): every
+    ``data:`` line parsed."""
+    start = time.perf_counter()
+    ttft, tokens = None, 0
+    async with client.stream("POST", url, json=_chat_body(messages, reply_tokens)) as response:
+        if response.status_code != 200:
+            return Served(0, None, f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                return Served(tokens, ttft, str(chunk["error"]))
+            if ttft is None and any(c["delta"].get("content") for c in chunk["choices"]):
+                ttft = (time.perf_counter() - start) * 1000
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return Served(tokens, ttft)
+
+
+async def ws_session(url: str, messages: list[dict], reply_tokens: int) -> Served:
+    """One ``completion.create`` on a WebSocket of its own: every event parsed."""
+    from websockets.asyncio.client import connect
+
+    async with connect(url, max_size=None) as ws:
+        start = time.perf_counter()
+        sampling = {"temperature": 0.0, "max_tokens": reply_tokens}
+        await ws.send(json.dumps({"type": "completion.create", "messages": messages, "sampling": sampling}))
+        ttft = None
+        while True:
+            event = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
+            if event["type"] == "reply.delta" and ttft is None:
+                ttft = (time.perf_counter() - start) * 1000
+            elif event["type"] == "error" and "turn_id" not in event:
+                return Served(0, ttft, f"{event['code']}: {event['message']}")
+            elif event["type"] == "reply.done":
+                error = None if event["finish_reason"] in ("stop", "length") else event["finish_reason"]
+                return Served(event["usage"]["completion_tokens"], ttft, error)
+
+
+async def http_level(cfg: ClientConfig) -> list[Served | BaseException]:
+    import httpx
+
+    n = len(cfg.conversations)
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    headers = {"authorization": f"Bearer {cfg.key}"} if cfg.key else None
+    async with httpx.AsyncClient(limits=limits, timeout=TIMEOUT_S, headers=headers) as client:
+        url = cfg.url + "/v1/chat/completions"
+        return await asyncio.gather(
+            *(http_session(client, url, m, cfg.reply_tokens) for m in cfg.conversations), return_exceptions=True
+        )
+
+
+async def ws_level(cfg: ClientConfig) -> list[Served | BaseException]:
+    url = cfg.url.replace("http://", "ws://") + "/v1/ws" + (f"?token={cfg.key}" if cfg.key else "")
+    return await asyncio.gather(
+        *(ws_session(url, m, cfg.reply_tokens) for m in cfg.conversations), return_exceptions=True
+    )
+
+
+LEVELS = {"http": http_level, "ws": ws_level}
+
+
+def _import_client(transport: str) -> None:
+    """The transport's client library, imported before the level is timed."""
+    if transport == "http":
+        import httpx  # noqa: F401
+    else:
+        import websockets.asyncio.client  # noqa: F401
+
+
+def run_here(cfg: ClientConfig) -> tuple[list[Served | BaseException], float, float]:
+    """The level in the calling thread: (each session's reply or exception, wall seconds, this thread's CPU
+    seconds)."""
+    _import_client(cfg.transport)
+    cpu, start = time.thread_time(), time.perf_counter()
+    replies = asyncio.run(LEVELS[cfg.transport](cfg))
+    return replies, time.perf_counter() - start, time.thread_time() - cpu
+
+
+def run_apart(cfg: ClientConfig, timeout_s: float = TIMEOUT_S) -> tuple[list[Served | BaseException], float, float]:
+    """The level in a process of its own (see the module docstring): (each session's reply, wall seconds, the
+    process's CPU seconds over the level).
+
+    Raises:
+        RuntimeError: the process did not start its clients or did not report.
+    """
+    import chat
+
+    root = str(Path(chat.__file__).resolve().parents[1])  # this checkout's package, wherever the bench runs from
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    command = [sys.executable, "-m", "chat.tools.bench.http_clients", json.dumps(asdict(cfg))]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"the clients did not start (said {line!r}, exit {process.poll()})")
+        out, _ = process.communicate("go\n", timeout=timeout_s)
+        if process.returncode != 0 or not out.strip():
+            raise RuntimeError(f"the clients failed (exit {process.returncode})")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    report = json.loads(out.strip().splitlines()[-1])
+    return [Served(**r) for r in report["replies"]], report["wall_s"], report["cpu_s"]
+
+
+def main(argv: list[str]) -> int:
+    cfg = ClientConfig(**json.loads(argv[0]))
+    _import_client(cfg.transport)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    cpu, start = time.process_time(), time.perf_counter()
+    replies = asyncio.run(LEVELS[cfg.transport](cfg))
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    out = [asdict(r) if isinstance(r, Served) else asdict(Served(0, None, repr(r))) for r in replies]
+    print(json.dumps({"replies": out, "wall_s": wall, "cpu_s": cpu}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
