@@ -100,7 +100,9 @@ async def http_level(cfg: ClientConfig) -> list[Served | BaseException]:
     import httpx
 
     n = len(cfg.conversations)
-    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    # an idle pooled connection is given up after 1 s: the bad-clients phase's server closes idle ones after 2 s
+    # (--idle-connection-s), and a client must not reuse a connection the server is closing
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=1.0)
     headers = {"authorization": f"Bearer {cfg.key}"} if cfg.key else None
     async with httpx.AsyncClient(limits=limits, timeout=TIMEOUT_S, headers=headers) as client:
         url = cfg.url + "/v1/chat/completions"
