@@ -20,6 +20,7 @@
  *           integer dot products with VNNI (u8 x s8) per sub-block, then scaled: llama.cpp's design.
  *   mode 2  the same with int16 activations (scale max|x| / 32767) and 16-bit VNNI dot products (vpdpwssd): the
  *           activations' rounding 256 times finer than mode 1's, at twice its integer work.
+ *           (Q16_ROWS: one kernel per quant width, sub-block and number of rows, activations laid out per tile)
  * Each output element is computed by one thread in a fixed order whatever the number of rows or threads, so a row's
  * result in a batch equals its result alone. Compiled without FMA contraction, like native.c.
  */
@@ -33,7 +34,7 @@
 #define MAX_ROWS 8    /* activation rows per pass over a block's tiles (their accumulators stay in registers) */
 #define F32_ROWS_MAX 4 /* the same for the weight-only design (three accumulators a row) */
 #define F32_MAX_ROWS 4 /* the same for the weight-only design (three accumulators a row) */
-#define PREFETCH 2048 /* bytes ahead of a block's stream to prefetch (1024 -> 2048: ~3% faster gguf-q16 products, cold) */
+#define PREFETCH 2048 /* bytes ahead of a block's stream to prefetch (1024 -> 2048: gguf-q16 ~3% faster, cold) */
 
 int tc_blocks_abi_version(void) { return 2; }
 
@@ -253,7 +254,8 @@ TARGET static inline __m512i lane_byte(__m512i v, int e) {
 F32_ROWS(4, 1) F32_ROWS(4, 2) F32_ROWS(4, 3) F32_ROWS(4, 4)
 F32_ROWS(8, 1) F32_ROWS(8, 2) F32_ROWS(8, 3) F32_ROWS(8, 4)
 INSTANCES(Q8_ROWS)
-#define Q16_INSTANCES(BITS, NS) Q16_ROWS(BITS, NS, 1) Q16_ROWS(BITS, NS, 2) Q16_ROWS(BITS, NS, 3) Q16_ROWS(BITS, NS, 4) \
+#define Q16_INSTANCES(BITS, NS)                                                                                      \
+    Q16_ROWS(BITS, NS, 1) Q16_ROWS(BITS, NS, 2) Q16_ROWS(BITS, NS, 3) Q16_ROWS(BITS, NS, 4)                          \
     Q16_ROWS(BITS, NS, 5) Q16_ROWS(BITS, NS, 6) Q16_ROWS(BITS, NS, 7) Q16_ROWS(BITS, NS, 8)
 Q16_INSTANCES(4, 1) Q16_INSTANCES(4, 2) Q16_INSTANCES(8, 1) Q16_INSTANCES(8, 2)
 
@@ -267,7 +269,8 @@ typedef void (*q16_fn)(int64_t, const uint8_t *, int64_t, int, float, const int3
 #define Q16_BY_ROWS(BITS, NS)                                                                                        \
     {q16_##BITS##_##NS##_1, q16_##BITS##_##NS##_2, q16_##BITS##_##NS##_3, q16_##BITS##_##NS##_4,                    \
      q16_##BITS##_##NS##_5, q16_##BITS##_##NS##_6, q16_##BITS##_##NS##_7, q16_##BITS##_##NS##_8}
-static const q16_fn Q16[2][2][MAX_ROWS] = {{Q16_BY_ROWS(4, 1), Q16_BY_ROWS(4, 2)}, {Q16_BY_ROWS(8, 1), Q16_BY_ROWS(8, 2)}};
+static const q16_fn Q16[2][2][MAX_ROWS] = {{Q16_BY_ROWS(4, 1), Q16_BY_ROWS(4, 2)},
+                                           {Q16_BY_ROWS(8, 1), Q16_BY_ROWS(8, 2)}};
 static const q8_fn Q8[2][MAX_ROWS] = {{q8_4_1, q8_4_2, q8_4_3, q8_4_4, q8_4_5, q8_4_6, q8_4_7, q8_4_8},
                                       {q8_8_1, q8_8_2, q8_8_3, q8_8_4, q8_8_5, q8_8_6, q8_8_7, q8_8_8}};
 
@@ -299,8 +302,8 @@ TARGET static void quantize_blocks(int64_t k, const float *row, int ns, int8_t *
 
 /* A row of x in 32-blocks, to int16: dx = max|x| / 32767 (0 for a block of zeros), q = x / dx rounded to nearest
  * even, stored in pair order (0, 2, 1, 3 of every 4 inputs), and xs = dx * (sum of q over each sub-block); block j's
- * quants at q + j * step (step >= 16 words of 32 bits), its dx at dx[j * step / 16] and its xs at xs[j * step / 16 * ns]
- * (the layout of a pass of step / 16 rows: see Q16_ROWS). */
+ * quants at q + j * step (step >= 16 words of 32 bits), its dx at dx[j * step / 16] and its xs at
+ * xs[j * step / 16 * ns] (the layout of a pass of step / 16 rows: see Q16_ROWS). */
 TARGET static void quantize_blocks16(int64_t k, const float *row, int ns, int32_t *q, int64_t step, float *dx,
                                      float *xs) {
     const __m512i order = _mm512_set_epi32(15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0);
