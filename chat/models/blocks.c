@@ -20,6 +20,7 @@
  *           integer dot products with VNNI (u8 x s8) per sub-block, then scaled: llama.cpp's design.
  *   mode 2  the same with int16 activations (scale max|x| / 32767) and 16-bit VNNI dot products (vpdpwssd): the
  *           activations' rounding 256 times finer than mode 1's, at twice its integer work.
+ *           (Q16_ROWS: one kernel per quant width, sub-block and number of rows, activations laid out per tile)
  * Each output element is computed by one thread in a fixed order whatever the number of rows or threads, so a row's
  * result in a batch equals its result alone. Compiled without FMA contraction, like native.c.
  */
@@ -33,7 +34,7 @@
 #define MAX_ROWS 8    /* activation rows per pass over a block's tiles (their accumulators stay in registers) */
 #define F32_ROWS_MAX 4 /* the same for the weight-only design (three accumulators a row) */
 #define F32_MAX_ROWS 4 /* the same for the weight-only design (three accumulators a row) */
-#define PREFETCH 1024 /* bytes ahead of a block's stream to prefetch */
+#define PREFETCH 2048 /* bytes ahead of a block's stream to prefetch (1024 -> 2048: gguf-q16 ~3% faster, cold) */
 
 int tc_blocks_abi_version(void) { return 2; }
 
@@ -177,53 +178,71 @@ TARGET static inline __m512i lane_byte(__m512i v, int e) {
 /* ------------------------------------------------------------------ int16 activations (VNNI, 16-bit) */
 
 /* The activations quantized per row and 32-block to int16 (scale max|x| / 32767), stored in pair order (inputs
- * 0, 2, 1, 3 of every 4) so that a 32-bit broadcast meets the two 16-bit weights a lane holds after the split below:
- * from the 4 bytes of inputs e = 0..3 in a lane, "& 0x00FF00FF" leaves the words (u0, u2) and ">> 8" (u1, u3).
- * vpdpwssd sums both products of each word pair into the lane: exact integer sums. */
-#define Q16_ROWS(BITS, R)                                                                                            \
-    TARGET static void q16_##BITS##_##R(int64_t nj, const uint8_t *blk, int64_t tile, int ns, int off, float bv,     \
-                                        const int16_t *xq, int64_t kq, const float *dx, const float *xs,            \
-                                        __m512 acc[MAX_ROWS]) {                                                      \
+ * 0, 2, 1, 3 of every 4) so that a 32-bit broadcast meets the two 16-bit weights a lane holds after the split below,
+ * and laid out per pass of R rows tile by tile: xt[(j * R + r) * 16 + i] is row r's i-th pair of input block j, so a
+ * tile's activations of all R rows are 1 KiB at one place (broadcast from memory at fixed displacements, no pointer
+ * per row); dx[j * R + r] and xs[(j * R + r) * NS + h] likewise. The weights' words come from one load per 64 bytes:
+ *   4 bits: (v >> 0, 8, 4, 12) & 0x000F000F give the words (u0, u2), (u1, u3), (u4, u6), (u5, u7) of inputs 8g..
+ *   8 bits: (v >> 0, 8) & 0x00FF00FF give (u0, u2), (u1, u3) of inputs 4g..
+ * vpdpwssd sums both products of each word pair into the lane: exact integer sums, so their order does not matter;
+ * with more than 4 rows one chain a row (the rows are the independent chains; no spills at 8 rows), with fewer two.
+ * The float arithmetic after each sub-block is that of the other designs: a += total * (s * dx), a += o * xs. */
+#define Q16_ROWS(BITS, NS, R)                                                                                        \
+    TARGET static void q16_##BITS##_##NS##_##R(int64_t nj, const uint8_t *blk, int64_t tile, int off, float bv,      \
+                                               const int32_t *xt, const float *dx, const float *xs,                 \
+                                               __m512 acc[MAX_ROWS]) {                                               \
+        enum { CHAINS = R <= 4 ? 2 : 1, GROUPS = BITS / NS }; /* groups of 64 bytes a sub-block */                  \
         __m512 a[R];                                                                                                 \
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();                             \
-        const __m512i nibble = _mm512_set1_epi8(0x0F), even = _mm512_set1_epi32(0x00FF00FF);                        \
+        const __m512i mask = _mm512_set1_epi32(BITS == 4 ? 0x000F000F : 0x00FF00FF);                                \
         for (int64_t j = 0; j < nj; j++) {                                                                           \
             const uint8_t *t = blk + j * tile;                                                                       \
             for (int64_t p = 0; p < tile; p += 64) _mm_prefetch((const char *)(t + PREFETCH + p), _MM_HINT_T0);      \
             __m512 s[2], o[2];                                                                                       \
-            tile_scales(t, BITS * 64, ns, off, bv, s, o);                                                            \
-            for (int h = 0; h < ns; h++) {                                                                           \
+            tile_scales(t, BITS * 64, NS, off, bv, s, o);                                                            \
+            const int32_t *xj = xt + j * R * 16;                                                                     \
+            _Pragma("GCC unroll 2") for (int h = 0; h < NS; h++) {                                                   \
                 __m512i sum[R], sum1[R];                                                                             \
                 _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) sum[r] = sum1[r] = _mm512_setzero_si512();      \
-                int groups = BITS / ns;                                                                              \
-                for (int g = h * groups; g < (h + 1) * groups; g++) {                                                \
+                _Pragma("GCC unroll 8") for (int g = h * GROUPS; g < (h + 1) * GROUPS; g++) {                        \
                     __m512i v = _mm512_loadu_si512(t + 64 * g);                                                      \
-                    __m512i part[2];                                                                                 \
-                    int64_t at[2];                                                                                   \
-                    int parts = BITS == 4 ? 2 : 1;                                                                   \
                     if (BITS == 4) {                                                                                 \
-                        part[0] = _mm512_and_si512(v, nibble);                                                       \
-                        part[1] = _mm512_and_si512(_mm512_srli_epi32(v, 4), nibble);                                 \
-                        at[0] = 32 * j + 8 * g, at[1] = 32 * j + 8 * g + 4;                                          \
-                    } else {                                                                                         \
-                        part[0] = v, part[1] = v, at[0] = at[1] = 32 * j + 4 * g;                                    \
-                    }                                                                                                \
-                    for (int q = 0; q < parts; q++) {                                                                \
-                        __m512i w0 = _mm512_and_si512(part[q], even), w1 = _mm512_srli_epi16(part[q], 8);            \
+                        __m512i w0 = _mm512_and_si512(v, mask);                                                      \
+                        __m512i w1 = _mm512_and_si512(_mm512_srli_epi32(v, 8), mask);                                \
+                        __m512i w2 = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);                                \
+                        __m512i w3 = _mm512_and_si512(_mm512_srli_epi32(v, 12), mask);                               \
                         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                        \
-                            int32_t x0, x1;                                                                          \
-                            memcpy(&x0, xq + r * kq + at[q], 4);                                                     \
-                            memcpy(&x1, xq + r * kq + at[q] + 2, 4);                                                 \
-                            sum[r] = _mm512_dpwssd_epi32(sum[r], w0, _mm512_set1_epi32(x0));                         \
-                            sum1[r] = _mm512_dpwssd_epi32(sum1[r], w1, _mm512_set1_epi32(x1));                       \
+                            const int32_t *xr = xj + r * 16 + 4 * g;                                                 \
+                            sum[r] = _mm512_dpwssd_epi32(sum[r], w0, _mm512_set1_epi32(xr[0]));                      \
+                            sum[r] = _mm512_dpwssd_epi32(sum[r], w1, _mm512_set1_epi32(xr[1]));                      \
+                            if (CHAINS == 2) {                                                                       \
+                                sum1[r] = _mm512_dpwssd_epi32(sum1[r], w2, _mm512_set1_epi32(xr[2]));                \
+                                sum1[r] = _mm512_dpwssd_epi32(sum1[r], w3, _mm512_set1_epi32(xr[3]));                \
+                            } else {                                                                                 \
+                                sum[r] = _mm512_dpwssd_epi32(sum[r], w2, _mm512_set1_epi32(xr[2]));                  \
+                                sum[r] = _mm512_dpwssd_epi32(sum[r], w3, _mm512_set1_epi32(xr[3]));                  \
+                            }                                                                                        \
+                        }                                                                                            \
+                    } else {                                                                                         \
+                        __m512i w0 = _mm512_and_si512(v, mask);                                                      \
+                        __m512i w1 = _mm512_and_si512(_mm512_srli_epi32(v, 8), mask);                                \
+                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                        \
+                            const int32_t *xr = xj + r * 16 + 2 * g;                                                 \
+                            if (CHAINS == 2 && (g & 1)) {                                                            \
+                                sum1[r] = _mm512_dpwssd_epi32(sum1[r], w0, _mm512_set1_epi32(xr[0]));                \
+                                sum1[r] = _mm512_dpwssd_epi32(sum1[r], w1, _mm512_set1_epi32(xr[1]));                \
+                            } else {                                                                                 \
+                                sum[r] = _mm512_dpwssd_epi32(sum[r], w0, _mm512_set1_epi32(xr[0]));                  \
+                                sum[r] = _mm512_dpwssd_epi32(sum[r], w1, _mm512_set1_epi32(xr[1]));                  \
+                            }                                                                                        \
                         }                                                                                            \
                     }                                                                                                \
                 }                                                                                                    \
                 _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                \
-                    __m512 scale = _mm512_mul_ps(s[h], _mm512_set1_ps(dx[r * nj + j]));                              \
-                    __m512i total = _mm512_add_epi32(sum[r], sum1[r]);                                               \
+                    __m512 scale = _mm512_mul_ps(s[h], _mm512_set1_ps(dx[j * R + r]));                               \
+                    __m512i total = CHAINS == 2 ? _mm512_add_epi32(sum[r], sum1[r]) : sum[r];                        \
                     a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), scale, a[r]);                                  \
-                    a[r] = _mm512_fmadd_ps(o[h], _mm512_set1_ps(xs[(r * nj + j) * ns + h]), a[r]);                   \
+                    a[r] = _mm512_fmadd_ps(o[h], _mm512_set1_ps(xs[(j * R + r) * NS + h]), a[r]);                    \
                 }                                                                                                    \
             }                                                                                                        \
         }                                                                                                            \
@@ -235,18 +254,23 @@ TARGET static inline __m512i lane_byte(__m512i v, int e) {
 F32_ROWS(4, 1) F32_ROWS(4, 2) F32_ROWS(4, 3) F32_ROWS(4, 4)
 F32_ROWS(8, 1) F32_ROWS(8, 2) F32_ROWS(8, 3) F32_ROWS(8, 4)
 INSTANCES(Q8_ROWS)
-INSTANCES(Q16_ROWS)
+#define Q16_INSTANCES(BITS, NS)                                                                                      \
+    Q16_ROWS(BITS, NS, 1) Q16_ROWS(BITS, NS, 2) Q16_ROWS(BITS, NS, 3) Q16_ROWS(BITS, NS, 4)                          \
+    Q16_ROWS(BITS, NS, 5) Q16_ROWS(BITS, NS, 6) Q16_ROWS(BITS, NS, 7) Q16_ROWS(BITS, NS, 8)
+Q16_INSTANCES(4, 1) Q16_INSTANCES(4, 2) Q16_INSTANCES(8, 1) Q16_INSTANCES(8, 2)
 
 typedef void (*f32_fn)(int64_t, const uint8_t *, int64_t, int, int, float, const float *, int64_t, const float *,
                        __m512[MAX_ROWS]);
 typedef void (*q8_fn)(int64_t, const uint8_t *, int64_t, int, int, float, const int8_t *, int64_t, const float *,
                       const float *, __m512[MAX_ROWS]);
 static const f32_fn F32[2][F32_MAX_ROWS] = {{f32_4_1, f32_4_2, f32_4_3, f32_4_4}, {f32_8_1, f32_8_2, f32_8_3, f32_8_4}};
-typedef void (*q16_fn)(int64_t, const uint8_t *, int64_t, int, int, float, const int16_t *, int64_t, const float *,
-                       const float *, __m512[MAX_ROWS]);
-static const q16_fn Q16[2][MAX_ROWS] = {
-    {q16_4_1, q16_4_2, q16_4_3, q16_4_4, q16_4_5, q16_4_6, q16_4_7, q16_4_8},
-    {q16_8_1, q16_8_2, q16_8_3, q16_8_4, q16_8_5, q16_8_6, q16_8_7, q16_8_8}};
+typedef void (*q16_fn)(int64_t, const uint8_t *, int64_t, int, float, const int32_t *, const float *, const float *,
+                       __m512[MAX_ROWS]);
+#define Q16_BY_ROWS(BITS, NS)                                                                                        \
+    {q16_##BITS##_##NS##_1, q16_##BITS##_##NS##_2, q16_##BITS##_##NS##_3, q16_##BITS##_##NS##_4,                    \
+     q16_##BITS##_##NS##_5, q16_##BITS##_##NS##_6, q16_##BITS##_##NS##_7, q16_##BITS##_##NS##_8}
+static const q16_fn Q16[2][2][MAX_ROWS] = {{Q16_BY_ROWS(4, 1), Q16_BY_ROWS(4, 2)},
+                                           {Q16_BY_ROWS(8, 1), Q16_BY_ROWS(8, 2)}};
 static const q8_fn Q8[2][MAX_ROWS] = {{q8_4_1, q8_4_2, q8_4_3, q8_4_4, q8_4_5, q8_4_6, q8_4_7, q8_4_8},
                                       {q8_8_1, q8_8_2, q8_8_3, q8_8_4, q8_8_5, q8_8_6, q8_8_7, q8_8_8}};
 
@@ -276,10 +300,14 @@ TARGET static void quantize_blocks(int64_t k, const float *row, int ns, int8_t *
     }
 }
 
-/* Row i of x in 32-blocks, to int16: dx = max|x| / 32767 (0 for a block of zeros), q = x / dx rounded to nearest
- * even, stored in pair order (0, 2, 1, 3 of every 4 inputs), and xs = dx * (sum of q over each sub-block). */
-TARGET static void quantize_blocks16(int64_t k, const float *row, int ns, int16_t *q, float *dx, float *xs) {
+/* A row of x in 32-blocks, to int16: dx = max|x| / 32767 (0 for a block of zeros), q = x / dx rounded to nearest
+ * even, stored in pair order (0, 2, 1, 3 of every 4 inputs), and xs = dx * (sum of q over each sub-block); block j's
+ * quants at q + j * step (step >= 16 words of 32 bits), its dx at dx[j * step / 16] and its xs at
+ * xs[j * step / 16 * ns] (the layout of a pass of step / 16 rows: see Q16_ROWS). */
+TARGET static void quantize_blocks16(int64_t k, const float *row, int ns, int32_t *q, int64_t step, float *dx,
+                                     float *xs) {
     const __m512i order = _mm512_set_epi32(15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0);
+    int64_t rows = step / 16;
     for (int64_t j = 0; j < k / 32; j++) {
         __m512 v0 = _mm512_loadu_ps(row + 32 * j), v1 = _mm512_loadu_ps(row + 32 * j + 16);
         float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
@@ -291,14 +319,15 @@ TARGET static void quantize_blocks16(int64_t k, const float *row, int ns, int16_
             q0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(v0, dv), round));
             q1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_div_ps(v1, dv), round));
         }
-        _mm256_storeu_si256((__m256i *)(q + 32 * j), _mm512_cvtepi32_epi16(_mm512_permutexvar_epi32(order, q0)));
-        _mm256_storeu_si256((__m256i *)(q + 32 * j + 16), _mm512_cvtepi32_epi16(_mm512_permutexvar_epi32(order, q1)));
-        dx[j] = d;
+        int32_t *qj = q + j * step;
+        _mm256_storeu_si256((__m256i *)qj, _mm512_cvtepi32_epi16(_mm512_permutexvar_epi32(order, q0)));
+        _mm256_storeu_si256((__m256i *)(qj + 8), _mm512_cvtepi32_epi16(_mm512_permutexvar_epi32(order, q1)));
+        dx[j * rows] = d;
         if (ns == 1) {
-            xs[j] = d * (float)(_mm512_reduce_add_epi32(q0) + _mm512_reduce_add_epi32(q1));
+            xs[j * rows] = d * (float)(_mm512_reduce_add_epi32(q0) + _mm512_reduce_add_epi32(q1));
         } else {
-            xs[2 * j] = d * (float)_mm512_reduce_add_epi32(q0);
-            xs[2 * j + 1] = d * (float)_mm512_reduce_add_epi32(q1);
+            xs[2 * j * rows] = d * (float)_mm512_reduce_add_epi32(q0);
+            xs[2 * j * rows + 1] = d * (float)_mm512_reduce_add_epi32(q1);
         }
     }
 }
@@ -327,7 +356,7 @@ TARGET int tc_blocks_linear(int64_t m, int64_t k, int64_t n, const float *x, int
     int64_t nj = k / 32, tile = tc_blocks_tile_bytes(bits, ns, off), blocks = (n + 15) / 16;
     int which = bits == 8, most = q8 || q16 ? MAX_ROWS : F32_MAX_ROWS;
     int8_t *xq = NULL;
-    int16_t *xq16 = NULL;
+    int32_t *xq16 = NULL; /* int16 pairs, laid out per pass of rows (Q16_ROWS) */
     float *dx = NULL, *xs = NULL;
     xs = malloc((size_t)(m * nj * ns) * sizeof(float));
     if (q8) xq = malloc((size_t)(m * k));
@@ -343,8 +372,11 @@ TARGET int tc_blocks_linear(int64_t m, int64_t k, int64_t n, const float *x, int
     for (int64_t i = 0; i < m; i++) {
         if (q8)
             quantize_blocks(k, x + i * ldx, ns, xq + i * k, dx + i * nj, xs + i * nj * ns);
-        else if (q16)
-            quantize_blocks16(k, x + i * ldx, ns, xq16 + i * k, dx + i * nj, xs + i * nj * ns);
+        else if (q16) { /* row r of the pass from row i0 (R rows): the layout of Q16_ROWS */
+            int64_t i0 = i - i % MAX_ROWS, rows = m - i0 < MAX_ROWS ? m - i0 : MAX_ROWS, r = i - i0;
+            quantize_blocks16(k, x + i * ldx, ns, xq16 + i0 * k / 2 + r * 16, rows * 16, dx + i0 * nj + r,
+                              xs + (i0 * nj + r) * ns);
+        }
         else
             sum_blocks(k, x + i * ldx, ns, xs + i * nj * ns);
     }
@@ -361,8 +393,8 @@ TARGET int tc_blocks_linear(int64_t m, int64_t k, int64_t n, const float *x, int
                 Q8[which][rows - 1](nj, blk, tile, ns, off, bias_value, xq + i0 * k, k, dx + i0 * nj,
                                     xs + i0 * nj * ns, acc);
             else if (q16)
-                Q16[which][rows - 1](nj, blk, tile, ns, off, bias_value, xq16 + i0 * k, k, dx + i0 * nj,
-                                     xs + i0 * nj * ns, acc);
+                Q16[which][ns == 2][rows - 1](nj, blk, tile, off, bias_value, xq16 + i0 * k / 2, dx + i0 * nj,
+                                              xs + i0 * nj * ns, acc);
             else
                 F32[which][rows - 1](nj, blk, tile, ns, off, bias_value, x + i0 * ldx, ldx, xs + i0 * nj * ns, acc);
             for (int r = 0; r < rows; r++) {

@@ -83,6 +83,33 @@ def test_a_row_in_any_batch_is_the_row_alone_bit_for_bit(qtype, design):
         assert torch.equal(parts, whole), size
 
 
+def random_unpacked(bits: int, sub: int, n: int, k: int, seed: int) -> block_matrices.Unpacked:
+    """A random weight in the common form with any quant width and sub-block (4 bits in sub-blocks of 16: a layout
+    the kernels take although no file type has it yet), stored offsets."""
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, 1 << bits, size=(n, k), dtype=np.uint8)
+    scale = rng.uniform(0.0, 0.02, size=(n, k // sub)).astype(np.float16).astype(np.float32)
+    offset = rng.uniform(-0.1, 0.1, size=(n, k // sub)).astype(np.float16).astype(np.float32)
+    return block_matrices.Unpacked(u, scale, offset, bits=bits, sub=sub, bias=0.0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("layout", [(4, 32), (4, 16), (8, 32), (8, 16)])
+@pytest.mark.parametrize("design", DESIGNS)
+def test_every_number_of_rows_computes_the_product_and_each_row_as_alone(layout, design):
+    """Each kernel instance (1 to 8 rows a pass, per quant width and sub-block) against the exact product, and each
+    row of every batch size equal to the row alone."""
+    weight = random_unpacked(*layout, n=40, k=320, seed=9)
+    matrix = design(weight, torch.randn(40))
+    x = torch.randn(9, 320)
+    inputs = block_matrices.quantize_activations(x, design.levels) if design.levels else x
+    exact = F.linear(inputs.double(), block_matrices.dequantize(weight).double(), matrix.bias.double())
+    alone = torch.cat([matrix(x[i : i + 1]) for i in range(9)])
+    assert (alone.double() - exact).abs().max().item() <= 1e-5 * exact.abs().max().item()
+    for rows in range(2, 10):
+        assert torch.equal(matrix(x[:rows]), alone[:rows]), rows
+
+
 @needs_kernels
 @pytest.mark.parametrize("design", DESIGNS)
 @pytest.mark.parametrize("bounds", [(0, 32), (32, 48), (5, 21), (40, 48)])
