@@ -54,14 +54,12 @@ import json
 import os
 import secrets
 import statistics
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from chat.tools.bench.batch_bench import prompts, run_level
+from chat.tools.bench.child_process import child_report, ready_child
 from chat.tools.bench.http_clients import ClientConfig, Served, run_apart, run_here
 from chat.tools.bench.report import emit
 from chat.tools.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
@@ -219,8 +217,6 @@ def bad_clients_beside(server, phase: BadClients, keys: dict[str, str], reports:
     Raises:
         RuntimeError: the process did not start its clients or did not report.
     """
-    import chat
-
     config = {
         "host": "127.0.0.1",
         "port": server.port,
@@ -231,24 +227,9 @@ def bad_clients_beside(server, phase: BadClients, keys: dict[str, str], reports:
         "silent": phase.silent,
         "flood_rps": phase.flood_rps,
     }
-    root = str(Path(chat.__file__).resolve().parents[1])  # this checkout's package, wherever the bench runs from
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    command = [sys.executable, "-m", "chat.tools.bench.bad_clients", json.dumps(config)]
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if line.strip() != "ready":
-            raise RuntimeError(f"the bad clients did not start (said {line!r}, exit {process.poll()})")
+    with ready_child("chat.tools.bench.bad_clients", config, "the bad clients") as process:
         yield
-        out, _ = process.communicate("stop\n", timeout=BAD_CLIENTS_STOP_S)
-        if process.returncode != 0 or not out.strip():
-            raise RuntimeError(f"the bad clients failed (exit {process.returncode})")
-        reports.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        reports.append(child_report(process, "stop\n", BAD_CLIENTS_STOP_S, "the bad clients"))
 
 
 class PeakRss:

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
+
+from chat.tools.bench.child_process import child_report, ready_child
 
 TIMEOUT_S = 600.0  # the longest a client waits for the next bytes of a reply
 
@@ -145,25 +144,8 @@ def run_apart(cfg: ClientConfig, timeout_s: float = TIMEOUT_S) -> tuple[list[Ser
     Raises:
         RuntimeError: the process did not start its clients or did not report.
     """
-    import chat
-
-    root = str(Path(chat.__file__).resolve().parents[1])  # this checkout's package, wherever the bench runs from
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    command = [sys.executable, "-m", "chat.tools.bench.http_clients", json.dumps(asdict(cfg))]
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if line.strip() != "ready":
-            raise RuntimeError(f"the clients did not start (said {line!r}, exit {process.poll()})")
-        out, _ = process.communicate("go\n", timeout=timeout_s)
-        if process.returncode != 0 or not out.strip():
-            raise RuntimeError(f"the clients failed (exit {process.returncode})")
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    report = json.loads(out.strip().splitlines()[-1])
+    with ready_child("chat.tools.bench.http_clients", asdict(cfg), "the clients") as process:
+        report = child_report(process, "go\n", timeout_s, "the clients")
     return [Served(**r) for r in report["replies"]], report["wall_s"], report["cpu_s"]
 
 
