@@ -34,7 +34,6 @@
 #define MAX_ROWS 8    /* activation rows per pass over a block's tiles (their accumulators stay in registers) */
 #define F32_ROWS_MAX 4 /* the same for the weight-only design (three accumulators a row) */
 #define F32_MAX_ROWS 4 /* the same for the weight-only design (three accumulators a row) */
-#define Q16_PAIR_ROWS 1 /* fewest rows for which mode 2 takes two blocks a pass */
 #define PREFETCH 2048 /* bytes ahead of a block's stream to prefetch (1024 -> 2048: gguf-q16 ~3% faster, cold) */
 
 int tc_blocks_abi_version(void) { return 2; }
@@ -250,59 +249,6 @@ TARGET static inline __m512i lane_byte(__m512i v, int e) {
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = a[r];                                          \
     }
 
-/* Two blocks of channels (blk and the next, nj tiles further) in one pass for R rows: each activation broadcast feeds
- * one vpdpwssd per block, and the weights' words are split once per 64 bytes of each block. The arithmetic of each
- * output element is Q16_ROWS' exactly (exact integer sums per sub-block, then the same float steps in the same order),
- * so an element's value does not depend on which kernel computed it. With 2 x R integer sums in registers (one chain
- * a row and block), the float accumulators of 8 rows live in L1 (acc), touched once per sub-block. */
-#define Q16_PAIR(BITS, NS, R)                                                                                        \
-    TARGET static void q16p_##BITS##_##NS##_##R(int64_t nj, const uint8_t *blk, int64_t tile, int off, float bv,     \
-                                                const int32_t *xt, const float *dx, const float *xs,                \
-                                                __m512 acc[2][MAX_ROWS]) {                                           \
-        enum { GROUPS = BITS / NS, WORDS = BITS == 4 ? 4 : 2 }; /* groups of 64 bytes a sub-block, words a group */ \
-        const uint8_t *blk1 = blk + nj * tile;                                                                       \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[0][r] = acc[1][r] = _mm512_setzero_ps();            \
-        const __m512i mask = _mm512_set1_epi32(BITS == 4 ? 0x000F000F : 0x00FF00FF);                                \
-        for (int64_t j = 0; j < nj; j++) {                                                                           \
-            const uint8_t *t0 = blk + j * tile, *t1 = blk1 + j * tile;                                               \
-            for (int64_t p = 0; p < tile; p += 64) {                                                                 \
-                _mm_prefetch((const char *)(t0 + PREFETCH + p), _MM_HINT_T0);                                        \
-                _mm_prefetch((const char *)(t1 + PREFETCH + p), _MM_HINT_T0);                                        \
-            }                                                                                                        \
-            const int32_t *xj = xt + j * R * 16;                                                                     \
-            _Pragma("GCC unroll 2") for (int h = 0; h < NS; h++) {                                                   \
-                __m512i sum0[R], sum1[R];                                                                            \
-                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) sum0[r] = sum1[r] = _mm512_setzero_si512();     \
-                _Pragma("GCC unroll 1") for (int g = h * GROUPS; g < (h + 1) * GROUPS; g++) {                        \
-                    __m512i v0 = _mm512_loadu_si512(t0 + 64 * g), v1 = _mm512_loadu_si512(t1 + 64 * g);             \
-                    _Pragma("GCC unroll 4") for (int e = 0; e < WORDS; e++) {                                         \
-                        const int shift = BITS == 4 ? (e == 0 ? 0 : e == 1 ? 8 : e == 2 ? 4 : 12) : 8 * e;           \
-                        __m512i w0 = _mm512_and_si512(_mm512_srli_epi32(v0, shift), mask);                           \
-                        __m512i w1 = _mm512_and_si512(_mm512_srli_epi32(v1, shift), mask);                           \
-                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                        \
-                            __m512i xv = _mm512_set1_epi32(xj[r * 16 + WORDS * g + e]);                               \
-                            sum0[r] = _mm512_dpwssd_epi32(sum0[r], w0, xv);                                          \
-                            sum1[r] = _mm512_dpwssd_epi32(sum1[r], w1, xv);                                          \
-                        }                                                                                            \
-                    }                                                                                                \
-                }                                                                                                    \
-                __m512 s[2], o[2];                                                                                   \
-                tile_scales(t0, BITS * 64, NS, off, bv, s, o);                                                       \
-                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                \
-                    __m512 scale = _mm512_mul_ps(s[h], _mm512_set1_ps(dx[j * R + r]));                               \
-                    __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum0[r]), scale, acc[0][r]);                       \
-                    acc[0][r] = _mm512_fmadd_ps(o[h], _mm512_set1_ps(xs[(j * R + r) * NS + h]), a);                  \
-                }                                                                                                    \
-                tile_scales(t1, BITS * 64, NS, off, bv, s, o);                                                       \
-                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                \
-                    __m512 scale = _mm512_mul_ps(s[h], _mm512_set1_ps(dx[j * R + r]));                               \
-                    __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum1[r]), scale, acc[1][r]);                       \
-                    acc[1][r] = _mm512_fmadd_ps(o[h], _mm512_set1_ps(xs[(j * R + r) * NS + h]), a);                  \
-                }                                                                                                    \
-            }                                                                                                        \
-        }                                                                                                            \
-    }
-
 #define INSTANCES(M) M(4, 1) M(4, 2) M(4, 3) M(4, 4) M(4, 5) M(4, 6) M(4, 7) M(4, 8) \
                      M(8, 1) M(8, 2) M(8, 3) M(8, 4) M(8, 5) M(8, 6) M(8, 7) M(8, 8)
 F32_ROWS(4, 1) F32_ROWS(4, 2) F32_ROWS(4, 3) F32_ROWS(4, 4)
@@ -312,10 +258,6 @@ INSTANCES(Q8_ROWS)
     Q16_ROWS(BITS, NS, 1) Q16_ROWS(BITS, NS, 2) Q16_ROWS(BITS, NS, 3) Q16_ROWS(BITS, NS, 4)                          \
     Q16_ROWS(BITS, NS, 5) Q16_ROWS(BITS, NS, 6) Q16_ROWS(BITS, NS, 7) Q16_ROWS(BITS, NS, 8)
 Q16_INSTANCES(4, 1) Q16_INSTANCES(4, 2) Q16_INSTANCES(8, 1) Q16_INSTANCES(8, 2)
-#define Q16_PAIRS(BITS, NS)                                                                                          \
-    Q16_PAIR(BITS, NS, 1) Q16_PAIR(BITS, NS, 2) Q16_PAIR(BITS, NS, 3) Q16_PAIR(BITS, NS, 4)                          \
-    Q16_PAIR(BITS, NS, 5) Q16_PAIR(BITS, NS, 6) Q16_PAIR(BITS, NS, 7) Q16_PAIR(BITS, NS, 8)
-Q16_PAIRS(4, 1) Q16_PAIRS(4, 2) Q16_PAIRS(8, 1) Q16_PAIRS(8, 2)
 
 typedef void (*f32_fn)(int64_t, const uint8_t *, int64_t, int, int, float, const float *, int64_t, const float *,
                        __m512[MAX_ROWS]);
@@ -329,13 +271,6 @@ typedef void (*q16_fn)(int64_t, const uint8_t *, int64_t, int, float, const int3
      q16_##BITS##_##NS##_5, q16_##BITS##_##NS##_6, q16_##BITS##_##NS##_7, q16_##BITS##_##NS##_8}
 static const q16_fn Q16[2][2][MAX_ROWS] = {{Q16_BY_ROWS(4, 1), Q16_BY_ROWS(4, 2)},
                                            {Q16_BY_ROWS(8, 1), Q16_BY_ROWS(8, 2)}};
-typedef void (*q16p_fn)(int64_t, const uint8_t *, int64_t, int, float, const int32_t *, const float *, const float *,
-                        __m512[2][MAX_ROWS]);
-#define Q16P_BY_ROWS(BITS, NS)                                                                                       \
-    {q16p_##BITS##_##NS##_1, q16p_##BITS##_##NS##_2, q16p_##BITS##_##NS##_3, q16p_##BITS##_##NS##_4,                \
-     q16p_##BITS##_##NS##_5, q16p_##BITS##_##NS##_6, q16p_##BITS##_##NS##_7, q16p_##BITS##_##NS##_8}
-static const q16p_fn Q16P[2][2][MAX_ROWS] = {{Q16P_BY_ROWS(4, 1), Q16P_BY_ROWS(4, 2)},
-                                             {Q16P_BY_ROWS(8, 1), Q16P_BY_ROWS(8, 2)}};
 static const q8_fn Q8[2][MAX_ROWS] = {{q8_4_1, q8_4_2, q8_4_3, q8_4_4, q8_4_5, q8_4_6, q8_4_7, q8_4_8},
                                       {q8_8_1, q8_8_2, q8_8_3, q8_8_4, q8_8_5, q8_8_6, q8_8_7, q8_8_8}};
 
@@ -445,37 +380,26 @@ TARGET int tc_blocks_linear(int64_t m, int64_t k, int64_t n, const float *x, int
         else
             sum_blocks(k, x + i * ldx, ns, xs + i * nj * ns);
     }
-    int64_t step = q16 ? 2 : 1, units = (blocks + step - 1) / step; /* mode 2: two blocks a pass (Q16_PAIR) */
 #pragma omp parallel for schedule(static)
-    for (int64_t u = 0; u < units; u++) {
-        int64_t b0 = u * step, nb = blocks - b0 < step ? blocks - b0 : step;
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *blk = packed + b * nj * tile;
+        int64_t c0 = 16 * b;
+        __mmask16 live = n - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - c0)) - 1u);
+        __m512 shift = bias ? _mm512_maskz_loadu_ps(live, bias + c0) : _mm512_setzero_ps();
         for (int64_t i0 = 0; i0 < m; i0 += most) {
             int rows = m - i0 < most ? (int)(m - i0) : most;
-            __m512 acc[2][MAX_ROWS];
-            const uint8_t *blk = packed + b0 * nj * tile;
-            if (q16 && nb == 2 && rows >= Q16_PAIR_ROWS)
-                Q16P[which][ns == 2][rows - 1](nj, blk, tile, off, bias_value, xq16 + i0 * k / 2, dx + i0 * nj,
-                                               xs + i0 * nj * ns, acc);
+            __m512 acc[MAX_ROWS];
+            if (q8)
+                Q8[which][rows - 1](nj, blk, tile, ns, off, bias_value, xq + i0 * k, k, dx + i0 * nj,
+                                    xs + i0 * nj * ns, acc);
+            else if (q16)
+                Q16[which][ns == 2][rows - 1](nj, blk, tile, off, bias_value, xq16 + i0 * k / 2, dx + i0 * nj,
+                                              xs + i0 * nj * ns, acc);
             else
-                for (int64_t h = 0; h < nb; h++, blk += nj * tile) {
-                    if (q8)
-                        Q8[which][rows - 1](nj, blk, tile, ns, off, bias_value, xq + i0 * k, k, dx + i0 * nj,
-                                            xs + i0 * nj * ns, acc[h]);
-                    else if (q16)
-                        Q16[which][ns == 2][rows - 1](nj, blk, tile, off, bias_value, xq16 + i0 * k / 2,
-                                                      dx + i0 * nj, xs + i0 * nj * ns, acc[h]);
-                    else
-                        F32[which][rows - 1](nj, blk, tile, ns, off, bias_value, x + i0 * ldx, ldx,
-                                             xs + i0 * nj * ns, acc[h]);
-                }
-            for (int64_t h = 0; h < nb; h++) {
-                int64_t c0 = 16 * (b0 + h);
-                __mmask16 live = n - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - c0)) - 1u);
-                __m512 shift = bias ? _mm512_maskz_loadu_ps(live, bias + c0) : _mm512_setzero_ps();
-                for (int r = 0; r < rows; r++) {
-                    __m512 v = bias ? _mm512_add_ps(acc[h][r], shift) : acc[h][r];
-                    _mm512_mask_storeu_ps(out + (i0 + r) * ldo + c0, live, v);
-                }
+                F32[which][rows - 1](nj, blk, tile, ns, off, bias_value, x + i0 * ldx, ldx, xs + i0 * nj * ns, acc);
+            for (int r = 0; r < rows; r++) {
+                __m512 v = bias ? _mm512_add_ps(acc[r], shift) : acc[r];
+                _mm512_mask_storeu_ps(out + (i0 + r) * ldo + c0, live, v);
             }
         }
     }
