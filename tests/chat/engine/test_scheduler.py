@@ -39,6 +39,16 @@ def begun(rt, cache, req) -> Turn:
     return turn
 
 
+def decoding_turns(rt, scheduler: Scheduler, n: int, max_tokens: int) -> list[Turn]:
+    """``n`` one-question turns added to ``scheduler`` and stepped until every one of them is decoding."""
+    turns = [begun(rt, None, request(f"d{i}", max_tokens=max_tokens)) for i in range(n)]
+    for turn in turns:
+        scheduler.add(turn)
+    while not all(t.decoding for t in turns):
+        scheduler.step()
+    return turns
+
+
 def run_all(scheduler: Scheduler, turns: list[Turn], *, add: bool = True) -> dict[int, Done]:
     """Step until every turn is done (adding ``turns`` first unless ``add`` is False: they are in already); return
     each turn's Done by its index in ``turns``."""
@@ -91,11 +101,7 @@ def test_a_long_prefill_and_31_decoding_turns_all_make_progress():
     rt = CountingRuntime(script=lambda prompt: "z" * 200)  # long replies: they keep decoding
     settings = BatchSettings(max_batch=32, token_budget=48)
     scheduler = Scheduler(rt, settings)
-    decoding = [begun(rt, None, request(f"d{i}", max_tokens=150)) for i in range(31)]
-    for turn in decoding:
-        scheduler.add(turn)
-    while not all(t.decoding for t in decoding):
-        scheduler.step()
+    decoding = decoding_turns(rt, scheduler, 31, max_tokens=150)
     long = begun(rt, None, request("p" * 1500, max_tokens=5))
     scheduler.add(long)
     produced = {id(t): len(t.reply.tokens) for t in decoding}
@@ -389,11 +395,7 @@ def test_while_a_better_priority_is_around_worse_turns_share_the_yield_budget_un
     rt, clock = CountingRuntime(script=lambda prompt: "z" * 400), Clock()
     settings = BatchSettings(max_batch=16, token_budget=128, yield_budget=24, yield_hold_s=5.0)
     scheduler = Scheduler(rt, settings, clock=clock)
-    decoding = [begun(rt, None, request(f"d{i}", max_tokens=300)) for i in range(4)]
-    for turn in decoding:
-        scheduler.add(turn)
-    while not all(t.decoding for t in decoding):
-        scheduler.step()
+    decoding = decoding_turns(rt, scheduler, 4, max_tokens=300)
     batch = [*decoding, *(begun(rt, None, request(f"batch {i} " + "p" * 900)) for i in range(2))]
     for turn in batch[4:]:
         scheduler.add(turn)
@@ -451,11 +453,7 @@ def test_while_yielding_a_step_holds_at_most_the_yield_budget_even_of_prompts_al
 def test_while_yielding_worse_replies_leave_half_the_yield_budget_to_worse_prompts():
     rt = CountingRuntime(script=lambda prompt: "z" * 400)
     scheduler = Scheduler(rt, BatchSettings(max_batch=64, token_budget=256, yield_budget=16, yield_hold_s=100.0))
-    replies = [begun(rt, None, request(f"d{i}", max_tokens=300)) for i in range(40)]
-    for turn in replies:
-        scheduler.add(turn)
-    while not all(t.decoding for t in replies):
-        scheduler.step()
+    decoding_turns(rt, scheduler, 40, max_tokens=300)
     chat = begun(rt, None, request("c", max_tokens=2, priority=-1))
     scheduler.add(chat)
     while not chat.done:
@@ -472,11 +470,7 @@ def test_while_yielding_worse_replies_leave_half_the_yield_budget_to_worse_promp
 def test_the_step_of_a_better_turns_first_token_carries_no_worse_reply():
     rt = CountingRuntime(script=lambda prompt: "z" * 400)
     scheduler = Scheduler(rt, BatchSettings(max_batch=16, token_budget=64))
-    batch = [begun(rt, None, request(f"d{i}", max_tokens=300)) for i in range(6)]
-    for turn in batch:
-        scheduler.add(turn)
-    while not all(t.decoding for t in batch):
-        scheduler.step()
+    batch = decoding_turns(rt, scheduler, 6, max_tokens=300)
     chat = begun(rt, None, request("a question", max_tokens=5, priority=-2))
     scheduler.add(chat)
     scheduler.step()
