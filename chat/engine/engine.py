@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +56,28 @@ class JobHandle:
         self.turn.cancel()
 
 
+class QueuedPriorities:
+    """The priorities of the turns queued for the worker (submitted from any thread, not yet admitted), and the best
+    of them: :attr:`best` is read without a lock (between the layers of a step) and changed only under it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count: Counter[int] = Counter()
+        self.best = sys.maxsize  # the lowest priority queued; sys.maxsize: none
+
+    def add(self, priority: int) -> None:
+        with self._lock:
+            self._count[priority] += 1
+            self.best = min(self.best, priority)
+
+    def remove(self, priority: int) -> None:
+        with self._lock:
+            self._count[priority] -= 1
+            if self._count[priority] <= 0:
+                del self._count[priority]
+            self.best = min(self._count, default=sys.maxsize)
+
+
 class Engine:
     def __init__(
         self,
@@ -71,7 +95,8 @@ class Engine:
         self.replies = RecentReplies()  # recent replies per namespace: a turn tells template drift by them
         self.metrics = Metrics()  # counters and histograms for /metrics
         self.batch = batch or BatchSettings()  # what one step may hold
-        self.scheduler: Scheduler | None = Scheduler(runtime, self.batch) if runtime is not None else None
+        self._queued = QueuedPriorities()  # of the turns submitted and not yet admitted (steps may yield to them)
+        self.scheduler: Scheduler | None = self._scheduler(runtime) if runtime is not None else None
         self.threads = threads  # torch threads of the worker
         self._handles: dict[int, JobHandle] = {}  # id(turn) -> its handle, for active turns
         self._inbox: queue.SimpleQueue[JobHandle | None] = queue.SimpleQueue()  # new jobs; None wakes to exit
@@ -127,6 +152,7 @@ class Engine:
             replies=self.replies if self.cache is not None else None,
         )
         handle = JobHandle(turn, sink)
+        self._queued.add(request.params.priority or 0)  # before the worker can take it (it removes it on admission)
         self._inbox.put(handle)
         return handle
 
@@ -200,7 +226,7 @@ class Engine:
         if self._loader is not None:
             try:
                 self.runtime = self._loader()
-                self.scheduler = Scheduler(self.runtime, self.batch)
+                self.scheduler = self._scheduler(self.runtime)
             except BaseException as exc:  # reported by load(); nothing else runs
                 self._load_error = exc
                 self._closed = True
@@ -233,6 +259,7 @@ class Engine:
             except queue.Empty:
                 break
             if job is not None:
+                self._queued.remove(job.turn.request.params.priority or 0)
                 job.sink(EngineClosedError("the engine is shut down"))
 
     def _admit_waiting(self) -> bool:
@@ -248,6 +275,7 @@ class Engine:
             self._admit(job)
 
     def _admit(self, job: JobHandle) -> None:
+        self._queued.remove(job.turn.request.params.priority or 0)
         try:
             with self._lock:
                 job.turn.begin()
@@ -257,6 +285,10 @@ class Engine:
         self.metrics.turn_started()
         self._handles[id(job.turn)] = job
         self.scheduler.add(job.turn)
+
+    def _scheduler(self, runtime: ModelRuntime) -> Scheduler:
+        """The scheduler of ``runtime``'s turns; its steps may yield to better turns queued here (see Yielding)."""
+        return Scheduler(runtime, self.batch, waiting=lambda: self._queued.best)
 
     def _deliver(self, turn: Turn, events: list[Event]) -> None:
         job = self._handles[id(turn)]

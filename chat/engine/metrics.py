@@ -25,6 +25,7 @@ class Metrics:
     steps: int = 0  # batched forwards run
     step_turns: int = 0  # turns fed, summed over steps (/ steps: mean batch size)
     step_tokens: int = 0  # tokens fed, summed over steps
+    steps_interrupted: int = 0  # forwards stopped midway for a better turn (not in steps: they computed nothing)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def turn_started(self) -> None:
@@ -49,6 +50,9 @@ class Metrics:
         if report is None or not report.turns:
             return
         with self._lock:
+            if report.interrupted:
+                self.steps_interrupted += 1
+                return
             self.steps += 1
             self.step_turns += report.turns
             self.step_tokens += report.tokens

@@ -16,13 +16,18 @@ like this (each step of the scheduler gathers the feeds of every active turn int
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from cache import LayerState, Lease, MediaSpan
+
+
+class StepInterrupted(Exception):
+    """A ``forward_batch`` stopped midway because its ``interrupt`` said so: no run advanced, nothing was computed
+    for any feed (each run is exactly as before the call)."""
 
 
 class Run(Protocol):
@@ -107,9 +112,15 @@ class ModelRuntime(ChatRenderer, Protocol):
         """A run holding ``lease``'s state (or empty), ready to absorb the rest of ``prompt``."""
         ...
 
-    def forward_batch(self, feeds: Sequence[Feed]) -> list[torch.Tensor | Exception | None]:
+    def forward_batch(
+        self, feeds: Sequence[Feed], interrupt: Callable[[], bool] | None = None
+    ) -> list[torch.Tensor | Exception | None]:
         """Run every feed; per feed, its logits ``[feed.logits, vocab]`` (float32; None for 0) or the error that
-        feed caused. A failing feed never changes another feed's result; its run may be left unusable."""
+        feed caused. A failing feed never changes another feed's result; its run may be left unusable.
+
+        ``interrupt``: a runtime that can stop a forward midway (between layers) calls it there and, when it returns
+        True, leaves every run as it was and raises :class:`StepInterrupted`; one that cannot ignores it.
+        """
         ...
 
     def rewind(self, run: Run, n: int) -> None:

@@ -102,7 +102,7 @@ from dataclasses import dataclass
 from chat.engine.constraints import MaskBatch
 from chat.engine.errors import InvalidBatchSettingError
 from chat.engine.events import Event
-from chat.engine.runtime import Feed, ModelRuntime
+from chat.engine.runtime import Feed, ModelRuntime, StepInterrupted
 from chat.engine.turn import DRAFT_TOKENS, Turn
 
 DEFAULT_MAX_BATCH = 32  # turns in one forward
@@ -157,6 +157,7 @@ class StepReport:
     turns: int  # turns whose feed went into the forward
     tokens: int  # tokens in the forward
     prefills: int  # of the turns, those prefilling
+    interrupted: bool = False  # the forward stopped midway for a better turn (see Yielding): nothing was computed
 
 
 class Scheduler:
@@ -169,10 +170,16 @@ class Scheduler:
         settings: BatchSettings | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        waiting: Callable[[], int] | None = None,
     ) -> None:
+        """``waiting``: the best (lowest) priority of the turns submitted but not yet added, ``sys.maxsize`` when
+        there is none (the engine's; asked between layers of a step that may be interrupted, see Yielding). None:
+        steps are never interrupted."""
         self.runtime = runtime  # the model every turn runs on
         self.settings = settings or BatchSettings()
         self.clock = clock  # seconds, for the yield hold (tests give their own)
+        self.waiting = waiting
+        self._interrupted: set[Turn] = set()  # turns whose last planned step was interrupted (not again: Yielding)
         self._ended: dict[int, float] = {}  # priority -> when its last turn ended (within the yield hold)
         self._decoding: list[Turn] = []  # decoding turns, in the order they joined
         self._prefilling: list[Turn] = []  # prefilling turns, by rank (see Priorities and fairness)
@@ -211,6 +218,7 @@ class Scheduler:
         for turn in [t for t in self.turns() if t.cancelled]:
             self._remove(turn)
             results.append((turn, turn.stop("cancelled")))
+        ranks, served = dict(self._rank), dict(self._served)  # what planning changes, put back if interrupted
         plan = self._plan()
         self.last = StepReport(len(plan), sum(len(f.tokens) for _, f in plan), sum(not t.decoding for t, _ in plan))
         if not plan:
@@ -220,13 +228,24 @@ class Scheduler:
             self._masks = MaskBatch()
         pending = self._masks.start(constraints) if self._masks is not None else None
         try:
-            outcomes = self.runtime.forward_batch([feed for _, feed in plan])
+            outcomes = self.runtime.forward_batch([feed for _, feed in plan], self._interrupt_for(plan))
             if len(outcomes) != len(plan):
                 raise RuntimeError(f"the runtime returned {len(outcomes)} results for {len(plan)} feeds")
+        except StepInterrupted:  # a better turn came: nothing was computed; plan again once it is added
+            if self._masks is not None:
+                self._masks.wait(pending)
+            for turn, _ in plan:
+                turn.withdraw()
+                self._rank[turn] = ranks[turn]
+                self._interrupted.add(turn)
+            self._served = served
+            self.last = StepReport(self.last.turns, self.last.tokens, self.last.prefills, interrupted=True)
+            return results
         except Exception as exc:  # a runtime bug: every turn of this step fails, the engine goes on
             outcomes = [exc] * len(plan)
         if self._masks is not None:
             self._masks.wait(pending)  # a mask that failed to fill is computed again when it is used
+        self._interrupted.difference_update(turn for turn, _ in plan)
         for (turn, _), outcome in zip(plan, outcomes, strict=True):
             was_decoding = turn.decoding
             events = turn.fail(outcome) if isinstance(outcome, Exception) else turn.absorb(outcome)
@@ -249,6 +268,7 @@ class Scheduler:
         self._rank.clear()
         self._ended.clear()
         self._served.clear()
+        self._interrupted.clear()
         return out
 
     # ---------------------------------------------------------------- internals
@@ -278,6 +298,19 @@ class Scheduler:
             budget -= len(feed.tokens)
             plan.append((turn, feed))
         return plan + prefills
+
+    def _interrupt_for(self, plan: list[tuple[Turn, Feed]]) -> Callable[[], bool] | None:
+        """What the forward of ``plan`` asks between layers: whether a turn of better priority than every turn in
+        it is waiting to be added (see Yielding). None (never interrupted) when yielding is off, nobody reports
+        waiting turns, or a turn of the plan had its last step interrupted."""
+        if (
+            not self.settings.yield_budget
+            or self.waiting is None
+            or not self._interrupted.isdisjoint(turn for turn, _ in plan)
+        ):
+            return None
+        best, waiting = min(_priority(turn) for turn, _ in plan), self.waiting
+        return lambda: waiting() < best
 
     def _seat(self, seats: int, top: int, cap: int) -> list[Turn]:
         """Up to ``seats`` decoding turns, by rank, of which at most ``cap`` of priority worse than ``top`` (each one
@@ -384,6 +417,7 @@ class Scheduler:
 
     def _remove(self, turn: Turn) -> None:
         self._ended[_priority(turn)] = self.clock()
+        self._interrupted.discard(turn)
         self._leaders.pop(turn, None)
         self._rank.pop(turn, None)
         if turn in self._prefilling:

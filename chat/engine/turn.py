@@ -459,6 +459,12 @@ class Turn:
         except Exception as exc:  # a bug or a broken model: this turn fails, nothing is stored
             return self._finish("error", exc)
 
+    def withdraw(self) -> None:
+        """The step that was to compute the feed from :meth:`next_feed` was interrupted before computing anything:
+        forget the feed (the next :meth:`next_feed` hands out the same work again)."""
+        assert self._pending is not None
+        self._pending = None
+
     def fail(self, error: Exception) -> list[Event]:
         """The feed from :meth:`next_feed` failed: end the turn with finish_reason "error" (nothing is stored)."""
         self._pending = None

@@ -29,7 +29,7 @@ model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +177,9 @@ class ModelAdapter:
         assert outcome is not None
         return outcome
 
-    def forward_batch(self, feeds: Sequence[Any]) -> list[torch.Tensor | Exception | None]:
+    def forward_batch(
+        self, feeds: Sequence[Any], interrupt: Callable[[], bool] | None = None
+    ) -> list[torch.Tensor | Exception | None]:
         raise NotImplementedError
 
     def extras(self, run: RunState) -> tuple[tuple[int, Any], ...]:

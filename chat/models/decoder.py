@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from chat.engine.runtime import StepInterrupted
 from chat.models import attention
 from chat.models.matrices import MATRICES, Float32Matrix, calibrate
 
@@ -411,12 +412,23 @@ class Decoder(nn.Module):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed
 
-    def forward(self, input_ids: torch.Tensor, step: attention.StepBatch, kernel: str = "torch") -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        step: attention.StepBatch,
+        kernel: str = "torch",
+        interrupt: Callable[[], bool] | None = None,
+    ) -> torch.Tensor:
+        """``interrupt``: asked before every layer after the first; when it returns True the forward raises
+        :class:`~chat.engine.runtime.StepInterrupted` there (the layers done have appended K/V rows: the caller
+        rolls them back)."""
         x = self.embed(input_ids)  # [T, hidden]
         if self.embed_scale is not None:
             x = x * self.embed_scale
         self.rotary.at(step.positions)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if i and interrupt is not None and interrupt():
+                raise StepInterrupted(f"stopped before layer {i} of {len(self.layers)}")
             x = layer(x, step, self.rotary, kernel)
         logits = self.head(_rms(x.index_select(0, step.keep), self.norm, self.args.norm_eps))  # [K, vocab]
         cap = self.args.final_softcap

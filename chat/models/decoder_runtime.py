@@ -6,12 +6,13 @@ a step goes into one forward (:class:`chat.models.attention.StepBatch`)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from cache import LayerState, Lease, NormalKV, RotatingKV
+from chat.engine.runtime import StepInterrupted
 from chat.models import attention, native
 from chat.models.adapter import DEFAULT_ROTATING_MARGIN, ModelAdapter, RunState
 from chat.models.decoder import Decoder
@@ -90,10 +91,15 @@ class DecoderAdapter(ModelAdapter):
         run.length = lease.length
         return run
 
-    def forward_batch(self, feeds: Sequence[Any]) -> list[torch.Tensor | Exception | None]:
+    def forward_batch(
+        self, feeds: Sequence[Any], interrupt: Callable[[], bool] | None = None
+    ) -> list[torch.Tensor | Exception | None]:
         """Append each feed's ``tokens`` to its ``run`` in one forward; return, per feed, the logits
         ``[feed.logits, vocab]`` (float32) of its last ``feed.logits`` tokens (None for 0), or the error that feed
         caused. A feed is anything with ``run``, ``tokens`` and ``logits`` (``chat.engine.runtime.Feed``).
+
+        ``interrupt`` is asked between layers; when it returns True every run is rolled back (K/V rows appended by
+        the layers done are forgotten) and :class:`~chat.engine.runtime.StepInterrupted` is raised.
 
         If the shared forward fails, every run is rolled back and each feed runs alone, so only the feeds that fail
         alone get an error (their runs are left broken); the others advance as if nothing had happened.
@@ -114,14 +120,19 @@ class DecoderAdapter(ModelAdapter):
             raise RunStateError("a run appears twice in one batch")
         if len(ready) > 1:
             try:
-                for (i, _, _, _), logits in zip(ready, self._forward(ready), strict=True):
+                for (i, _, _, _), logits in zip(ready, self._forward(ready, interrupt), strict=True):
                     outcomes[i] = logits
                 return outcomes
+            except StepInterrupted:  # rolled back: nothing was computed, nothing failed
+                raise
             except Exception as exc:  # rolled back: each feed runs alone below; only those that fail alone get one
                 _log.warning("a forward of %d feeds failed (%r); running them one by one", len(ready), exc)
+                interrupt = None  # the fallback runs to the end: the work of one step, already paid for once
         for item in ready:
             try:
-                (outcomes[item[0]],) = self._forward([item])
+                (outcomes[item[0]],) = self._forward([item], interrupt)
+            except StepInterrupted:  # only a single feed gets here with an interrupt: rolled back like a batch
+                raise
             except Exception as exc:
                 item[1].broken = True
                 outcomes[item[0]] = exc
@@ -167,14 +178,17 @@ class DecoderAdapter(ModelAdapter):
 
     # ================================================================ internals
 
-    def _forward(self, items: Sequence[tuple[int, RunState, list[int], int]]) -> list[torch.Tensor | None]:
-        """One forward over every item's tokens laid end to end; all runs advance, or (on error) none does."""
+    def _forward(
+        self, items: Sequence[tuple[int, RunState, list[int], int]], interrupt: Callable[[], bool] | None = None
+    ) -> list[torch.Tensor | None]:
+        """One forward over every item's tokens laid end to end; all runs advance, or (on error or interruption)
+        none does."""
         step = attention.step_batch([(ids, run.length, run.state, n) for _, run, ids, n in items], self.device)
         points = [[r.checkpoint() for r in run.state] for _, run, _, _ in items]
         try:
             with torch.inference_mode():
                 kernel = attention.kernel_for(self.device, self._rows_dtype)
-                logits = self._model(input_ids=step.tokens, step=step, kernel=kernel)  # [K, vocab]
+                logits = self._model(input_ids=step.tokens, step=step, kernel=kernel, interrupt=interrupt)
         except BaseException:
             for (_, run, _, _), run_points in zip(items, points, strict=True):
                 for rows, point in zip(run.state, run_points, strict=True):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -110,7 +110,9 @@ class TransformersAdapter(ModelAdapter):
         run.length = lease.length
         return run
 
-    def forward_batch(self, feeds: Sequence[Any]) -> list[torch.Tensor | Exception | None]:
+    def forward_batch(
+        self, feeds: Sequence[Any], interrupt: Callable[[], bool] | None = None
+    ) -> list[torch.Tensor | Exception | None]:
         """Append each feed's ``tokens`` to its ``run`` in as few forwards as the model allows; return, per feed,
         the logits ``[feed.logits, vocab]`` (float32) of its last ``feed.logits`` tokens (None for 0), or the error
         that feed caused. A feed is anything with ``run``, ``tokens`` and ``logits`` (``chat.engine.runtime.Feed``).
@@ -124,6 +126,9 @@ class TransformersAdapter(ModelAdapter):
 
         Errors per feed: RunStateError (closed, broken or foreign run; over the context window), InvalidSettingError
         (no tokens, a token id outside the vocabulary, ``logits`` out of range), or whatever the model raised.
+
+        ``interrupt`` is not asked: transformers' forward runs its layers to the end (no place to stop between them
+        without reaching into it), so these models' steps are never interrupted.
         """
         outcomes: list[torch.Tensor | Exception | None] = [None] * len(feeds)
         ready: list[tuple[int, RunState, int, dict[str, torch.Tensor]]] = []  # (feed index, run, logits, inputs)

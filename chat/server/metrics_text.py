@@ -52,6 +52,12 @@ def render_metrics(m: Metrics, cache: CacheStats | None) -> str:
         metric("turncache_steps_total", "counter", "Batched forwards run by the scheduler.", [("", m.steps)])
         metric("turncache_step_turns_total", "counter", "Turns fed, summed over steps.", [("", m.step_turns)])
         metric("turncache_step_tokens_total", "counter", "Tokens fed, summed over steps.", [("", m.step_tokens)])
+        metric(
+            "turncache_steps_interrupted_total",
+            "counter",
+            "Forwards stopped between layers for a turn of better priority (their work is done again).",
+            [("", m.steps_interrupted)],
+        )
         cumulative, buckets = 0, []
         for bound, count in zip((*TTFT_BUCKETS_S, float("inf")), m.ttft_buckets, strict=True):
             cumulative += count

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cache import Lease, NormalKV, RecurrentState
+from chat.engine.runtime import StepInterrupted
 
 USER, ASSISTANT, END, SYSTEM = 256, 257, 258, 259
 VOCAB = 260
@@ -123,6 +125,10 @@ class FakeRuntime:
         self.batches: list[int] = []  # feeds per forward_batch call
         self.poison: int | None = None  # a feed holding this token fails (and only that feed)
         self.can_rewind = False  # True: rewind() works (then greedy replies speculate)
+        self.layers = 4  # a forward_batch asks its interrupt before layers 1..3 (its delay_s spread over the four)
+        self.interrupted = 0  # forward_batch calls stopped by their interrupt
+        self.entered = threading.Event()  # set as a forward_batch call begins
+        self.gate: threading.Event | None = None  # if set: every forward_batch call waits for it before its layers
 
     def render(self, messages, add_generation_prompt: bool = True) -> list[int]:
         out: list[int] = []
@@ -172,8 +178,17 @@ class FakeRuntime:
         self.forwarded += len(token_ids)
         return logits[-1:] if last_only else logits
 
-    def forward_batch(self, feeds) -> list:
+    def forward_batch(self, feeds, interrupt=None) -> list:
         self.batches.append(len(feeds))
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        for layer in range(self.layers):  # nothing is computed before the last layer: nothing to roll back
+            if layer and interrupt is not None and interrupt():
+                self.interrupted += 1
+                raise StepInterrupted(f"stopped before layer {layer}")
+            if self.delay_s:
+                time.sleep(self.delay_s / self.layers)
         out: list = []
         for feed in feeds:
             try:
@@ -183,8 +198,6 @@ class FakeRuntime:
                 out.append(logits[len(logits) - feed.logits :] if feed.logits else None)
             except Exception as exc:
                 out.append(exc)
-        if self.delay_s:
-            time.sleep(self.delay_s)
         return out
 
     def rewind(self, run: FakeRun, n: int) -> None:

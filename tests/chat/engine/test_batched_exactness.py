@@ -85,10 +85,10 @@ class Recorder:
         self.rows[id(run)], self.feeds[id(run)] = {}, []  # not a table of a closed run that had the same id
         return run
 
-    def forward_batch(self, feeds):
+    def forward_batch(self, feeds, interrupt=None):
         self.widest = max(self.widest, len(feeds))
         starts = [f.run.length for f in feeds]
-        outs = self.runtime.forward_batch([Feed(f.run, f.tokens, len(f.tokens)) for f in feeds])
+        outs = self.runtime.forward_batch([Feed(f.run, f.tokens, len(f.tokens)) for f in feeds], interrupt)
         result = []
         for feed, start, out in zip(feeds, starts, outs, strict=True):
             if isinstance(out, Exception):

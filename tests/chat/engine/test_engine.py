@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -11,6 +12,7 @@ from chat.engine.engine import Engine
 from chat.engine.errors import ContextOverflowError, EngineClosedError
 from chat.engine.events import Delta, Done, TurnRequest
 from chat.engine.sampling import SamplingParams
+from chat.engine.turn import Turn, run_to_end
 from tests.chat.engine.fakes import FakeRuntime
 
 
@@ -143,3 +145,40 @@ def test_a_failed_load_is_raised_to_the_caller():
 
     with pytest.raises(ValueError, match="no such model"):
         Engine.load(broken, cache=None)
+
+
+def test_a_better_turn_submitted_during_a_step_stops_it_and_every_reply_is_its_own():
+    """The batch turn's first step is in flight (held at the fake's gate) when a chat turn of better priority is
+    submitted: the step stops at its next layer, the chat turn goes first, and both replies are what they are
+    alone."""
+
+    def script(prompt) -> str:
+        return "chat reply" if b"chat" in bytes(t for t in prompt if t < 256) else "batch " * 5
+
+    rt = FakeRuntime(script=script)
+    rt.gate = threading.Event()
+    engine = Engine(rt, cache=PrefixCache())
+    try:
+        finished: dict[str, list] = {"batch": [], "chat": []}
+        ended = threading.Semaphore(0)
+
+        def sink(name):
+            def take(event):  # on the engine's worker thread
+                finished[name].append(event)
+                if isinstance(event, Done | BaseException):
+                    ended.release()
+
+            return take
+
+        engine.submit(ask("a batch question", priority=5), sink("batch"))
+        assert rt.entered.wait(10)  # its first forward is in flight, waiting at the gate
+        engine.submit(ask("a chat question", priority=0), sink("chat"))
+        rt.gate.set()
+        assert ended.acquire(timeout=10) and ended.acquire(timeout=10)
+        assert rt.interrupted == 1 and engine.metrics.steps_interrupted == 1
+        for name, events in finished.items():
+            request = ask(f"a {name} question", priority=5 if name == "batch" else 0)
+            alone = run_to_end(Turn(FakeRuntime(script=script), None, request))[1]
+            assert isinstance(events[-1], Done) and events[-1].token_ids == alone.token_ids, name
+    finally:
+        engine.close()

@@ -3,6 +3,9 @@ within a step, a failing feed fails only its own turn, settings out of range are
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 import pytest
 
 from cache import PrefixCache
@@ -23,10 +26,10 @@ class CountingRuntime(FakeRuntime):
         self.steps: list[list[int]] = []  # tokens per feed, per forward_batch call
         self.runs_per_step: list[list[int]] = []  # id() of each feed's run, per call
 
-    def forward_batch(self, feeds):
+    def forward_batch(self, feeds, interrupt=None):
         self.steps.append([len(f.tokens) for f in feeds])
         self.runs_per_step.append([id(f.run) for f in feeds])
-        return super().forward_batch(feeds)
+        return super().forward_batch(feeds, interrupt)
 
 
 def request(text: str, **params) -> TurnRequest:
@@ -178,7 +181,7 @@ def test_a_runtime_that_raises_fails_the_step_and_the_scheduler_goes_on():
     for turn in broken:
         scheduler.add(turn)
     real = rt.forward_batch
-    rt.forward_batch = lambda feeds: (_ for _ in ()).throw(RuntimeError("runtime bug"))
+    rt.forward_batch = lambda feeds, interrupt=None: (_ for _ in ()).throw(RuntimeError("runtime bug"))
     results = scheduler.step()
     assert all(events[-1].finish_reason == "error" for _, events in results) and not scheduler.busy
     rt.forward_batch = real
@@ -683,11 +686,14 @@ def test_worse_priorities_never_take_more_than_the_yield_budget_and_every_reply_
         assert done[i] == (want.token_ids, want.finish_reason)
 
 
-def longest_wait_of_a_decoder(low_priority: int, high_priority: int, per_step: int, steps: int) -> int:
+def longest_wait_of_a_decoder(
+    low_priority: int, high_priority: int, per_step: int, steps: int, waiting: Callable[[], int] | None = None
+) -> int:
     """A reply of ``low_priority`` decodes while ``per_step`` short turns of ``high_priority`` arrive every step (each
-    one's first-token step would leave it out); the most steps it went without a token."""
+    one's first-token step would leave it out); the most steps it went without a token (interrupted steps count).
+    ``waiting``: the scheduler's (steps stop between layers for what it reports)."""
     rt = CountingRuntime(script=lambda prompt: "z" * 2000)
-    scheduler = Scheduler(rt, BatchSettings(max_batch=4, token_budget=32, yield_budget=16))
+    scheduler = Scheduler(rt, BatchSettings(max_batch=4, token_budget=32, yield_budget=16), waiting=waiting)
     low = begun(rt, None, request("L", max_tokens=1500, priority=low_priority))
     scheduler.add(low)
     while not low.decoding:
@@ -715,3 +721,93 @@ def test_a_yielding_reply_still_gets_a_token_within_the_bound(low, gap, per_step
 def test_without_aging_the_same_stream_would_starve_the_yielding_reply(monkeypatch):
     monkeypatch.setattr(scheduler_module, "AGING_STEPS", 10**6)
     assert longest_wait_of_a_decoder(0, -1, 1, 200) == 200
+
+
+# ---------------------------------------------------------------- steps interrupted for a better turn
+
+
+def interruptible(rt, queued: list[int], **settings) -> Scheduler:
+    """A scheduler whose steps may stop for a turn queued at priority ``queued[0]`` (``sys.maxsize``: none)."""
+    return Scheduler(rt, BatchSettings(**settings), waiting=lambda: queued[0])
+
+
+def test_a_step_of_worse_turns_stops_for_a_better_turn_and_the_replies_stay_their_own():
+    rt, queued = CountingRuntime(script=lambda prompt: "z" * 40), [sys.maxsize]
+    scheduler = interruptible(rt, queued)
+    batch = [begun(rt, None, request(f"b{i}", max_tokens=30, priority=3)) for i in range(3)]
+    for turn in batch:
+        scheduler.add(turn)
+    while not all(t.decoding for t in batch):
+        scheduler.step()
+    replies, forwarded = [list(t.reply.tokens) for t in batch], rt.forwarded
+    queued[0] = 0  # a chat turn is submitted while the step runs
+    assert scheduler.step() == [] and rt.interrupted == 1 and scheduler.last.interrupted
+    assert [list(t.reply.tokens) for t in batch] == replies and rt.forwarded == forwarded  # nothing computed
+    chat = begun(rt, None, request("hi", max_tokens=3, priority=0))
+    scheduler.add(chat)
+    queued[0] = sys.maxsize
+    scheduler.step()
+    assert rt.runs_per_step[-1] == [id(chat._run)]  # the chat's first-token step: the batch sits it out
+    done = run_all(scheduler, [*batch, chat], add=False)
+    assert rt.interrupted == 1
+    for i in range(3):
+        assert done[i].token_ids == alone(f"b{i}", max_tokens=30, priority=3).token_ids
+    assert done[3].token_ids == alone("hi", max_tokens=3).token_ids
+
+
+@pytest.mark.parametrize(
+    ("queued_priority", "yield_budget", "interrupted"),
+    [(2, 16, 1), (3, 16, 0), (5, 16, 0), (2, 0, 0)],
+    ids=["better", "equal", "worse", "yielding-off"],
+)
+def test_only_a_strictly_better_turn_interrupts_and_only_while_yielding_is_on(
+    queued_priority, yield_budget, interrupted
+):
+    rt, queued = CountingRuntime(script=lambda prompt: "z" * 40), [sys.maxsize]
+    scheduler = interruptible(rt, queued, yield_budget=yield_budget)
+    turns = [begun(rt, None, request(f"b{i}", max_tokens=30, priority=3)) for i in range(2)]
+    for turn in turns:
+        scheduler.add(turn)
+    while not all(t.decoding for t in turns):
+        scheduler.step()
+    queued[0] = queued_priority
+    scheduler.step()
+    assert rt.interrupted == interrupted and scheduler.last.interrupted == bool(interrupted)
+
+
+def test_a_turn_whose_step_was_interrupted_is_not_interrupted_in_its_next_step():
+    rt, queued = CountingRuntime(script=lambda prompt: "z" * 40), [sys.maxsize]
+    scheduler = interruptible(rt, queued)
+    turns = decoding_turns(rt, scheduler, 2, max_tokens=30)
+    queued[0] = -1  # a better turn stays queued (say its admission is slow): at most every other step stops
+    pattern = []
+    for _ in range(6):
+        before = len(turns[0].reply.tokens)
+        scheduler.step()
+        pattern.append((scheduler.last.interrupted, len(turns[0].reply.tokens) - before))
+    assert pattern == [(True, 0), (False, 1)] * 3
+
+
+def test_an_interrupted_step_leaves_the_seats_to_the_turns_it_held():
+    """Round-robin resumes as if the interrupted step had not been planned: the turns it seated sit next."""
+    rt, queued = CountingRuntime(script=lambda prompt: "z" * 40), [sys.maxsize]
+    scheduler = interruptible(rt, queued, max_batch=2)
+    decoding_turns(rt, scheduler, 4, max_tokens=30)
+    scheduler.step()
+    queued[0] = -1
+    scheduler.step()
+    interrupted = rt.runs_per_step[-1]
+    queued[0] = sys.maxsize
+    scheduler.step()
+    assert scheduler.last.interrupted is False and rt.runs_per_step[-1] == interrupted
+
+
+@settings(max_examples=20, deadline=None)
+@given(low=st.integers(-100, 100), gap=st.integers(1, 10), per_step=st.integers(1, 2))
+def test_with_every_step_it_can_interrupt_stopped_a_yielding_reply_still_gets_a_token_within_twice_the_bound(
+    low, gap, per_step
+):
+    high = max(-100, low - gap)
+    window = (low - high) * scheduler_module.AGING_STEPS
+    longest = longest_wait_of_a_decoder(low, high, per_step, 4 * window + 40, waiting=lambda: -1000)
+    assert longest <= 2 * (window + 1 + 3)

@@ -56,10 +56,10 @@ class RewindRuntime(FakeRuntime):
         self.decode_sizes: list[int] = []  # tokens per forward that returned every row's logits (decode steps)
         self.rewound = 0  # tokens forgotten
 
-    def forward_batch(self, feeds) -> list:
+    def forward_batch(self, feeds, interrupt=None) -> list:
         self.forwards += 1
         self.decode_sizes += [len(f.tokens) for f in feeds if f.logits == len(f.tokens)]
-        return super().forward_batch(feeds)
+        return super().forward_batch(feeds, interrupt)
 
     def rewind(self, run: FakeRun, n: int) -> None:
         self.rewound += n

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from cache import Namespace, PrefixCache
-from chat.engine.runtime import Feed
+from chat.engine.runtime import Feed, StepInterrupted
 from chat.models import load_model, native
 from chat.models.decoder import FAMILIES, HF_NAMES, NotPackable, canonical_weights, decoder_args
 from chat.models.tiny.text import WINDOW
@@ -119,6 +119,42 @@ def test_runs_in_one_batch_give_transformers_logits(spec, device):
         start = 13 if i == 2 else 0
         assert diff(torch.cat(logits[i]), reference(spec, device, seqs[i])[start:]) <= TOLERANCE, i
     cache.release(lease)
+
+
+@pytest.mark.parametrize("spec", ["tiny-llama", "tiny-gemma3"])
+def test_an_interrupted_forward_leaves_every_run_as_it_was(spec, device):
+    """A forward stopped between layers (its ``interrupt`` said so) raises StepInterrupted and leaves each run as
+    before: the same feeds then give the logits of twin runs that were never interrupted, bit for bit, in a batch
+    and alone (runs past the sliding window, so rotating rows are put back too)."""
+    model = ours(spec, device)
+    seqs = [tokens_of(model, n, seed=30 + i) for i, n in enumerate((WINDOW + 9, 2 * WINDOW + 3))]
+    runs, twins = [model.new_run() for _ in seqs], [model.new_run() for _ in seqs]
+    for run, twin, seq in zip(runs, twins, seqs, strict=True):
+        model.forward(run, seq[:-4])
+        model.forward(twin, seq[:-4])
+    layers = model._model.args.layers
+    for stop_at in (1, layers - 1):  # before the second layer, before the last
+        asked = []
+
+        def interrupt(asked=asked, stop_at=stop_at) -> bool:
+            asked.append(1)
+            return len(asked) == stop_at
+
+        lengths = [r.length for r in runs]
+        with pytest.raises(StepInterrupted):
+            model.forward_batch([Feed(r, seq[-4:-1], 3) for r, seq in zip(runs, seqs, strict=True)], interrupt)
+        assert len(asked) == stop_at and [r.length for r in runs] == lengths and not any(r.broken for r in runs)
+        with pytest.raises(StepInterrupted):  # one feed alone: the same
+            model.forward_batch([Feed(runs[1], seqs[1][-4:], 4)], lambda: True)
+        assert runs[1].length == lengths[1] and not runs[1].broken
+    got = model.forward_batch([Feed(r, seq[-4:-1], 3) for r, seq in zip(runs, seqs, strict=True)], lambda: False)
+    want = model.forward_batch([Feed(r, seq[-4:-1], 3) for r, seq in zip(twins, seqs, strict=True)])
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    got, want = model.forward(runs[0], seqs[0][-1:]), model.forward(twins[0], seqs[0][-1:])
+    assert torch.equal(got, want)
+    assert diff(want, reference(spec, device, seqs[0])[-1:]) <= TOLERANCE
+    for run in runs + twins:
+        model.close_run(run)
 
 
 @pytest.mark.parametrize("spec", ["tiny-mistral", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3"])
@@ -267,7 +303,7 @@ def test_a_packable_model_leaves_transformers_as_it_is():
         import json, sys, torch
         torch.set_num_threads(1)
         from transformers import AttentionInterface
-        from chat.engine.runtime import Feed
+        from chat.engine.runtime import Feed, StepInterrupted
         from chat.models import load_model
         before = sorted(AttentionInterface._global_mapping)
         model = load_model("tiny-gemma2", weights="int8")
