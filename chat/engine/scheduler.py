@@ -51,23 +51,34 @@ interactive turn's prompt and first token costs what that prompt costs, not a fu
 (or a row per batch reply) riding along; the worse ones go on at the next step. The first prefill of a step, by
 rank, is never left out, so the bound below holds.
 
-*Yielding*: a turn that arrives waits for the step in flight (a forward is not interrupted), and a full
-``token_budget`` of batch prompts costs several times an interactive turn's own step, so what the step in flight
-holds matters as much as what the turn's own step holds. While a better priority is *around* — a turn of it is
-active, or one ended less than ``yield_hold_s`` seconds ago (its user reading the reply and writing the next
-question) — the turns of every worse priority share ``yield_budget`` tokens per step, no more: their decoding turns
-one token each (no drafts), by rank, up to ``yield_budget - yield_budget // 2`` of them while a worse prompt waits
-(all of it otherwise), then their prefills what is left (at least ``yield_budget // 2``, so the prompts keep moving;
-the least prefill chunk does not apply to them). A step then holds at most ``yield_budget`` tokens of worse
+*Yielding*: a turn that arrives waits for the step in flight (unless that step stops for it: *Interrupted steps*,
+below), and a full ``token_budget`` of batch prompts costs several times an interactive turn's own step, so what the
+step in flight holds matters as much as what the turn's own step holds. While a better priority is *around* — a turn
+of it is active, or one ended less than ``yield_hold_s`` seconds ago (its user reading the reply and writing the
+next question) — the turns of every worse priority share ``yield_budget`` tokens per step, no more: their decoding
+turns one token each (no drafts), by rank, up to ``yield_budget - yield_budget // 2`` of them while a worse prompt
+waits (all of it otherwise), then their prefills what is left (at least ``yield_budget // 2``, so the prompts keep
+moving; the least prefill chunk does not apply to them). A step then holds at most ``yield_budget`` tokens of worse
 priorities, so a better turn that arrives waits for a short step, and its own decoding is not slowed by full batch
 steps either. What that wait is worth was measured (bench tenants, docs/benchmarks.md): the better turn's own
 first-token step holds the same work alone and under load, and what scheduling adds under load is about half a step
 in flight. A step's cost is a fixed part (weights, per-layer work: most of a short step) and a part per token, so a
-smaller budget shortens that wait less than in proportion, while the worse priorities' throughput falls faster:
-each step pays the fixed cost for fewer of their tokens. Turns of the best priority around, and every turn when all
-have one priority, are not affected. ``yield_budget`` 0 turns yielding off; settings ``--yield-budget`` (default
+smaller budget shortens that wait less than in proportion, while the worse priorities' throughput falls faster: each
+step pays the fixed cost for fewer of their tokens. Turns of the best priority around, and every turn when all have
+one priority, are not affected. ``yield_budget`` 0 turns yielding off; settings ``--yield-budget`` (default
 :data:`DEFAULT_YIELD_BUDGET`; at least 2: a token for the worse replies and one for their prompts) and
 ``--yield-hold-s`` (default :data:`DEFAULT_YIELD_HOLD_S`; 0: only while a better turn is active).
+
+*Interrupted steps*: the engine tells the scheduler the best priority of the turns submitted and not yet added
+(``waiting``). The forward asks it between layers (a runtime whose forward can stop there: turncache's own decoder;
+transformers' forward never stops) and stops when a waiting turn is better than some turn of the step and than every
+prompt in it: every run is rolled back, every feed withdrawn and the ranks planning gave put back, so the step never
+happened; the engine adds the new turn and the next step is its prompt's (which leaves the worse turns out, above).
+So a better turn waits for one layer of the step in flight (about 1 ms for the built-in model), not half a step. A
+decoding turn as good as the new one loses that step's token (it joins the new turn's step); a prompt as good is
+never held up. A turn whose step was interrupted is not interrupted in its next step: interruptions lose at most every
+other step of a turn, and at most double the steps a turn waits for a token (the bound below, interrupted steps
+counted). Only while yielding is on (``yield_budget`` > 0).
 
 *Aging rule*: a waiting turn's priority improves by one every :data:`AGING_STEPS` steps. The rank of a decoding turn
 is ``priority * AGING_STEPS + the step it last had a seat``; the rank of a prefill is ``priority * AGING_STEPS + the
@@ -300,17 +311,21 @@ class Scheduler:
         return plan + prefills
 
     def _interrupt_for(self, plan: list[tuple[Turn, Feed]]) -> Callable[[], bool] | None:
-        """What the forward of ``plan`` asks between layers: whether a turn of better priority than every turn in
-        it is waiting to be added (see Yielding). None (never interrupted) when yielding is off, nobody reports
-        waiting turns, or a turn of the plan had its last step interrupted."""
+        """What the forward of ``plan`` asks between layers: whether a turn is waiting to be added whose priority is
+        better than some turn's of the plan and better than every prefill's of the plan (a decoding turn as good as
+        the newcomer only loses this step's token; a prompt as good is never held up). None (never interrupted)
+        when yielding is off, nobody reports waiting turns, or a turn of the plan had its last step interrupted
+        (see Yielding)."""
         if (
             not self.settings.yield_budget
             or self.waiting is None
             or not self._interrupted.isdisjoint(turn for turn, _ in plan)
         ):
             return None
-        best, waiting = min(_priority(turn) for turn, _ in plan), self.waiting
-        return lambda: waiting() < best
+        worst = max(_priority(turn) for turn, _ in plan)
+        prompts = min((_priority(turn) for turn, _ in plan if not turn.decoding), default=sys.maxsize)
+        bar, waiting = min(worst, prompts), self.waiting
+        return lambda: waiting() < bar
 
     def _seat(self, seats: int, top: int, cap: int) -> list[Turn]:
         """Up to ``seats`` decoding turns, by rank, of which at most ``cap`` of priority worse than ``top`` (each one

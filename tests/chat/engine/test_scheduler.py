@@ -750,9 +750,10 @@ def test_a_step_of_worse_turns_stops_for_a_better_turn_and_the_replies_stay_thei
     assert rt.runs_per_step[-1] == [id(chat._run)]  # the chat's first-token step: the batch sits it out
     done = run_all(scheduler, [*batch, chat], add=False)
     assert rt.interrupted == 1
-    for i in range(3):
-        assert done[i].token_ids == alone(f"b{i}", max_tokens=30, priority=3).token_ids
-    assert done[3].token_ids == alone("hi", max_tokens=3).token_ids
+    asked = [request(f"b{i}", max_tokens=30, priority=3) for i in range(3)] + [request("hi", max_tokens=3)]
+    for i, req in enumerate(asked):
+        want = run_to_end(Turn(FakeRuntime(script=lambda prompt: "z" * 40), None, req))[1]
+        assert done[i].token_ids == want.token_ids and done[i].finish_reason == want.finish_reason
 
 
 @pytest.mark.parametrize(
@@ -811,3 +812,29 @@ def test_with_every_step_it_can_interrupt_stopped_a_yielding_reply_still_gets_a_
     window = (low - high) * scheduler_module.AGING_STEPS
     longest = longest_wait_of_a_decoder(low, high, per_step, 4 * window + 40, waiting=lambda: -1000)
     assert longest <= 2 * (window + 1 + 3)
+
+
+def test_a_reply_as_good_as_the_waiting_turn_loses_its_token_for_a_step_but_a_prompt_as_good_is_not_held_up():
+    rt, queued = CountingRuntime(script=lambda prompt: "z" * 40), [sys.maxsize]
+    scheduler = interruptible(rt, queued, token_budget=32)
+    batch = [begun(rt, None, request(f"b{i}", max_tokens=30, priority=3)) for i in range(2)]
+    chat = begun(rt, None, request("c", max_tokens=30, priority=0))
+    for turn in (*batch, chat):
+        scheduler.add(turn)
+    while not all(t.decoding for t in (*batch, chat)):
+        scheduler.step()
+    queued[0] = 0  # another chat turn: the chat reply's step (with the batch's work) stops
+    before = len(chat.reply.tokens)
+    scheduler.step()
+    assert scheduler.last.interrupted and len(chat.reply.tokens) == before
+    queued[0] = sys.maxsize
+    scheduler.step()  # the next step is not interrupted: the chat reply gets its token
+    assert not scheduler.last.interrupted and len(chat.reply.tokens) == before + 1
+    prompt = begun(rt, None, request("a long chat question " + "q" * 200, max_tokens=5, priority=0))
+    scheduler.add(prompt)
+    queued[0] = 0  # as good as the chat prompt of the step: not interrupted
+    scheduler.step()
+    assert not scheduler.last.interrupted and not prompt.decoding and id(prompt._run) in rt.runs_per_step[-1]
+    queued[0] = -1  # better than it: interrupted
+    scheduler.step()
+    assert scheduler.last.interrupted
