@@ -50,6 +50,7 @@ def _settings(args: argparse.Namespace):
         "tenant_tokens_per_minute": args.tenant_tokens_per_minute,
         "tenant_open_sessions": args.tenant_open_sessions,
         "tenant_priority": args.tenant_priority,
+        "refusal_hold_s": args.refusal_hold_s,
         "keys_poll_s": args.keys_poll_s,
         "media_url_hosts": args.media_url_host or None,
         "media_url_max_bytes": args.media_url_max_bytes,
@@ -486,6 +487,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="P",
         help="priority of turns that give none, -100..100 (0; lower: sooner)",
+    )
+    limits.add_argument(
+        "--refusal-hold-s",
+        type=float,
+        metavar="S",
+        help="seconds a request refused for its tenant's limits (429, before its body is read) waits before the "
+        "answer goes out, its retry time if shorter (1; 0: at once): a client that ignores Retry-After sends one "
+        "request a hold per connection, not a flood",
     )
     cluster = serve.add_argument_group(
         "cluster", "Ray Serve: N engine replicas behind one ingress (the extra turncache[cluster]; see docs/cluster.md)"

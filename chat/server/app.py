@@ -179,6 +179,7 @@ def create_app(
         max_body=settings.max_body_mib * MiB,
         refuse=error_response,
         admit_early=admit_early,
+        refusal_hold_s=settings.refusal_hold_s,
     )
 
     def stream_response(events) -> TimedStreamingResponse:

@@ -14,10 +14,18 @@ tenant is put in the request's state (``request.state.tenant``); a ``POST`` to a
 parsing and a refusal, not a JSON body parsed and validated per request (``turncache bench http``'s bad clients).
 The route still admits each request itself (its number of turns is in the body). WebSocket and lifespan scopes pass
 through (the WebSocket checks its key itself, ``chat/server/ws.py``).
+
+**Refusals held.** A refusal of ``admit_early`` goes out after ``refusal_hold_s`` (or the refusal's own retry time,
+if shorter): the 429 and its ``Retry-After`` are the same, only later. A client that honours ``Retry-After`` waits
+longer than that anyway; one that ignores it and sends again at once on its kept-alive connection sends one request
+a hold instead of as many as the server can refuse, each of which costs the server's loop (and the cores the engine
+uses) about 0.7 ms (docs/benchmarks.md). At most ``max_held`` answers wait at once (a flood over many connections
+is then refused at once, as before), each a sleeping coroutine and its connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,12 +34,14 @@ from starlette.requests import Request
 from chat.protocol.errors import ErrorCode
 from chat.server.auth import bearer_of
 from chat.server.errors import RequestError
+from chat.server.ratelimit import RateLimitedError
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 PROTECTED = ("/metrics", "/tokenize", "/detokenize")  # besides everything under /v1/
 GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses")  # POST routes that start turns
+MAX_HELD_REFUSALS = 256  # refusals held at once (see Refusals held); beyond, they go out at once
 
 
 class GuardMiddleware:
@@ -42,13 +52,20 @@ class GuardMiddleware:
         authenticate: Callable[[str | None], Any],
         max_body: int,
         refuse,
-        admit_early: Callable[[Any], BaseException | None] | None = None,
+        admit_early: Callable[[Any], RateLimitedError | None] | None = None,
+        refusal_hold_s: float = 0.0,
+        max_held: int = MAX_HELD_REFUSALS,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.app = app
         self.authenticate = authenticate  # bearer token (or None) -> tenant, or None when unknown
         self.max_body = max_body  # bytes
         self.refuse = refuse  # exception -> ASGI response
         self.admit_early = admit_early  # tenant -> why a request of it that starts turns is refused now, or None
+        self.refusal_hold_s = refusal_hold_s  # how long admit_early's refusals wait at most (0: not at all)
+        self.max_held = max_held  # refusals waiting at once, at most
+        self.held = 0  # refusals waiting now
+        self._sleep = sleep
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -74,6 +91,18 @@ class GuardMiddleware:
             if self.admit_early is not None and scope["method"] == "POST" and path in GENERATING:
                 refusal = self.admit_early(tenant)
                 if refusal is not None:
+                    await self._hold(refusal)
                     await self.refuse(refusal)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
+
+    async def _hold(self, refusal: RateLimitedError) -> None:
+        """Wait before answering ``refusal`` (see Refusals held), unless ``max_held`` answers wait already."""
+        if self.refusal_hold_s <= 0 or self.held >= self.max_held:
+            return
+        wait = min(self.refusal_hold_s, refusal.refusal.retry_after_s)
+        self.held += 1
+        try:
+            await self._sleep(wait)
+        finally:
+            self.held -= 1

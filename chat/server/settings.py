@@ -133,6 +133,14 @@ class ServerSettings(BaseSettings):
     send_timeout_s: float = Field(
         30.0, gt=0, description="seconds one write to a client may wait for it to read before the connection closes"
     )
+    refusal_hold_s: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="seconds a request refused before its body is read, its tenant being over a limit (429), waits "
+        "before its answer goes out (its retry time if shorter; 0: at once): a client that ignores Retry-After sends "
+        "one request a hold on its connection instead of a flood (at most 256 answers wait at once)",
+    )
     idle_connection_s: float = Field(
         30.0,
         gt=0,

@@ -6,6 +6,7 @@ import asyncio
 from fastapi.responses import JSONResponse
 
 from chat.server.guard import GuardMiddleware
+from chat.server.ratelimit import RateLimitedError, Refusal
 
 
 def _run(headers: dict[str, str], path: str = "/v1/chat/completions", method: str = "POST", admit_early=None):
@@ -59,7 +60,7 @@ def test_a_request_that_starts_turns_from_a_tenant_over_its_limits_is_refused_be
 
     def over_limit(tenant):
         asked.append(tenant)
-        return RuntimeError("over")
+        return RateLimitedError(Refusal("requests_per_minute", 1, 30.0))
 
     key = {"authorization": "Bearer k1"}
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
@@ -108,3 +109,58 @@ def test_the_apps_guard_refuses_before_fastapis_own_stack_and_lets_the_rest_thro
             assert entered == ["/v1/chat/completions"]
     finally:
         engine.close()
+
+
+def test_a_refusal_waits_the_hold_or_its_retry_time_if_shorter_and_at_most_max_held_wait_at_once():
+    """Refusals for a tenant's limits go out after ``refusal_hold_s`` (the retry time if shorter); when ``max_held``
+    wait already, the next goes out at once; with no hold, none waits."""
+
+    async def scenario(hold_s: float, retry_s: list[float]) -> tuple[list[float], list[int]]:
+        waits, release, answered = [], asyncio.Event(), []
+
+        async def sleep(seconds):
+            waits.append(seconds)
+            await release.wait()
+
+        def refuse(exc):
+            return JSONResponse({"error": str(exc)}, status_code=429)
+
+        retries = iter(retry_s)
+        guard = GuardMiddleware(
+            None,
+            authenticate={"k1": "tenant-1"}.get,
+            max_body=1024,
+            refuse=refuse,
+            admit_early=lambda tenant: RateLimitedError(Refusal("requests_per_minute", 1, next(retries))),
+            refusal_hold_s=hold_s,
+            max_held=2,
+            sleep=sleep,
+        )
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "root_path": "",
+            "headers": [(b"authorization", b"Bearer k1")],
+            "query_string": b"",
+        }
+
+        def request(i):
+            async def send(message):
+                if message["type"] == "http.response.start":
+                    answered.append(i)
+
+            return guard(scope, None, send)
+
+        tasks = [asyncio.ensure_future(request(i)) for i in range(len(retry_s))]
+        await asyncio.sleep(0.05)
+        early = list(answered)  # answered while the others still wait
+        release.set()
+        await asyncio.gather(*tasks)
+        assert guard.held == 0 and sorted(answered) == list(range(len(retry_s)))
+        return waits, early
+
+    waits, early = asyncio.run(scenario(1.0, [30.0, 0.25, 30.0]))
+    assert waits == [1.0, 0.25] and early == [2]  # two held (one for its shorter retry time), the third at once
+    waits, early = asyncio.run(scenario(0.0, [30.0, 30.0]))
+    assert waits == [] and early == [0, 1]
