@@ -164,3 +164,33 @@ def test_a_refusal_waits_the_hold_or_its_retry_time_if_shorter_and_at_most_max_h
     assert waits == [1.0, 0.25] and early == [2]  # two held (one for its shorter retry time), the third at once
     waits, early = asyncio.run(scenario(0.0, [30.0, 30.0]))
     assert waits == [] and early == [0, 1]
+
+
+def test_the_servers_refusals_for_limits_are_held_and_a_client_that_ignores_retry_after_sends_fewer():
+    """Live: with ``refusal_hold_s`` 0.3, each 429 for the tenant's limit comes 0.3 s or more after its request, so a
+    client sending again at once on its connection sends about 3 a second; refusals that are not for a limit (a wrong
+    key) are not held."""
+    import json
+    import time
+
+    import httpx
+
+    from tests.chat.server.conftest import make_server
+
+    keys = {"good-key-0123456789abcdef": "a", "tenants": {"a": {"requests_per_minute": 1}}}
+    engine, srv = make_server(api_keys=json.dumps(keys), keys_poll_s=0, refusal_hold_s=0.3)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    good = {"authorization": "Bearer good-key-0123456789abcdef"}
+    try:
+        with srv, httpx.Client(base_url=srv.url, timeout=30) as client:
+            assert srv.app.guard.refusal_hold_s == 0.3
+            assert client.post("/v1/chat/completions", json=body, headers=good).status_code == 200
+            for _ in range(3):
+                start = time.monotonic()
+                refused = client.post("/v1/chat/completions", json=body, headers=good)
+                assert refused.status_code == 429 and refused.headers["retry-after"].isdigit()
+                assert time.monotonic() - start >= 0.3
+            assert client.post("/v1/chat/completions", json=body).status_code == 401
+            assert srv.app.guard.held == 0
+    finally:
+        engine.close()
