@@ -168,8 +168,7 @@ def test_a_refusal_waits_the_hold_or_its_retry_time_if_shorter_and_at_most_max_h
 
 def test_the_servers_refusals_for_limits_are_held_and_a_client_that_ignores_retry_after_sends_fewer():
     """Live: with ``refusal_hold_s`` 0.3, each 429 for the tenant's limit comes 0.3 s or more after its request, so a
-    client sending again at once on its connection sends about 3 a second; refusals that are not for a limit (a wrong
-    key) are not held."""
+    client sending again at once on its connection sends about 3 a second."""
     import json
     import time
 
@@ -190,7 +189,6 @@ def test_the_servers_refusals_for_limits_are_held_and_a_client_that_ignores_retr
                 refused = client.post("/v1/chat/completions", json=body, headers=good)
                 assert refused.status_code == 429 and refused.headers["retry-after"].isdigit()
                 assert time.monotonic() - start >= 0.3
-            assert client.post("/v1/chat/completions", json=body).status_code == 401
             assert srv.app.guard.held == 0
     finally:
         engine.close()
