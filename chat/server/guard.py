@@ -16,17 +16,19 @@ The route still admits each request itself (its number of turns is in the body).
 through (the WebSocket checks its key itself, ``chat/server/ws.py``).
 
 **Refusals held.** A refusal of ``admit_early`` goes out after ``refusal_hold_s`` (or the refusal's own retry time,
-if shorter): the 429 and its ``Retry-After`` are the same, only later. A client that honours ``Retry-After`` waits
-longer than that anyway; one that ignores it and sends again at once on its kept-alive connection sends one request
-a hold instead of as many as the server can refuse, each of which costs the server's loop (and the cores the engine
-uses) about 0.7 ms (docs/benchmarks.md). At most ``max_held`` answers wait at once (a flood over many connections
-is then refused at once, as before), each a sleeping coroutine and its connection.
+if shorter): the same 429, its ``Retry-After`` counted from the answer (the hold taken off, so it may be 0). A
+client that honours ``Retry-After`` waits as long as without the hold; one that ignores it and sends again at once
+on its kept-alive connection sends one request a hold instead of as many as the server can refuse, each of which
+costs the server's loop (and the cores the engine uses) about 0.7 ms (docs/benchmarks.md). At most ``max_held``
+answers wait at once (a flood over many connections is then refused at once, as before), each a sleeping coroutine
+and its connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -91,18 +93,20 @@ class GuardMiddleware:
             if self.admit_early is not None and scope["method"] == "POST" and path in GENERATING:
                 refusal = self.admit_early(tenant)
                 if refusal is not None:
-                    await self._hold(refusal)
+                    refusal = await self._hold(refusal)
                     await self.refuse(refusal)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
 
-    async def _hold(self, refusal: RateLimitedError) -> None:
-        """Wait before answering ``refusal`` (see Refusals held), unless ``max_held`` answers wait already."""
+    async def _hold(self, refusal: RateLimitedError) -> RateLimitedError:
+        """Wait before answering ``refusal`` (see Refusals held), unless ``max_held`` answers wait already; the
+        refusal to send, its retry time counted from the answer."""
         if self.refusal_hold_s <= 0 or self.held >= self.max_held:
-            return
+            return refusal
         wait = min(self.refusal_hold_s, refusal.refusal.retry_after_s)
         self.held += 1
         try:
             await self._sleep(wait)
         finally:
             self.held -= 1
+        return RateLimitedError(replace(refusal.refusal, held_s=wait))

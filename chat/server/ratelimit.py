@@ -52,17 +52,22 @@ class Refusal:
     limit: str  # the limit it would break: one of LIMIT_NAMES
     value: int  # that limit's value
     retry_after_s: float  # seconds until the request would be admitted (if nothing else changes)
+    held_s: float = 0.0  # seconds the answer waited before it went out (chat.server.guard: Refusals held)
 
     @property
     def retry_after(self) -> int:
-        """Whole seconds to wait, as HTTP's ``Retry-After`` gives them (rounded up, at least 1)."""
+        """Whole seconds to wait from the answer, as HTTP's ``Retry-After`` gives them: rounded up, at least 1, or
+        at least 0 for an answer that was held (its wait counted)."""
+        if self.held_s > 0:
+            return max(0, math.ceil(self.retry_after_s - self.held_s))
         return max(1, math.ceil(self.retry_after_s))
 
     @property
     def message(self) -> str:
         """What the client is told (OpenAI's 429 says which limit)."""
         what = self.limit.replace("_", " ")
-        return f"rate limit reached: {what} is {self.value} for this tenant; retry after {self.retry_after_s:.1f} s"
+        wait = max(0.0, self.retry_after_s - self.held_s)
+        return f"rate limit reached: {what} is {self.value} for this tenant; retry after {wait:.1f} s"
 
 
 class RateLimitedError(Exception):

@@ -116,14 +116,16 @@ def test_a_refusal_waits_the_hold_or_its_retry_time_if_shorter_and_at_most_max_h
     wait already, the next goes out at once; with no hold, none waits."""
 
     async def scenario(hold_s: float, retry_s: list[float]) -> tuple[list[float], list[int]]:
-        waits, release, answered = [], asyncio.Event(), []
+        waits, release, answered, retry = [], asyncio.Event(), [], {}
 
         async def sleep(seconds):
             waits.append(seconds)
             await release.wait()
 
         def refuse(exc):
-            return JSONResponse({"error": str(exc)}, status_code=429)
+            return JSONResponse(
+                {"error": str(exc)}, status_code=429, headers={"Retry-After": str(exc.refusal.retry_after)}
+            )
 
         retries = iter(retry_s)
         guard = GuardMiddleware(
@@ -149,6 +151,7 @@ def test_a_refusal_waits_the_hold_or_its_retry_time_if_shorter_and_at_most_max_h
             async def send(message):
                 if message["type"] == "http.response.start":
                     answered.append(i)
+                    retry[i] = dict(message["headers"]).get(b"retry-after")
 
             return guard(scope, None, send)
 
@@ -158,12 +161,13 @@ def test_a_refusal_waits_the_hold_or_its_retry_time_if_shorter_and_at_most_max_h
         release.set()
         await asyncio.gather(*tasks)
         assert guard.held == 0 and sorted(answered) == list(range(len(retry_s)))
-        return waits, early
+        return waits, early, retry
 
-    waits, early = asyncio.run(scenario(1.0, [30.0, 0.25, 30.0]))
+    waits, early, retry = asyncio.run(scenario(1.0, [30.0, 0.25, 30.0]))
     assert waits == [1.0, 0.25] and early == [2]  # two held (one for its shorter retry time), the third at once
-    waits, early = asyncio.run(scenario(0.0, [30.0, 30.0]))
-    assert waits == [] and early == [0, 1]
+    assert retry == {0: b"29", 1: b"0", 2: b"30"}  # Retry-After counted from the answer
+    waits, early, retry = asyncio.run(scenario(0.0, [30.0, 30.0]))
+    assert waits == [] and early == [0, 1] and retry == {0: b"30", 1: b"30"}
 
 
 def test_the_servers_refusals_for_limits_are_held_and_a_client_that_ignores_retry_after_sends_fewer():

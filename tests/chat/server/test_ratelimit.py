@@ -170,3 +170,11 @@ def test_tokens_are_charged_when_turns_end_and_one_reply_may_overshoot():
 def test_a_tenants_values_lie_over_the_server_defaults():
     defaults = Limits(concurrent_turns=4, requests_per_minute=60)
     assert Limits(requests_per_minute=5).over(defaults) == Limits(concurrent_turns=4, requests_per_minute=5)
+
+
+def test_retry_after_counts_from_the_answer_taking_off_the_time_it_was_held():
+    fresh = Refusal("requests_per_minute", 10, 5.3)
+    assert fresh.retry_after == 6 and Refusal("requests_per_minute", 10, 0.2).retry_after == 1
+    held = Refusal("requests_per_minute", 10, 5.3, held_s=1.0)
+    assert held.retry_after == 5 and "retry after 4.3 s" in held.message
+    assert Refusal("concurrent_turns", 2, 1.0, held_s=1.0).retry_after == 0  # held its whole retry time: now
