@@ -38,8 +38,9 @@ with API keys (the sessions, the slow readers and the flood are three tenants; t
 ``flood_requests_per_minute``) and tighter backpressure settings (``bad_client_settings``). The bad clients run in a
 process of their own (:mod:`chat.tools.bench.bad_clients`: slow readers that read nothing for ``--bad-pause-s``,
 silent connections, a flood of tiny requests); the sessions start once every bad client is in its bad state. Keys:
-``bad_client_tokens_per_s_ratio``: the sessions' rate with the bad clients over their rate without (medians; target
->= 0.9), with ``bad_client_clean_tokens_per_s`` and ``bad_client_loaded_tokens_per_s``; ``bad_client_outcomes``:
+``bad_client_tokens_per_s_ratio``: the sessions' rate with the bad clients over their rate without (the median over
+the rounds of each round's own ratio, as for the served ratios; target >= 0.9), with ``bad_client_clean_tokens_per_s``
+and ``bad_client_loaded_tokens_per_s`` (medians of the runs); ``bad_client_outcomes``:
 what the bad clients got, summed over the runs (per kind, as :mod:`~chat.tools.bench.bad_clients` counts them:
 ``slow_client`` / ``cut`` / ``completed`` / ``refused`` / ``unfinished``; ``closed`` / ``open_at_stop`` /
 ``longest_open_s``; ``requests`` / ``ok`` / ``rate_limited`` / ``other``); ``bad_client_cpu_share``: their process's
@@ -310,6 +311,10 @@ def bad_client_summary(phase: BadClients, runs: Runs, reports: list[dict]) -> di
     """The phase's keys from its runs (``runs[with bad clients]``: each run's level and memory growth) and the bad
     clients' reports."""
     clean, loaded = (statistics.median(level.tokens_per_s for level, _ in runs[k]) for k in (False, True))
+    paired = [  # each round's own ratio: its two runs back to back (a drift between rounds falls on neither side)
+        with_bad.tokens_per_s / without.tokens_per_s
+        for (without, _), (with_bad, _) in zip(runs[False], runs[True], strict=True)
+    ]
     growth = [[g for _, g in runs[k] if g is not None] for k in (False, True)]
     outcomes: dict[str, dict] = {}
     for report in reports:
@@ -322,7 +327,7 @@ def bad_client_summary(phase: BadClients, runs: Runs, reports: list[dict]) -> di
         "bad_client_level": phase.level,
         "bad_client_clean_tokens_per_s": clean,
         "bad_client_loaded_tokens_per_s": loaded,
-        "bad_client_tokens_per_s_ratio": loaded / clean,
+        "bad_client_tokens_per_s_ratio": statistics.median(paired),
         "bad_client_outcomes": outcomes,
         "bad_client_cpu_share": sum(r["cpu_s"] for r in reports) / (wall * (os.cpu_count() or 1)) if wall else 0.0,
         "bad_client_rss_growth_mib": (

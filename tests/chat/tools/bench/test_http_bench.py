@@ -1,7 +1,7 @@
 import json
 
 from chat.cli import main as cli_main
-from chat.tools.bench.http_bench import Level, round_order, summary, targets_met
+from chat.tools.bench.http_bench import BadClients, Level, bad_client_summary, round_order, summary, targets_met
 
 KEYS = {
     "levels",
@@ -39,7 +39,7 @@ def test_bench_http_prints_one_json_object_with_every_key_measured(capsys):
     assert 0 < result["client_cpu_share"] < 1
     assert result["bad_client_level"] == 3 and result["bad_client_settings"]["pause_s"] == 1.0
     ratio = result["bad_client_loaded_tokens_per_s"] / result["bad_client_clean_tokens_per_s"]
-    assert result["bad_client_tokens_per_s_ratio"] == ratio > 0
+    assert result["bad_client_tokens_per_s_ratio"] == ratio > 0  # one round: its own ratio is the ratio of medians
     assert 0 < result["bad_client_cpu_share"] < 1 and isinstance(result["bad_client_rss_growth_mib"], float)
     slow, silent, flood = (result["bad_client_outcomes"][k] for k in ("slow_reader", "silent", "flood"))
     flood_minutes = int(flood["requests"] / result["bad_client_settings"]["flood_rps"] / 60)  # the run's length
@@ -75,3 +75,15 @@ def test_the_ways_swap_order_every_other_round_so_each_ways_mean_position_is_the
     assert round_order(ways, 0) == ways and round_order(ways, 1) == ("ws", "http", "engine")
     positions = {w: [round_order(ways, r).index(w) for r in range(4)] for w in ways}
     assert all(sum(p) == 4 for p in positions.values())  # mean position 1 each over 4 rounds
+
+
+def test_the_bad_client_ratio_is_the_median_of_each_rounds_own_ratio():
+    phase = BadClients(level=8)
+    runs = {
+        False: [(Level(rate, 10.0, 0, 2.0, 0.0), 1.0) for rate in (100, 200, 100)],
+        True: [(Level(rate, 10.0, 0, 2.0, 0.0), 3.0) for rate in (95, 150, 60)],
+    }
+    out = bad_client_summary(phase, runs, [])
+    assert out["bad_client_tokens_per_s_ratio"] == 0.75  # rounds: 0.95, 0.75, 0.6 (not median 95 / median 100)
+    assert (out["bad_client_clean_tokens_per_s"], out["bad_client_loaded_tokens_per_s"]) == (100, 95)
+    assert out["bad_client_rss_growth_mib"] == 2.0
