@@ -53,7 +53,8 @@ def test_requests_over_the_minute_get_429_with_retry_after_and_other_tenants_go_
         clock.now += 5
         refused = post(srv, KEY_A)
         assert refused.status_code == 429
-        assert refused.headers["retry-after"] == "40"  # the first request leaves the window 40 s from now
+        # the first request leaves the window 40 s from now; the answer was held 1 s (--refusal-hold-s): 39 s after it
+        assert refused.headers["retry-after"] == "39"
         error = refused.json()["error"]
         assert (error["code"], error["type"], error["param"]) == ("rate_limited", "rate_limit_error", None)
         assert "requests per minute is 2" in error["message"]
@@ -92,7 +93,8 @@ def test_concurrent_turns_and_a_request_that_alone_needs_more(tmp_path):
                 lines = running.iter_lines()  # kept: a dropped iterator closes the stream
                 next(lines)  # two turns of alice run
                 refused = post(srv, KEY_A)
-                assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+                assert refused.status_code == 429  # held its 1 s retry time (--refusal-hold-s 1): retry now
+                assert refused.headers["retry-after"] == "0"
                 assert "concurrent turns is 2" in refused.json()["error"]["message"]
                 assert post(srv, KEY_B).status_code == 200
                 list(lines)
