@@ -39,7 +39,7 @@ from chat.engine.events import Done, Event, TurnRequest
 from chat.engine.metrics import Metrics
 from chat.engine.recent_replies import RecentReplies
 from chat.engine.runtime import ModelRuntime
-from chat.engine.scheduler import BatchSettings, Scheduler
+from chat.engine.scheduler import BatchSettings, Scheduler, priority_of
 from chat.engine.turn import Turn
 
 _log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ class Engine:
             replies=self.replies if self.cache is not None else None,
         )
         handle = JobHandle(turn, sink)
-        self._queued.add(request.params.priority or 0)  # before the worker can take it (it removes it on admission)
+        self._queued.add(priority_of(turn))  # before the worker can take it (it removes it on admission)
         self._inbox.put(handle)
         return handle
 
@@ -259,7 +259,7 @@ class Engine:
             except queue.Empty:
                 break
             if job is not None:
-                self._queued.remove(job.turn.request.params.priority or 0)
+                self._queued.remove(priority_of(job.turn))
                 job.sink(EngineClosedError("the engine is shut down"))
 
     def _admit_waiting(self) -> bool:
@@ -275,7 +275,7 @@ class Engine:
             self._admit(job)
 
     def _admit(self, job: JobHandle) -> None:
-        self._queued.remove(job.turn.request.params.priority or 0)
+        self._queued.remove(priority_of(job.turn))
         try:
             with self._lock:
                 job.turn.begin()

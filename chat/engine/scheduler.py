@@ -290,17 +290,17 @@ class Scheduler:
         top = self._top_priority() if s.yield_budget else sys.maxsize  # worse priorities yield; off: none is worse
         seats = s.max_batch - (1 if self._prefilling else 0)  # one seat kept for the oldest waiting prefill
         rows = s.yield_budget  # worse decoding turns seated; half the yield budget kept for worse prompts (Yielding)
-        if any(_priority(t) > top for t in self._prefilling):
+        if any(priority_of(t) > top for t in self._prefilling):
             rows -= s.yield_budget // 2
         decoders = self._seat(max(seats, 0), top, rows)
-        worse = sum(_priority(t) > top for t in decoders)  # each takes one token of the yield budget
+        worse = sum(priority_of(t) > top for t in decoders)  # each takes one token of the yield budget
         prefills = self._plan_prefills(s.token_budget - len(decoders), s.max_batch - len(decoders), top, worse)
-        firsts = [(*self._prefill_rank(t), _priority(t)) for t, _ in prefills if t.pending_ends_prompt]
+        firsts = [(*self._prefill_rank(t), priority_of(t)) for t, _ in prefills if t.pending_ends_prompt]
         drafts = len(decoders) <= SPECULATE_UP_TO and not self._prefilling  # so 1 token each when a prefill waits
         budget = s.token_budget
         plan: list[tuple[Turn, Feed]] = []
         for turn in decoders:
-            rank, priority = self._rank[turn], _priority(turn)
+            rank, priority = self._rank[turn], priority_of(turn)
             if any(p < priority and (r, n) < rank for r, n, p in firsts):
                 continue  # ranked after a better priority whose first token this step computes: sits it out
             self._stamp(turn)
@@ -322,21 +322,21 @@ class Scheduler:
             or not self._interrupted.isdisjoint(turn for turn, _ in plan)
         ):
             return None
-        worst = max(_priority(turn) for turn, _ in plan)
-        prompts = min((_priority(turn) for turn, _ in plan if not turn.decoding), default=sys.maxsize)
+        worst = max(priority_of(turn) for turn, _ in plan)
+        prompts = min((priority_of(turn) for turn, _ in plan if not turn.decoding), default=sys.maxsize)
         bar, waiting = min(worst, prompts), self.waiting
         return lambda: waiting() < bar
 
     def _seat(self, seats: int, top: int, cap: int) -> list[Turn]:
         """Up to ``seats`` decoding turns, by rank, of which at most ``cap`` of priority worse than ``top`` (each one
         seated ranks again from this step: with equal priorities, round-robin)."""
-        if len(self._decoding) <= seats and sum(_priority(t) > top for t in self._decoding) <= cap:
+        if len(self._decoding) <= seats and sum(priority_of(t) > top for t in self._decoding) <= cap:
             return list(self._decoding)
         taken: list[Turn] = []
         for turn in sorted(self._decoding, key=self._rank.__getitem__):
             if len(taken) == seats:
                 break
-            if _priority(turn) > top:
+            if priority_of(turn) > top:
                 if cap == 0:
                     continue
                 cap -= 1
@@ -356,7 +356,7 @@ class Scheduler:
                 break
             if self._waits(turn):
                 continue
-            priority = _priority(turn)
+            priority = priority_of(turn)
             if lead is not None and priority > lead:
                 continue  # ranked after a prefill of better priority: sits this step out (Priorities and fairness)
             first = turn is self._prefilling[0]
@@ -375,14 +375,14 @@ class Scheduler:
             plan.append((turn, feed))
             lead = priority if lead is None else min(lead, priority)
         for turn, _ in plan:
-            self._served[_priority(turn)] = self._now
+            self._served[priority_of(turn)] = self._now
         return plan
 
     def _prefill_rank(self, turn: Turn) -> tuple[int, int]:
         """A prefill's rank: ``priority * AGING_STEPS`` + the step it arrived at or, if later, the last step a
         prefill of its priority got a chunk (see Priorities and fairness); ties: who came first."""
         arrived, number = self._rank[turn]
-        priority = _priority(turn)
+        priority = priority_of(turn)
         return max(arrived, priority * AGING_STEPS + self._served.get(priority, 0)), number
 
     def _top_priority(self) -> int:
@@ -391,7 +391,7 @@ class Scheduler:
         now, hold = self.clock(), self.settings.yield_hold_s
         for priority in [p for p, ended in self._ended.items() if now - ended > hold]:
             del self._ended[priority]
-        around = [_priority(t) for t in self._prefilling] + [_priority(t) for t in self._decoding]
+        around = [priority_of(t) for t in self._prefilling] + [priority_of(t) for t in self._decoding]
         return min(around + list(self._ended), default=0)
 
     def _waits(self, turn: Turn) -> bool:
@@ -428,10 +428,10 @@ class Scheduler:
 
     def _stamp(self, turn: Turn) -> None:
         """Rank ``turn`` from now: ``priority * AGING_STEPS + now`` (see Priorities and fairness)."""
-        self._rank[turn] = (_priority(turn) * AGING_STEPS + self._now, next(self._arrivals))
+        self._rank[turn] = (priority_of(turn) * AGING_STEPS + self._now, next(self._arrivals))
 
     def _remove(self, turn: Turn) -> None:
-        self._ended[_priority(turn)] = self.clock()
+        self._ended[priority_of(turn)] = self.clock()
         self._interrupted.discard(turn)
         self._leaders.pop(turn, None)
         self._rank.pop(turn, None)
@@ -441,6 +441,6 @@ class Scheduler:
             self._decoding.remove(turn)
 
 
-def _priority(turn: Turn) -> int:
+def priority_of(turn: Turn) -> int:
     """The turn's own priority (None counts as 0), without aging."""
     return turn.request.params.priority or 0
