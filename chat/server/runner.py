@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
@@ -40,7 +39,7 @@ class BackgroundServer:
         self.port = port
 
     def _run(self) -> None:
-        asyncio.run(self.server.serve())
+        self.server.run()  # on the event loop `turncache serve` uses (uvicorn's choice: uvloop where installed)
 
     def __enter__(self) -> BackgroundServer:
         self.thread.start()
