@@ -6,7 +6,8 @@ runs three ways, each on a fresh engine with an empty prefix cache (the same pro
 
 - ``engine``: the turns submitted to the engine directly (``bench batch``'s measurement);
 - ``http``: ``POST /v1/chat/completions`` with ``stream: true`` to a real server on loopback (uvicorn in a thread of
-  this process), from an asyncio client (httpx) that reads the server-sent events line by line and parses each;
+  this process, on the event loop ``turncache serve`` uses), from an asyncio client (aiohttp on uvloop) that reads
+  the server-sent events line by line and parses each;
 - ``ws``: ``completion.create`` on one WebSocket per session (the ``websockets`` client), every event parsed.
 
 The served ways' clients run in a process of their own (:mod:`chat.tools.bench.http_clients`), as a server's clients run

@@ -8,9 +8,14 @@ docs/benchmarks.md, 2026-11-26 afternoon). What they cost the machine (two cores
 is their CPU time, which they report and the benchmark gives as ``client_cpu_share``. :func:`run_here` runs them in the
 calling thread instead (``bench http --clients-in-process``), for comparison.
 
-- ``http``: ``POST /v1/chat/completions`` with ``stream: true``, an ``httpx.AsyncClient`` reading the server-sent
+- ``http``: ``POST /v1/chat/completions`` with ``stream: true``, an ``aiohttp`` session reading the server-sent
   events line by line and parsing each ``data:`` line;
 - ``ws``: ``completion.create`` on one WebSocket per session (the ``websockets`` client), every event parsed.
+
+Both run on uvloop (where installed, as the server does) and parse JSON with orjson: a client as light as the
+field's (vLLM's and SGLang's serving benchmarks use aiohttp for that reason), since on this benchmark's machine every
+cycle a client spends is taken from the engine. httpx on asyncio's own loop took about twice the CPU per token
+(0.10 of a core against 0.05 at 32 sessions, docs/benchmarks.md, 2026-11-26 evening).
 
 A level's wall time runs from the first request sent to the last reply ended, on the clients' clock. The process
 protocol: ``python -m chat.tools.bench.http_clients CONFIG_JSON`` (:class:`ClientConfig`) imports its clients, writes
@@ -25,7 +30,10 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+
+import orjson
 
 from chat.tools.bench.child_process import child_report, ready_child
 
@@ -54,18 +62,18 @@ def _chat_body(messages: list[dict], reply_tokens: int, stream: bool = True) -> 
     return {"messages": messages, "temperature": 0.0, "max_tokens": reply_tokens, "stream": stream}
 
 
-async def http_session(client, url: str, messages: list[dict], reply_tokens: int) -> Served:
-    """One streamed chat completion over ``client`` (an ``httpx.AsyncClient``, with the headers it sends): every
-    ``data:`` line parsed."""
+async def http_session(session, url: str, messages: list[dict], reply_tokens: int) -> Served:
+    """One streamed chat completion over ``session`` (an ``aiohttp.ClientSession``, with the headers it sends):
+    every ``data:`` line parsed."""
     start = time.perf_counter()
     ttft, tokens = None, 0
-    async with client.stream("POST", url, json=_chat_body(messages, reply_tokens)) as response:
-        if response.status_code != 200:
-            return Served(0, None, f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+    async with session.post(url, json=_chat_body(messages, reply_tokens)) as response:
+        if response.status != 200:
+            return Served(0, None, f"HTTP {response.status}: {(await response.read())[:200]!r}")
+        async for line in response.content:  # one line at a time, its end kept
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                 continue
-            chunk = json.loads(line[6:])
+            chunk = orjson.loads(line[6:])
             if "error" in chunk:
                 return Served(tokens, ttft, str(chunk["error"]))
             if ttft is None and any(c["delta"].get("content") for c in chunk["choices"]):
@@ -85,7 +93,7 @@ async def ws_session(url: str, messages: list[dict], reply_tokens: int) -> Serve
         await ws.send(json.dumps({"type": "completion.create", "messages": messages, "sampling": sampling}))
         ttft = None
         while True:
-            event = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
+            event = orjson.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
             if event["type"] == "reply.delta" and ttft is None:
                 ttft = (time.perf_counter() - start) * 1000
             elif event["type"] == "error" and "turn_id" not in event:
@@ -96,17 +104,18 @@ async def ws_session(url: str, messages: list[dict], reply_tokens: int) -> Serve
 
 
 async def http_level(cfg: ClientConfig) -> list[Served | BaseException]:
-    import httpx
+    import aiohttp
 
     n = len(cfg.conversations)
     # an idle pooled connection is given up after 1 s: the bad-clients phase's server closes idle ones after 2 s
     # (--idle-connection-s), and a client must not reuse a connection the server is closing
-    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=1.0)
+    connector = aiohttp.TCPConnector(limit=n, keepalive_timeout=1.0)
     headers = {"authorization": f"Bearer {cfg.key}"} if cfg.key else None
-    async with httpx.AsyncClient(limits=limits, timeout=TIMEOUT_S, headers=headers) as client:
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout) as session:
         url = cfg.url + "/v1/chat/completions"
         return await asyncio.gather(
-            *(http_session(client, url, m, cfg.reply_tokens) for m in cfg.conversations), return_exceptions=True
+            *(http_session(session, url, m, cfg.reply_tokens) for m in cfg.conversations), return_exceptions=True
         )
 
 
@@ -123,9 +132,23 @@ LEVELS = {"http": http_level, "ws": ws_level}
 def _import_client(transport: str) -> None:
     """The transport's client library, imported before the level is timed."""
     if transport == "http":
-        import httpx  # noqa: F401
+        import aiohttp  # noqa: F401
     else:
         import websockets.asyncio.client  # noqa: F401
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop where it is installed (as uvicorn picks it for the server), else asyncio's (None)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _run_level(cfg: ClientConfig) -> list[Served | BaseException]:
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(LEVELS[cfg.transport](cfg))
 
 
 def run_here(cfg: ClientConfig) -> tuple[list[Served | BaseException], float, float]:
@@ -133,7 +156,7 @@ def run_here(cfg: ClientConfig) -> tuple[list[Served | BaseException], float, fl
     seconds)."""
     _import_client(cfg.transport)
     cpu, start = time.thread_time(), time.perf_counter()
-    replies = asyncio.run(LEVELS[cfg.transport](cfg))
+    replies = _run_level(cfg)
     return replies, time.perf_counter() - start, time.thread_time() - cpu
 
 
@@ -155,7 +178,7 @@ def main(argv: list[str]) -> int:
     print("ready", flush=True)
     sys.stdin.readline()
     cpu, start = time.process_time(), time.perf_counter()
-    replies = asyncio.run(LEVELS[cfg.transport](cfg))
+    replies = _run_level(cfg)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     out = [asdict(r) if isinstance(r, Served) else asdict(Served(0, None, repr(r))) for r in replies]
     print(json.dumps({"replies": out, "wall_s": wall, "cpu_s": cpu}), flush=True)
