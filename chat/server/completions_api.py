@@ -120,7 +120,8 @@ def build_turns(req: CompletionRequest, salt: str, runtime, reply_cap: int | Non
     Raises:
         RequestError, SamplingFieldError: before anything is computed.
     """
-    settings = sampling_of(req, req.max_tokens or None)  # 0 (the prompt only) is this API's alone
+    # this API's logprobs is a count of alternatives, not chat's flag: it is read below, not as a sampling field
+    settings = sampling_of(req.model_copy(update={"logprobs": None}), req.max_tokens or None)  # 0: this API's alone
     if req.logprobs is not None:
         settings = settings.model_copy(update={"logprobs": True, "top_logprobs": req.logprobs})
     params = sampling_params(settings, runtime, reply_cap=reply_cap)

@@ -89,6 +89,18 @@ def test_completions_echo_with_logprobs_and_max_tokens_zero(server):
     assert all(max(top.values()) >= v for top, v in zip(lp["top_logprobs"][1:], lp["token_logprobs"][1:], strict=True))
 
 
+@pytest.mark.parametrize("count", [2, 5, 20])
+def test_completions_logprobs_is_a_count_of_alternatives_not_a_flag(server, count):
+    """``/v1/completions``' ``logprobs`` is an integer (chat's is a boolean): 5 is lm-eval's and the SDK's usual."""
+    r = post(server.url, "/v1/completions", {"prompt": "ab", "logprobs": count, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == 3 and all(1 <= len(top) <= count + 1 for top in lp["top_logprobs"])
+    assert all(text in top for text, top in zip(lp["tokens"], lp["top_logprobs"], strict=True))
+    # keyed by text: the fake model's alternatives may share one (bytes of a character cut in two all show U+FFFD)
+    assert max(len(top) for top in lp["top_logprobs"]) >= 2
+
+
 def test_completions_batch_of_prompts_and_n(client):
     reply = client.completions.create(model="fake", prompt=["ab", "cd"], n=2, max_tokens=3, temperature=0)
     assert [c.index for c in reply.choices] == [0, 1, 2, 3]
