@@ -43,6 +43,7 @@ from chat.engine.scheduler import BatchSettings, Scheduler, priority_of
 from chat.engine.turn import Turn
 
 _log = logging.getLogger(__name__)
+WAKE = object()  # put in the worker's inbox to make it look at its turns again (a paused turn went on, or ended)
 Sink = Callable[[Event | BaseException], None]  # receives every event, then possibly an exception; any thread
 
 
@@ -50,10 +51,22 @@ Sink = Callable[[Event | BaseException], None]  # receives every event, then pos
 class JobHandle:
     turn: Turn
     sink: Sink = field(repr=False)
+    wake: Callable[[], None] = field(default=lambda: None, repr=False)  # wakes the engine's worker if it waits
 
     def cancel(self) -> None:
         """Stop at the next step (thread-safe)."""
         self.turn.cancel()
+        self.wake()  # a worker waiting while every turn is paused must still end this one
+
+    def pause(self) -> None:
+        """Keep the turn out of the steps while it decodes (its client fell behind; see Scheduler, Paused turns)
+        until :meth:`resume`. Thread-safe."""
+        self.turn.pause()
+
+    def resume(self) -> None:
+        """Let a paused turn back into the steps. Thread-safe."""
+        self.turn.pause(False)
+        self.wake()
 
 
 class QueuedPriorities:
@@ -99,7 +112,8 @@ class Engine:
         self.scheduler: Scheduler | None = self._scheduler(runtime) if runtime is not None else None
         self.threads = threads  # torch threads of the worker
         self._handles: dict[int, JobHandle] = {}  # id(turn) -> its handle, for active turns
-        self._inbox: queue.SimpleQueue[JobHandle | None] = queue.SimpleQueue()  # new jobs; None wakes to exit
+        # new jobs; WAKE wakes the worker to look at its turns again (one went on or was cancelled); None: to exit
+        self._inbox: queue.SimpleQueue[JobHandle | object | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # held while the worker touches the cache; stats() takes it too
         self._closed = False
         self._loader = loader  # builds the runtime in the worker, once
@@ -151,7 +165,7 @@ class Engine:
             grammar=grammar,
             replies=self.replies if self.cache is not None else None,
         )
-        handle = JobHandle(turn, sink)
+        handle = JobHandle(turn, sink, self._wake)
         self._queued.add(priority_of(turn))  # before the worker can take it (it removes it on admission)
         self._inbox.put(handle)
         return handle
@@ -239,10 +253,14 @@ class Engine:
         self._ready.set()
         self._loop()
 
+    def _wake(self) -> None:
+        """Make a worker that waits for work look at its turns again (any thread). Cheap: one queue put."""
+        self._inbox.put(WAKE)
+
     def _loop(self) -> None:
         assert self.scheduler is not None
         while self._admit_waiting():
-            if not self.scheduler.busy:
+            if not self.scheduler.ready:
                 continue
             with self._lock:
                 results = self.scheduler.step()
@@ -258,21 +276,23 @@ class Engine:
                 job = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
+            if isinstance(job, JobHandle):
                 self._queued.remove(priority_of(job.turn))
                 job.sink(EngineClosedError("the engine is shut down"))
 
     def _admit_waiting(self) -> bool:
-        """Begin every queued turn (waiting for one when nothing is active). False once the engine is closing."""
+        """Begin every queued turn (waiting for one, or for a wake-up, while no step would do anything: nothing is
+        active, or every active turn is paused). False once the engine is closing."""
         while True:
             assert self.scheduler is not None
             try:
-                job = self._inbox.get() if not self.scheduler.busy else self._inbox.get_nowait()
+                job = self._inbox.get() if not self.scheduler.ready else self._inbox.get_nowait()
             except queue.Empty:
                 return True
             if job is None:
                 return False
-            self._admit(job)
+            if isinstance(job, JobHandle):
+                self._admit(job)
 
     def _admit(self, job: JobHandle) -> None:
         self._queued.remove(priority_of(job.turn))

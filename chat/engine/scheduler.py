@@ -94,6 +94,12 @@ yields, ``yield_budget - yield_budget // 2`` while a worse prompt waits too), an
 ``yield_budget // 2`` tokens in every step without a better prompt in it. Nothing starves, however many turns of
 higher priority keep coming (``tests/chat/engine/test_scheduler.py``).
 
+**Paused turns.** A decoding turn whose client has fallen behind reading its stream is paused by the server
+(:meth:`chat.engine.turn.Turn.pause`, ``chat.server.backpressure``): it takes no seat, computes nothing and keeps its
+state and rank until it goes on (then it is seated first) or is cancelled (a step ends it, paused or not). So a client
+that stops reading costs the other turns nothing but the memory its state holds. :attr:`Scheduler.ready` is false
+while only paused turns are active; the engine then waits until one goes on or ends.
+
 **Failure isolation.** The runtime reports an error per feed: a feed that fails alone ends only its own turn
 (finish_reason "error", nothing stored); when a batched forward fails, the runtime rolls every run back and runs each
 feed alone, so the others produce the same tokens they would have produced without the failing turn. If the runtime
@@ -205,6 +211,12 @@ class Scheduler:
     @property
     def busy(self) -> bool:
         return bool(self._decoding or self._prefilling)
+
+    @property
+    def ready(self) -> bool:
+        """Whether a step would do anything: a turn prefills, decodes unpaused, or was cancelled (a step ends it).
+        False while every active turn is a paused decoding turn (the engine then waits to be woken)."""
+        return bool(self._prefilling) or any(not t.paused or t.cancelled for t in self._decoding)
 
     @property
     def active(self) -> int:
@@ -329,11 +341,13 @@ class Scheduler:
 
     def _seat(self, seats: int, top: int, cap: int) -> list[Turn]:
         """Up to ``seats`` decoding turns, by rank, of which at most ``cap`` of priority worse than ``top`` (each one
-        seated ranks again from this step: with equal priorities, round-robin)."""
-        if len(self._decoding) <= seats and sum(priority_of(t) > top for t in self._decoding) <= cap:
-            return list(self._decoding)
+        seated ranks again from this step: with equal priorities, round-robin). Paused turns take no seat (they keep
+        their rank, so they are seated first once they go on)."""
+        decoding = [t for t in self._decoding if not t.paused]
+        if len(decoding) <= seats and sum(priority_of(t) > top for t in decoding) <= cap:
+            return decoding
         taken: list[Turn] = []
-        for turn in sorted(self._decoding, key=self._rank.__getitem__):
+        for turn in sorted(decoding, key=self._rank.__getitem__):
             if len(taken) == seats:
                 break
             if priority_of(turn) > top:

@@ -210,6 +210,7 @@ class Turn:
         self._rendered: RenderedPrompt | None = None  # what begin rendered (a multimodal run needs it again)
         self._rng = request.params.generator()  # the sampler's random state (None when greedy)
         self._cancelled = False  # set from any thread; acted on at the next step
+        self._paused = False  # set from any thread: its client fell behind; a decoding turn sits out steps meanwhile
         self._forced: list[int] = []  # tokens written next instead of sampled (a thinking budget's end marker)
         self._thinking_closed = False  # the reply has closed its thinking (or was made to)
         self._miss: tuple[str | None, int | None] = (None, None)  # why reuse stopped where it did (set at begin)
@@ -229,6 +230,16 @@ class Turn:
     def cancel(self) -> None:
         """Ask the turn to stop; it finishes at its next step with finish_reason "cancelled"."""
         self._cancelled = True
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self, on: bool = True) -> None:
+        """Keep the turn out of the steps while it decodes (``on``), or let it back in: its client has not read
+        what it was sent (``chat.server.backpressure``). A paused turn keeps its state and its rank; its prompt
+        still runs (it sends nothing until its first token); cancelling still ends it. Any thread."""
+        self._paused = on
 
     # ================================================================ begin
 
