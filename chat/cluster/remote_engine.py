@@ -74,6 +74,14 @@ class RemoteJob:
             if self.on_cancel is not None:
                 self.on_cancel(self)
 
+    def pause(self) -> None:
+        """Does nothing: the turn runs in a replica's engine, which this process cannot pause (no call for it in
+        the replica's interface yet). A client that falls behind is bounded by its buffer (``slow_client``) and the
+        send timeout, as before pausing existed (``chat.server.backpressure``)."""
+
+    def resume(self) -> None:
+        """Does nothing (see :meth:`pause`)."""
+
 
 class RemoteEngine:
     def __init__(self, handle, runtime: ChatRenderer, table: RoutingTable, keyer: PromptKeyer | None) -> None:

@@ -261,7 +261,9 @@ def create_app(
         gate.admit(tenant.id, len(turns))
         tenant_engine = gate.engine_for(engine, tenant.id)
         if body.stream:
-            events = await completions_api.stream(tenant_engine, body, turns, model_name)
+            events = await completions_api.stream(
+                tenant_engine, body, turns, model_name, max_pending=settings.stream_buffer_events
+            )
             return stream_response(events)
         return await completions_api.complete(tenant_engine, body, turns, model_name)
 
@@ -287,7 +289,7 @@ def create_app(
         tenant_engine = gate.engine_for(engine, tenant.id)
         args = (tenant_engine, turn, body, model_name, tools, thinking, response_store, tenant.id, conversation)
         if body.stream:
-            return stream_response(await responses_api.stream(*args))
+            return stream_response(await responses_api.stream(*args, max_pending=settings.stream_buffer_events))
         return await responses_api.complete(*args)
 
     @app.get("/v1/responses/{response_id}")

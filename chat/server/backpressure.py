@@ -2,12 +2,18 @@
 
 The engine never waits for a client: its events for a connection wait in that connection's buffer (the HTTP stream's
 queue, ``chat.server.choices.run_turn_batches``; the WebSocket's outbox, ``chat.server.ws``). A client that reads
-nothing fills its socket, then its buffer:
+slowly or not at all fills its socket, then its buffer:
 
-- more than ``stream_buffer_events`` events unread: its turns are cancelled at once (the engine stops spending steps
-  on them) with ``slow_client`` (``chat/server/errors.py``), sent after what is buffered;
+- :func:`pause_threshold` events unread (8 a turn, at most half of ``stream_buffer_events``): its turns are paused
+  in the engine (``JobHandle.pause``: they take no place in its steps and compute nothing, see the scheduler's
+  *Paused turns*) until the connection's writer has sent what waited (the HTTP stream took its events; the
+  WebSocket's outbox is down to half the threshold), then they go on. So a slow reader's reply runs at the pace it
+  reads, and one that reads nothing costs the engine a socket's worth of tokens, not a buffer's or a timeout's;
+- more than ``stream_buffer_events`` events unread all the same (turns that cannot pause: a cluster's, whose engine
+  is in a replica): its turns are cancelled at once with ``slow_client`` (``chat/server/errors.py``), sent after what
+  is buffered;
 - one write that waits longer than ``send_timeout_s`` for the client to read: the connection is closed (a WebSocket
-  with 1013) and its turns cancelled.
+  with 1013) and its turns cancelled (paused or not).
 
 Connections that open and never send a request are closed by :func:`closing_idle` after ``idle_connection_s``.
 
@@ -30,6 +36,14 @@ from fastapi.responses import StreamingResponse
 from chat.server.errors import SlowClientError
 
 log = logging.getLogger("turncache.backpressure")
+PAUSE_EVENTS_PER_TURN = 8  # unread events a turn of a connection may have before its turns pause
+
+
+def pause_threshold(turns: int, max_pending: int) -> int:
+    """Unread events of a connection at which its turns pause: :data:`PAUSE_EVENTS_PER_TURN` for each of its
+    ``turns`` (a loop that falls a few steps behind under load pauses nobody: its events are taken at its next
+    turn), and at most half of ``max_pending`` (so that turns pause well before the buffer overflows)."""
+    return max(1, min(PAUSE_EVENTS_PER_TURN * max(turns, 1), max_pending // 2))
 
 
 class TimedStreamingResponse(StreamingResponse):

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from chat.engine.events import Done, Event, TurnRequest
 from chat.engine.sampling import TokenLogprob
+from chat.server.backpressure import pause_threshold
 from chat.server.errors import SlowClientError
 from chat.server.relay import relay_for
 
@@ -27,15 +28,18 @@ def with_seeds(request: TurnRequest, n: int) -> list[TurnRequest]:
     return [replace(request, params=replace(request.params, seed=(seed + i) % 2**63)) for i in range(n)]
 
 
-async def run_turns(engine, requests: Sequence[TurnRequest]) -> AsyncIterator[tuple[int, Event]]:
+async def run_turns(
+    engine, requests: Sequence[TurnRequest], *, max_pending: int | None = None
+) -> AsyncIterator[tuple[int, Event]]:
     """Every turn's events as ``(index in requests, event)``, in the order they come; ends after the last Done.
-    Closing the iterator early cancels the turns still running.
+    Closing the iterator early cancels the turns still running. ``max_pending``: as :func:`run_turn_batches` (a
+    stream's bound; None for a reply sent whole).
 
     Raises:
         whatever a turn raised before it computed anything (ContextOverflowError, GrammarError, ...): the other
-        turns are then cancelled.
+        turns are then cancelled; SlowClientError (see :func:`run_turn_batches`).
     """
-    batches = run_turn_batches(engine, requests)
+    batches = run_turn_batches(engine, requests, max_pending=max_pending)
     try:
         async for batch in batches:
             for item in batch:
@@ -50,8 +54,10 @@ async def run_turn_batches(
     """:func:`run_turns`' events, as lists of every event that arrived while the consumer was busy with the previous
     list (one engine step's tokens, or several when the consumer fell behind): a stream writes each list at once.
     The engine's events reach the loop through its :class:`~chat.server.relay.LoopRelay` (one wake-up per batch).
-    When ``max_pending`` events wait unread (the consumer is stuck writing to a client that does not read), the turns
-    are cancelled at once and the next batch raises SlowClientError.
+    When :func:`~chat.server.backpressure.pause_threshold` events wait unread (the consumer is stuck writing to a
+    client that reads slowly or not at all), the turns are paused in the engine until the consumer takes them, so a
+    slow client's turns run at the pace it reads. When ``max_pending`` events wait unread anyway (an engine that does
+    not pause), the turns are cancelled at once and the next batch raises SlowClientError.
 
     Raises:
         as :func:`run_turns`; SlowClientError (see above).
@@ -62,10 +68,11 @@ async def run_turn_batches(
     # per event than an asyncio.Queue, whose every put and get is several calls)
     waiter: asyncio.Future | None = None  # set while the consumer waits for an event
     handles = []
-    overflowed = False
+    overflowed = paused = False
+    pause_at = pause_threshold(len(requests), max_pending) if max_pending is not None else None
 
     def arrive(item: tuple[int, Event | BaseException]) -> None:  # on the loop
-        nonlocal overflowed
+        nonlocal overflowed, paused
         if overflowed:
             return
         if max_pending is not None and len(pending) >= max_pending:
@@ -74,6 +81,10 @@ async def run_turn_batches(
                 handle.cancel()
             item = (item[0], SlowClientError(f"the client left more than {max_pending} events unread"))
         pending.append(item)
+        if pause_at is not None and not paused and len(pending) >= pause_at:
+            paused = True
+            for handle in handles:
+                handle.pause()
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
@@ -91,6 +102,10 @@ async def run_turn_batches(
                     waiter = None
             batch = pending.copy()
             pending.clear()
+            if paused:  # the client took what was written before: the turns go on while this batch is written
+                paused = False
+                for handle in handles:
+                    handle.resume()
             out = []
             for i, item in batch:
                 if isinstance(item, BaseException):

@@ -28,7 +28,7 @@ from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_COMPLETION_PROMPTS, MAX_TEXT_CHARS, MAX_TOP_LOGPROBS
 from chat.server.choices import completion_logprobs, run_turns, with_seeds
-from chat.server.errors import RequestError
+from chat.server.errors import TRANSPORT, RequestError, SlowClientError
 from chat.server.openai_api import StreamOptions, first_event, refuse_unsupported, sampling_of, usage_and_timings
 from chat.server.turns import sampling_params
 
@@ -182,15 +182,18 @@ async def complete(engine, req: CompletionRequest, turns: Sequence[TurnRequest],
     }
 
 
-async def stream(engine, req: CompletionRequest, turns: Sequence[TurnRequest], model: str) -> AsyncIterator[str]:
+async def stream(
+    engine, req: CompletionRequest, turns: Sequence[TurnRequest], model: str, *, max_pending: int | None = None
+) -> AsyncIterator[str]:
     """Server-sent events of a streaming completion. With ``echo``, each choice's first chunk is its prompt (and,
     with ``logprobs``, the prompt's log-probabilities, which come once the prompt is computed). The first event is
-    awaited before this returns.
+    awaited before this returns. A client that falls behind reading pauses the turns; ``max_pending`` events left
+    unread all the same end the stream with a ``slow_client`` error (chat.server.backpressure).
 
     Raises:
         whatever the turns raise before computing anything.
     """
-    events = run_turns(engine, turns)
+    events = run_turns(engine, turns, max_pending=max_pending)
     try:
         head = await first_event(events)
     except BaseException:
@@ -254,6 +257,10 @@ async def _sse(runtime, req, turns, model, events, head) -> AsyncIterator[str]:
             try:
                 pending = [await anext(events)]
             except StopAsyncIteration:
+                break
+            except SlowClientError as exc:
+                error = {"message": str(exc), "type": TRANSPORT[exc.code].kind, "code": exc.code.value}
+                yield f"data: {json.dumps({'error': error})}\n\n"
                 break
     finally:
         await events.aclose()

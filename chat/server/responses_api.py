@@ -28,7 +28,7 @@ from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
 from chat.server import reasoning_api, tools_api
 from chat.server.choices import run_turns
-from chat.server.errors import RequestError, validation_error
+from chat.server.errors import RequestError, SlowClientError, validation_error
 from chat.server.openai_api import ChatCompletionRequest, first_event, refuse_unsupported
 from chat.server.response_store import ResponseStore, StoredResponse
 from chat.server.tools_api import ToolPlan
@@ -350,14 +350,18 @@ async def complete(engine, turn: TurnRequest, req, model, plan, markers, store, 
     return body
 
 
-async def stream(engine, turn, req, model, plan, markers, store, tenant, conversation) -> AsyncIterator[str]:
+async def stream(
+    engine, turn, req, model, plan, markers, store, tenant, conversation, *, max_pending: int | None = None
+) -> AsyncIterator[str]:
     """Server-sent events of a streamed response (``response.created`` ... ``response.completed``); the first engine
-    event is awaited before this returns. A reply that may call tools is sent whole once it is done.
+    event is awaited before this returns. A reply that may call tools is sent whole once it is done. A client that
+    falls behind reading pauses the turn; ``max_pending`` events left unread all the same end the stream with an
+    ``error`` event whose code is ``slow_client`` (chat.server.backpressure).
 
     Raises:
         whatever the turn raised before computing anything.
     """
-    events = run_turns(engine, [turn])
+    events = run_turns(engine, [turn], max_pending=max_pending)
     try:
         head = await first_event(events)
     except BaseException:
@@ -459,6 +463,9 @@ async def _sse(events, head, req, model, plan, markers, store, tenant, conversat
             try:
                 pending = [await anext(events)]
             except StopAsyncIteration:
+                return
+            except SlowClientError as exc:
+                yield event("error", code=exc.code.value, message=str(exc))
                 return
     finally:
         await events.aclose()

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from chat.engine.events import Delta
+from chat.engine.events import Delta, Done, Timings, Usage
 from chat.protocol.errors import ErrorCode
 from chat.server.backpressure import TimedStreamingResponse, closing_idle
 from chat.server.choices import run_turn_batches
@@ -19,6 +19,7 @@ class _Flood:
 
     def __init__(self, n: int) -> None:
         self.n, self.cancelled, self.started = n, threading.Event(), threading.Event()
+        self.paused = threading.Event()  # pause() was called (this engine does not pause: a cluster's replica)
 
     def submit(self, request, sink):
         def deliver() -> None:
@@ -32,6 +33,12 @@ class _Flood:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def pause(self) -> None:
+        self.paused.set()
+
+    def resume(self) -> None:
+        pass
 
 
 def test_a_stream_whose_client_leaves_too_much_unread_cancels_its_turns_with_slow_client():
@@ -53,6 +60,7 @@ def test_a_stream_whose_client_leaves_too_much_unread_cancels_its_turns_with_slo
 
     first, seen = asyncio.run(consume())
     assert first == 1 and engine.cancelled.is_set() and len(seen) == first + 10  # the buffer's events, the error
+    assert engine.paused.is_set()  # asked to pause first, at half the buffer; it did not, so the bound cut it
     assert code_of(SlowClientError("x")) is ErrorCode.SLOW_CLIENT
     assert TRANSPORT[ErrorCode.SLOW_CLIENT].ws_close == 1013
 
@@ -110,7 +118,7 @@ class _Job:
 def _socket(ws, *, max_pending=None, send_timeout_s=0.1) -> ChatSocket:
     sock = ChatSocket.__new__(ChatSocket)  # the parts the writer uses, without an engine or a store
     sock.ws, sock.open, sock.too_slow, sock.reader = ws, True, False, None
-    sock.outbox, sock.jobs = asyncio.Queue(), {"t1": _Job()}
+    sock.outbox, sock.jobs, sock.paused = asyncio.Queue(), {"t1": _Job()}, False
     sock.max_pending, sock.send_timeout_s = max_pending, send_timeout_s
     return sock
 
@@ -258,3 +266,135 @@ def test_a_websocket_writer_sends_every_frame_in_order_and_leaves_no_timer_behin
     sock, pending = asyncio.run(run())
     assert sock.ws.sent == [f"frame {i}" for i in range(50)] and not sock.too_slow and sock.open
     assert pending == []  # one watchdog for the writer, cancelled when it ends (not one timer per frame)
+
+
+class _Pacer:
+    """An engine whose turn delivers ``n`` deltas, as fast as it can while it is not paused, and records how many it
+    delivered while the stream's consumer was stuck."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.go, self.done = n, threading.Event(), threading.Event()
+        self.go.set()
+        self.pauses = self.resumes = 0
+
+    def submit(self, request, sink):
+        def deliver() -> None:
+            for _ in range(self.n):
+                assert self.go.wait(10)
+                sink(Delta("x", (1,)))
+                time.sleep(0.001)
+            sink(Done("x" * self.n, (1,) * self.n, "length", Usage(1, 0, self.n), Timings(1.0, 1.0, 1.0, 1.0)))
+            self.done.set()
+
+        threading.Thread(target=deliver).start()
+        return self
+
+    def cancel(self) -> None:
+        self.go.set()
+
+    def pause(self) -> None:
+        self.pauses += 1
+        self.go.clear()
+
+    def resume(self) -> None:
+        self.resumes += 1
+        self.go.set()
+
+
+def test_a_stream_whose_client_falls_behind_pauses_its_turns_and_gets_the_whole_reply_at_its_pace():
+    from chat.server.backpressure import pause_threshold
+
+    engine = _Pacer(200)
+
+    async def consume():
+        batches = run_turn_batches(engine, [object()], max_pending=64)
+        seen, stalls = [], []
+        async for batch in batches:
+            seen += batch
+            if len(seen) < 150:
+                await asyncio.sleep(0.05)  # a write the client takes slowly: the turn runs ahead, then pauses
+                stalls.append(len(batch))
+        return seen, stalls
+
+    seen, stalls = asyncio.run(consume())
+    assert engine.done.is_set() and len(seen) == 201 and isinstance(seen[-1][1], Done)  # nothing lost, no error
+    assert engine.pauses >= 3 and engine.resumes >= engine.pauses
+    assert max(stalls) <= pause_threshold(1, 64) + 1  # never more unread than the threshold (and one in flight)
+
+
+def _stalled_stream(port: int, path: str, body: dict, stall_s: float) -> bytes:
+    """A client that sends a streaming request, reads nothing for ``stall_s`` (a small receive buffer: the server's
+    writes soon wait), then reads to the end."""
+    import json
+
+    data = json.dumps(body).encode()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(20)
+    sock.connect(("127.0.0.1", port))
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+    sock.sendall(head.encode() + b"Connection: close\r\n\r\n" + data)
+    time.sleep(stall_s)
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    sock.close()
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    "path,body,end",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "go"}], "logprobs": True,
+                                  "top_logprobs": 20}, b"data: [DONE]"),
+        ("/v1/completions", {"prompt": "go", "logprobs": 5}, b"data: [DONE]"),
+        ("/v1/responses", {"input": "go"}, b"response.completed"),
+    ],
+)  # fmt: skip
+def test_a_client_that_stops_reading_a_while_pauses_its_turn_and_then_gets_the_whole_reply(path, body, end):
+    """With a 16-event buffer, a client that reads nothing for 1.5 s would get ``slow_client`` (the engine makes a
+    token every 2 ms); its turn pauses instead once its socket is full, so it gets everything once it reads."""
+    from tests.chat.engine.fakes import FakeRuntime
+    from tests.chat.server.conftest import make_server
+
+    runtime = FakeRuntime(script=lambda prompt: "abcdefgh" * 60, delay_s=0.002)
+    engine, srv = make_server(runtime=runtime, stream_buffer_events=16, send_timeout_s=10, send_buffer_kib=4)
+    with srv:
+        length = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
+        raw = _stalled_stream(srv.port, path, {**body, "stream": True, length: 400}, 1.5)
+    engine.close()
+    assert raw.startswith(b"HTTP/1.1 200") and b"slow_client" not in raw and end in raw
+    assert engine.metrics.finish_reasons == {"length": 1}  # the whole reply: 400 tokens, not cut
+
+
+def test_a_websocket_whose_client_falls_behind_pauses_its_turns_and_its_writer_lets_them_go_on():
+    from chat.server.backpressure import pause_threshold
+
+    class Job:
+        def __init__(self) -> None:
+            self.paused = False
+
+        def pause(self) -> None:
+            self.paused = True
+
+        def resume(self) -> None:
+            self.paused = False
+
+    async def run():
+        sock = _socket(_ReadingSocket(), max_pending=64, send_timeout_s=30)
+        sock.paused, sock.jobs = False, {"t1": Job(), "t2": Job()}
+        at = pause_threshold(2, 64)
+        for i in range(at - 1):
+            sock.outbox.put_nowait(f"frame {i}")
+        sock._send([])
+        assert not sock.paused
+        sock.outbox.put_nowait("one more")
+        sock._send([])  # the threshold is reached: both turns pause
+        paused_then = sock.paused and all(j.paused for j in sock.jobs.values())
+        sock.outbox.put_nowait(None)
+        await sock._write()  # the client reads: below half the threshold, they go on
+        return paused_then, sock
+
+    paused_then, sock = asyncio.run(run())
+    assert paused_then and not sock.paused and not any(j.paused for j in sock.jobs.values())
+    assert len(sock.ws.sent) == pause_threshold(2, 64)
