@@ -385,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="events one stream (HTTP or WebSocket) may leave unread before its turns are cancelled with slow_client "
-        "(4096)",
+        "(4096); its turns pause before that (8 unread events a turn, at most half of N) until the client reads",
     )
     slow.add_argument(
         "--send-timeout-s", type=float, metavar="S", help="seconds one write may wait for the client to read (30)"

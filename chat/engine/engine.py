@@ -52,6 +52,7 @@ class JobHandle:
     turn: Turn
     sink: Sink = field(repr=False)
     wake: Callable[[], None] = field(default=lambda: None, repr=False)  # wakes the engine's worker if it waits
+    metrics: Metrics | None = field(default=None, repr=False)  # counts the turn's pauses
 
     def cancel(self) -> None:
         """Stop at the next step (thread-safe)."""
@@ -61,6 +62,8 @@ class JobHandle:
     def pause(self) -> None:
         """Keep the turn out of the steps while it decodes (its client fell behind; see Scheduler, Paused turns)
         until :meth:`resume`. Thread-safe."""
+        if not self.turn.paused and self.metrics is not None:
+            self.metrics.turn_paused()
         self.turn.pause()
 
     def resume(self) -> None:
@@ -165,7 +168,7 @@ class Engine:
             grammar=grammar,
             replies=self.replies if self.cache is not None else None,
         )
-        handle = JobHandle(turn, sink, self._wake)
+        handle = JobHandle(turn, sink, self._wake, self.metrics)
         self._queued.add(priority_of(turn))  # before the worker can take it (it removes it on admission)
         self._inbox.put(handle)
         return handle

@@ -26,11 +26,16 @@ class Metrics:
     step_turns: int = 0  # turns fed, summed over steps (/ steps: mean batch size)
     step_tokens: int = 0  # tokens fed, summed over steps
     steps_interrupted: int = 0  # forwards stopped midway for a better turn (not in steps: they computed nothing)
+    turn_pauses: int = 0  # times a turn was paused because its client fell behind reading (chat.server.backpressure)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def turn_started(self) -> None:
         with self._lock:
             self.active += 1
+
+    def turn_paused(self) -> None:
+        with self._lock:
+            self.turn_pauses += 1
 
     def turn_done(self, done: Done) -> None:
         with self._lock:

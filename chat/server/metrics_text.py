@@ -58,6 +58,12 @@ def render_metrics(m: Metrics, cache: CacheStats | None) -> str:
             "Forwards stopped between layers for a turn of better priority (their work is done again).",
             [("", m.steps_interrupted)],
         )
+        metric(
+            "turncache_turn_pauses_total",
+            "counter",
+            "Times a turn was paused (kept out of the steps) because its client fell behind reading its stream.",
+            [("", m.turn_pauses)],
+        )
         cumulative, buckets = 0, []
         for bound, count in zip((*TTFT_BUCKETS_S, float("inf")), m.ttft_buckets, strict=True):
             cumulative += count

@@ -128,7 +128,8 @@ class ServerSettings(BaseSettings):
         4096,
         ge=16,
         description="events a streaming client may leave unread (per HTTP stream or WebSocket) before its turns are "
-        "cancelled with slow_client and the connection closed",
+        "cancelled with slow_client and the connection closed; its turns pause before that, at 8 unread events a turn "
+        "or half of this, until the client reads again",
     )
     send_timeout_s: float = Field(
         30.0, gt=0, description="seconds one write to a client may wait for it to read before the connection closes"

@@ -14,6 +14,7 @@ from chat.engine.engine import Engine
 from chat.engine.events import Delta, Done
 from chat.engine.scheduler import BatchSettings, Scheduler
 from chat.engine.turn import Turn, run_to_end
+from chat.server.metrics_text import render_metrics
 from tests.chat.engine.fakes import FakeRuntime
 from tests.chat.engine.test_scheduler import CountingRuntime, begun, decoding_turns, request
 
@@ -141,6 +142,9 @@ def test_an_engine_whose_turns_are_all_paused_runs_no_step_and_a_resume_or_cance
         steps = calls[0]
         time.sleep(0.2)
         assert calls[0] == steps and not first_done.is_set()  # no step while every turn is paused
+        first.pause()  # already paused: not counted again
+        assert engine.metrics.turn_pauses == 2
+        assert "turncache_turn_pauses_total 2" in render_metrics(engine.metrics, None).splitlines()
         second.cancel()
         assert second_done.wait(2)  # the cancel woke the worker
         first.resume()

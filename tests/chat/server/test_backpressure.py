@@ -365,6 +365,7 @@ def test_a_client_that_stops_reading_a_while_pauses_its_turn_and_then_gets_the_w
     engine.close()
     assert raw.startswith(b"HTTP/1.1 200") and b"slow_client" not in raw and end in raw
     assert engine.metrics.finish_reasons == {"length": 1}  # the whole reply: 400 tokens, not cut
+    assert engine.metrics.turn_pauses >= 1
 
 
 def test_a_websocket_whose_client_falls_behind_pauses_its_turns_and_its_writer_lets_them_go_on():
