@@ -16,14 +16,17 @@ deployment has (two runs side by side did not tell the placements apart, docs/be
 machine's cores is reported as ``client_cpu_share``. ``clients_apart=False`` (``--clients-in-process``) runs them in
 this process's main thread as before, for comparison.
 
-A level's rate is all completion tokens (the replies' ``usage``) over its wall time, from the first request sent to
-the last reply ended; its time to first token is the median over sessions (served: from the request sent to the
-first content received, on the client's clock; engine: the engine's own ``ttft_ms``). Each level runs ``rounds``
-times (4), each on fresh engines, the three ways back to back within a round, in the order engine, http, ws in even
-rounds and reversed in odd ones (so that over an even number of rounds each way's mean position is the same and a
-steady drift of the machine lands on no way in particular). Rates and first-token times are medians over the
+A level's rate is all completion tokens (the replies' ``usage``) over its wall time, from the first request sent to the
+last reply ended; its time to first token is the median over sessions (served: from the request sent to the first
+content received, on the client's clock; engine: the engine's own ``ttft_ms``). Each level runs ``rounds`` times
+(:data:`DEFAULT_ROUNDS`, 8), each on fresh engines, the three ways back to back within a round, in the order engine,
+http, ws in even rounds and reversed in odd ones (so that over an even number of rounds each way's mean position is the
+same and a steady drift of the machine lands on no way in particular). Rates and first-token times are medians over the
 rounds; a served / engine ratio is the median over the rounds of the ratio within each round (not the ratio of the
-medians), so that a round where the whole machine was slow moves both sides of its ratio.
+medians), so that a round where the whole machine was slow moves both sides of its ratio. Eight rounds, not four: on a
+2-vCPU machine one round's own ratio moves by +-15% with the same code (the engine alone, run after run in one process:
+519-705 tokens/s at 32 sessions; docs/benchmarks.md, 2026-11-26 night), so the median of four moved by about +-8%, as
+much as the targets' margins, and a run's verdict was a draw.
 
 Keys: ``levels``; per level, as lists in the order of ``levels``: ``engine_tokens_per_s``, ``http_tokens_per_s``,
 ``ws_tokens_per_s``, ``http_ttft_p50_ms``, ``engine_ttft_p50_ms``, ``served_ratio_http`` and ``served_ratio_ws``
@@ -67,6 +70,7 @@ from chat.tools.bench.report import emit
 from chat.tools.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
 
 LEVELS = (1, 8, 32)
+DEFAULT_ROUNDS = 8  # rounds of each level, and of the bad-client phase (see the module docstring)
 BAD_CLIENTS_STOP_S = 120.0  # the longest the bad clients' process may take to stop and report
 
 
@@ -126,7 +130,7 @@ def run_on(
     *,
     levels: tuple[int, ...] = LEVELS,
     reply_tokens: int = 64,
-    rounds: int = 4,
+    rounds: int = DEFAULT_ROUNDS,
     max_batch: int | None = None,
     token_budget: int | None = None,
     bad: BadClients | None = None,
@@ -398,7 +402,7 @@ def main(
     model: str = "smollm2",
     levels: tuple[int, ...] = LEVELS,
     *,
-    rounds: int = 4,
+    rounds: int = DEFAULT_ROUNDS,
     bad_level: int | None = None,
     bad_pause_s: float = 5.0,
     clients_apart: bool = True,
