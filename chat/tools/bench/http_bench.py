@@ -49,7 +49,9 @@ what the bad clients got, summed over the runs (per kind, as :mod:`~chat.tools.b
 ``slow_client`` / ``cut`` / ``completed`` / ``refused`` / ``unfinished``; ``closed`` / ``open_at_stop`` /
 ``longest_open_s``; ``requests`` / ``ok`` / ``rate_limited`` / ``other``); ``bad_client_cpu_share``: their process's
 CPU time over its wall time x the machine's cores; ``bad_client_rss_growth_mib``: how much more this process's
-resident memory grew in a run with the bad clients than without (medians of peak over start); ``bad_client_level``.
+resident memory grew in a run with the bad clients than without (medians of peak over start); ``bad_client_level``;
+``bad_client_turn_pauses``: turns the engines paused because their client fell behind reading, summed over the runs
+without (``clean``: the sessions' own, expected 0) and with the bad clients (``loaded``: the slow readers').
 """
 
 from __future__ import annotations
@@ -288,6 +290,7 @@ def bad_client_phase(
     spec = {keys[t]: t for t in tenants} | {"tenants": {"flood": flood_limit}}
     settings = phase.server_settings(spec)
     runs: Runs = {False: [], True: []}
+    pauses = {False: 0, True: 0}  # turns the engines paused (their client fell behind), without and with bad clients
     reports: list[dict] = []
     for r in range(rounds):
         for loaded in (False, True) if r % 2 == 0 else (True, False):
@@ -309,12 +312,15 @@ def bad_client_phase(
             finally:
                 engine.close()
             runs[loaded].append((level, rss.growth_mib))
-    return bad_client_summary(phase, runs, reports)
+            pauses[loaded] += engine.metrics.turn_pauses
+    return bad_client_summary(phase, runs, reports, pauses)
 
 
-def bad_client_summary(phase: BadClients, runs: Runs, reports: list[dict]) -> dict:
-    """The phase's keys from its runs (``runs[with bad clients]``: each run's level and memory growth) and the bad
-    clients' reports."""
+def bad_client_summary(
+    phase: BadClients, runs: Runs, reports: list[dict], pauses: dict[bool, int] | None = None
+) -> dict:
+    """The phase's keys from its runs (``runs[with bad clients]``: each run's level and memory growth), the bad
+    clients' reports and the turns the engines paused (``pauses[with bad clients]``, summed over the runs)."""
     clean, loaded = (statistics.median(level.tokens_per_s for level, _ in runs[k]) for k in (False, True))
     paired = [  # each round's own ratio: its two runs back to back (a drift between rounds falls on neither side)
         with_bad.tokens_per_s / without.tokens_per_s
@@ -339,6 +345,10 @@ def bad_client_summary(phase: BadClients, runs: Runs, reports: list[dict]) -> di
             statistics.median(growth[1]) - statistics.median(growth[0]) if all(growth) else None
         ),
         "bad_client_settings": asdict(phase),
+        "bad_client_turn_pauses": {
+            "clean": (pauses or {}).get(False, 0),
+            "loaded": (pauses or {}).get(True, 0),
+        },
         "errors": sum(level.errors for k in (False, True) for level, _ in runs[k]),
     }
 

@@ -24,6 +24,7 @@ BAD_KEYS = {
     "bad_client_cpu_share",
     "bad_client_rss_growth_mib",
     "bad_client_settings",
+    "bad_client_turn_pauses",
 }
 
 
@@ -38,6 +39,7 @@ def test_bench_http_prints_one_json_object_with_every_key_measured(capsys):
     assert result["served_ratio_http"][1] == result["http_tokens_per_s"][1] / result["engine_tokens_per_s"][1]
     assert 0 < result["client_cpu_share"] < 1
     assert result["bad_client_level"] == 3 and result["bad_client_settings"]["pause_s"] == 1.0
+    assert result["bad_client_turn_pauses"]["clean"] == 0  # the sessions read as fast as they are sent
     ratio = result["bad_client_loaded_tokens_per_s"] / result["bad_client_clean_tokens_per_s"]
     assert result["bad_client_tokens_per_s_ratio"] == ratio > 0  # one round: its own ratio is the ratio of medians
     assert 0 < result["bad_client_cpu_share"] < 1 and isinstance(result["bad_client_rss_growth_mib"], float)
@@ -83,7 +85,8 @@ def test_the_bad_client_ratio_is_the_median_of_each_rounds_own_ratio():
         False: [(Level(rate, 10.0, 0, 2.0, 0.0), 1.0) for rate in (100, 200, 100)],
         True: [(Level(rate, 10.0, 0, 2.0, 0.0), 3.0) for rate in (95, 150, 60)],
     }
-    out = bad_client_summary(phase, runs, [])
+    out = bad_client_summary(phase, runs, [], {False: 0, True: 7})
     assert out["bad_client_tokens_per_s_ratio"] == 0.75  # rounds: 0.95, 0.75, 0.6 (not median 95 / median 100)
     assert (out["bad_client_clean_tokens_per_s"], out["bad_client_loaded_tokens_per_s"]) == (100, 95)
     assert out["bad_client_rss_growth_mib"] == 2.0
+    assert out["bad_client_turn_pauses"] == {"clean": 0, "loaded": 7}
