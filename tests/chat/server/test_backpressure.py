@@ -399,3 +399,40 @@ def test_a_websocket_whose_client_falls_behind_pauses_its_turns_and_its_writer_l
     paused_then, sock = asyncio.run(run())
     assert paused_then and not sock.paused and not any(j.paused for j in sock.jobs.values())
     assert len(sock.ws.sent) == pause_threshold(2, 64)
+
+
+def test_a_websocket_client_that_stops_reading_a_while_pauses_its_turn_and_then_gets_the_whole_reply():
+    """As over HTTP: with a 16-frame bound, a socket whose client reads nothing for 1.5 s would be dropped with 1013
+    (the engine makes a token every 2 ms); its turn pauses instead once the client's buffers are full."""
+    import json
+
+    from websockets.asyncio.client import connect
+
+    from tests.chat.engine.fakes import FakeRuntime
+    from tests.chat.server.conftest import make_server
+
+    runtime = FakeRuntime(script=lambda prompt: "abcdefgh" * 60, delay_s=0.002)
+    engine, srv = make_server(runtime=runtime, stream_buffer_events=16, send_timeout_s=10, send_buffer_kib=4)
+
+    async def scenario() -> list[dict]:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window it offers
+        sock.connect(("127.0.0.1", srv.port))
+        sock.setblocking(False)
+        url = srv.url.replace("http://", "ws://") + "/v1/ws"
+        # the library stops reading once 1 frame waits; no compression (these frames would shrink tenfold)
+        async with connect(url, sock=sock, max_queue=1, compression=None) as ws:
+            sampling = {"max_tokens": 400, "logprobs": True, "top_logprobs": 20}
+            messages = [{"role": "user", "content": "go"}]
+            await ws.send(json.dumps({"type": "completion.create", "messages": messages, "sampling": sampling}))
+            await asyncio.sleep(1.5)  # reads nothing
+            events = []
+            while not events or events[-1]["type"] not in ("reply.done", "error"):
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 20)))
+            return events
+
+    with srv:
+        events = asyncio.run(scenario())
+    engine.close()
+    assert events[-1]["type"] == "reply.done" and events[-1]["finish_reason"] == "length", events[-1]
+    assert sum(e["type"] == "reply.delta" for e in events) == 400 and engine.metrics.turn_pauses >= 1
