@@ -176,4 +176,6 @@ def test_bench_http_runs_its_clients_apart_unless_told_to_keep_them_in_process(m
     got = []
     monkeypatch.setattr("chat.tools.bench.http_bench.main", lambda **kwargs: got.append(kwargs) or 0)
     assert main(["bench", "http", "--json"]) == 0 and main(["bench", "http", "--json", "--clients-in-process"]) == 0
-    assert [g["clients_apart"] for g in got] == [True, False] and got[0]["rounds"] == 4
+    from chat.tools.bench.http_bench import DEFAULT_ROUNDS
+
+    assert [g["clients_apart"] for g in got] == [True, False] and got[0]["rounds"] == DEFAULT_ROUNDS == 8
