@@ -66,6 +66,9 @@ class RemoteJob:
     call_id: str = ""
     cancelled: bool = False  # cancel() was called
     on_cancel: Callable[[RemoteJob], None] | None = field(default=None, repr=False)
+    paused: bool = False  # pause() was called and resume() not since
+    on_pause: Callable[[RemoteJob, bool], None] | None = field(default=None, repr=False)  # told each change
+    flow: asyncio.Task | None = field(default=None, repr=False)  # the last pause or resume call sent (in order)
 
     def cancel(self) -> None:
         """Stop at the replica's next step (event loop thread only)."""
@@ -75,12 +78,19 @@ class RemoteJob:
                 self.on_cancel(self)
 
     def pause(self) -> None:
-        """Does nothing: the turn runs in a replica's engine, which this process cannot pause (no call for it in
-        the replica's interface yet). A client that falls behind is bounded by its buffer (``slow_client``) and the
-        send timeout, as before pausing existed (``chat.server.backpressure``)."""
+        """Pause the turn in its replica's engine (its client fell behind: ``chat.server.backpressure``); sent once
+        the replica has announced itself (event loop thread only)."""
+        if not self.paused and not self.cancelled:
+            self.paused = True
+            if self.on_pause is not None:
+                self.on_pause(self, True)
 
     def resume(self) -> None:
-        """Does nothing (see :meth:`pause`)."""
+        """Let a paused turn go on (event loop thread only)."""
+        if self.paused:
+            self.paused = False
+            if self.on_pause is not None:
+                self.on_pause(self, False)
 
 
 class RemoteEngine:
@@ -115,7 +125,7 @@ class RemoteEngine:
     def submit(self, request: TurnRequest, sink: Sink, session: SessionRef | None = None) -> RemoteJob:
         """Run a turn; ``sink`` gets its events on the event loop, then possibly an EngineError (a
         :class:`ReplicaLostError` when its replica was lost). Returns a handle to cancel it."""
-        job = RemoteJob(call_id=uuid.uuid4().hex, on_cancel=self._cancel)
+        job = RemoteJob(call_id=uuid.uuid4().hex, on_cancel=self._cancel, on_pause=self._pause)
         job.task = self._spawn(self._drive(request, sink, session, job))
         return job
 
@@ -181,6 +191,8 @@ class RemoteEngine:
                     self.nodes[item.replica] = item.node
                     if job.cancelled:
                         self._cancel(job)
+                    elif job.paused:  # paused before the replica was known
+                        self._pause(job, True)
                 elif isinstance(item, Failed):
                     raise item.error()
                 else:
@@ -227,6 +239,20 @@ class RemoteEngine:
                 job.stream.cancel()
             return
         self._spawn(_quietly(_call(self._handle.cancel_turn, ToReplica(job.replica), job.call_id)))
+
+    def _pause(self, job: RemoteJob, on: bool) -> None:
+        """Tell the turn's replica to pause it (``on``) or let it go on; the calls of one turn reach it in the order
+        they were made (each waits for the one before). Before the replica is known: sent once it announces itself."""
+        if job.replica is None:
+            return
+        previous, target = job.flow, ToReplica(job.replica)
+
+        async def send() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            await _quietly(_call(self._handle.pause_turn, target, job.call_id, on))
+
+        job.flow = self._spawn(send())
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)

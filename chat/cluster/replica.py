@@ -9,6 +9,8 @@ Methods (called by the ingress through a deployment handle):
 - ``run_turn(TurnCall)`` (a stream): ``Served``, then the engine's ``Delta`` ... ``Done``, or ``Failed``.
   If the caller goes away (Ray Serve cancels the call), the engine turn is cancelled within one step.
 - ``cancel_turn(ToReplica, call_id)``: stop a running turn; its stream still ends with ``Done`` (``cancelled``).
+- ``pause_turn(ToReplica, call_id, on)``: pause a running turn in this engine (its client fell behind reading at the
+  ingress, ``chat.server.backpressure``), or let it go on.
 - ``report(ToReplica)``: ``ReplicaReport``, whose ``metrics_text`` is this engine's single-process ``/metrics``.
 - ``describe()``: model name and the replica's identity.
 """
@@ -76,6 +78,13 @@ class EngineReplica:
         job = self.running.get(call_id)
         if job is not None:
             job.cancel()
+        return job is not None
+
+    async def pause_turn(self, target: ToReplica, call_id: str, on: bool) -> bool:
+        """Pause a running turn (``on``) or let it go on; True when it was running here."""
+        job = self.running.get(call_id)
+        if job is not None:
+            job.pause() if on else job.resume()
         return job is not None
 
     async def report(self, target: ToReplica) -> ReplicaReport:

@@ -1,9 +1,9 @@
 """What travels between the ingress and the engine replicas (pickled by Ray), and the cluster's one error.
 
-A turn: the ingress calls ``EngineReplica.run_turn(TurnCall)`` as a stream and receives ``Served`` (who runs it),
-then the engine's own ``Delta`` ... ``Done``, or a ``Failed`` in place of everything after ``Served`` when the engine
-refused the turn. Control calls (``cancel_turn``, ``report``) name their replica with :class:`ToReplica` as their
-first argument; the router sends them there.
+A turn: the ingress calls ``EngineReplica.run_turn(TurnCall)`` as a stream and receives ``Served`` (who runs it), then
+the engine's own ``Delta`` ... ``Done``, or a ``Failed`` in place of everything after ``Served`` when the engine refused
+the turn. Control calls (``cancel_turn``, ``pause_turn``, ``report``) name their replica with :class:`ToReplica` as
+their first argument; the router sends them there.
 
 Errors::
 

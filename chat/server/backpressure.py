@@ -9,9 +9,9 @@ slowly or not at all fills its socket, then its buffer:
   *Paused turns*) until the connection's writer has sent what waited (the HTTP stream took its events; the
   WebSocket's outbox is down to half the threshold), then they go on. So a slow reader's reply runs at the pace it
   reads, and one that reads nothing costs the engine a socket's worth of tokens, not a buffer's or a timeout's;
-- more than ``stream_buffer_events`` events unread all the same (turns that cannot pause: a cluster's, whose engine
-  is in a replica): its turns are cancelled at once with ``slow_client`` (``chat/server/errors.py``), sent after what
-  is buffered;
+- more than ``stream_buffer_events`` events unread all the same (events already on their way when the pause came: a
+  cluster's turns pause a round trip away, in their replica's engine): its turns are cancelled at once with
+  ``slow_client`` (``chat/server/errors.py``), sent after what is buffered;
 - one write that waits longer than ``send_timeout_s`` for the client to read: the connection is closed (a WebSocket
   with 1013) and its turns cancelled (paused or not).
 

@@ -56,8 +56,8 @@ async def run_turn_batches(
     The engine's events reach the loop through its :class:`~chat.server.relay.LoopRelay` (one wake-up per batch).
     When :func:`~chat.server.backpressure.pause_threshold` events wait unread (the consumer is stuck writing to a
     client that reads slowly or not at all), the turns are paused in the engine until the consumer takes them, so a
-    slow client's turns run at the pace it reads. When ``max_pending`` events wait unread anyway (an engine that does
-    not pause), the turns are cancelled at once and the next batch raises SlowClientError.
+    slow client's turns run at the pace it reads. When ``max_pending`` events wait unread anyway (events on their way
+    when the pause came), the turns are cancelled at once and the next batch raises SlowClientError.
 
     Raises:
         as :func:`run_turns`; SlowClientError (see above).

@@ -173,3 +173,78 @@ def test_a_socket_engine_tags_only_its_sessions_turns():
     socket.submit(request, print)
     assert seen == [None, SessionRef(session.id, first_turn=True)]
     assert socket.runtime is remote.runtime
+
+
+def test_pauses_and_resumes_go_to_the_turns_replica_in_the_order_they_were_made():
+    remote, _ = engine(FakeStream([Served("r1", "node", 7), Delta("a", (1,)), DONE]))
+    applied = []  # (replica, on) in the order the replica would apply them
+
+    class Slow:  # the first call takes longest: sent all at once, the replica would see them out of order
+        def __init__(self) -> None:
+            self.delays = [0.05, 0.0, 0.0]
+
+        def remote(self, target, call_id, on):
+            async def reach():
+                await asyncio.sleep(self.delays.pop(0))
+                applied.append((target.replica, on))
+
+            return reach()
+
+    remote._handle.pause_turn = Slow()
+
+    async def run():
+        job = remote.submit(TurnRequest([{"role": "user", "content": "hi"}]), lambda e: None)
+        while job.replica is None:
+            await asyncio.sleep(0)
+        job.pause()
+        job.pause()  # already paused: no second call
+        job.resume()
+        job.pause()
+        await job.flow
+        await job.task
+
+    asyncio.run(run())
+    assert applied == [("r1", True), ("r1", False), ("r1", True)]
+
+
+def test_a_pause_before_the_replica_is_known_is_sent_once_it_announces_itself():
+    remote, _ = engine(FakeStream([Served("r1", "node", 7), Delta("a", (1,)), DONE]))
+    handle = remote._handle
+
+    async def run():
+        job = remote.submit(TurnRequest([{"role": "user", "content": "hi"}]), lambda e: None)
+        job.pause()  # the stream has not started: no replica yet
+        assert [m for m, _ in handle.calls if m == "pause_turn"] == []
+        await job.task
+        await job.flow
+        return job
+
+    job = asyncio.run(run())
+    (call,) = [args for method, args in handle.calls if method == "pause_turn"]
+    assert (call[0].replica, call[1], call[2]) == ("r1", job.call_id, True)
+
+
+def test_a_replica_pauses_and_resumes_the_turn_it_runs_and_says_whether_it_ran_there():
+    from chat.cluster.replica import EngineReplica
+    from chat.cluster.wire import ToReplica
+
+    class Job:
+        paused = False
+
+        def pause(self):
+            self.paused = True
+
+        def resume(self):
+            self.paused = False
+
+    replica = EngineReplica.__new__(EngineReplica)  # the control call's part, without a model or Ray Serve
+    job = Job()
+    replica.running = {"c1": job}
+
+    async def run():
+        here = await replica.pause_turn(ToReplica("r1"), "c1", True)
+        paused = job.paused
+        await replica.pause_turn(ToReplica("r1"), "c1", False)
+        return here, paused, await replica.pause_turn(ToReplica("r1"), "c9", True)
+
+    assert asyncio.run(run()) == (True, True, False) and not job.paused
