@@ -6,8 +6,8 @@ slowly or not at all fills its socket, then its buffer:
 
 - :func:`pause_threshold` events unread (8 a turn, at most half of ``stream_buffer_events``): its turns are paused
   in the engine (``JobHandle.pause``: they take no place in its steps and compute nothing, see the scheduler's
-  *Paused turns*) until the connection's writer has sent what waited (the HTTP stream took its events; the
-  WebSocket's outbox is down to half the threshold), then they go on. So a slow reader's reply runs at the pace it
+  *Paused turns*) until the connection's writer has sent what waited (half the threshold or less left unread), then
+  they go on (:class:`Pacer`, one per HTTP stream or WebSocket). So a slow reader's reply runs at the pace it
   reads, and one that reads nothing costs the engine a socket's worth of tokens, not a buffer's or a timeout's;
 - more than ``stream_buffer_events`` events unread all the same (events already on their way when the pause came: a
   cluster's turns pause a round trip away, in their replica's engine): its turns are cancelled at once with
@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable, Collection
 
 from fastapi.responses import StreamingResponse
 
@@ -44,6 +45,29 @@ def pause_threshold(turns: int, max_pending: int) -> int:
     ``turns`` (a loop that falls a few steps behind under load pauses nobody: its events are taken at its next
     turn), and at most half of ``max_pending`` (so that turns pause well before the buffer overflows)."""
     return max(1, min(PAUSE_EVENTS_PER_TURN * max(turns, 1), max_pending // 2))
+
+
+class Pacer:
+    """Pauses one connection's turns while its client has :func:`pause_threshold` events or more unread, and lets
+    them go on once it is down to half of that. ``handles()``: the connection's running turns (each with ``pause``
+    and ``resume``), asked at each change. On the event loop."""
+
+    def __init__(self, handles: Callable[[], Collection], max_pending: int) -> None:
+        self.handles = handles  # the connection's running turns
+        self.max_pending = max_pending  # the connection's bound (stream_buffer_events)
+        self.paused = False  # its turns are paused
+
+    def unread(self, events: int) -> None:
+        """The client now has ``events`` unread (one more arrived, or the writer took some)."""
+        at = pause_threshold(len(self.handles()), self.max_pending)
+        if not self.paused and events >= at:
+            self.paused = True
+            for handle in self.handles():
+                handle.pause()
+        elif self.paused and events <= at // 2:
+            self.paused = False
+            for handle in self.handles():
+                handle.resume()
 
 
 class TimedStreamingResponse(StreamingResponse):

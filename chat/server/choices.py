@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from chat.engine.events import Done, Event, TurnRequest
 from chat.engine.sampling import TokenLogprob
-from chat.server.backpressure import pause_threshold
+from chat.server.backpressure import Pacer
 from chat.server.errors import SlowClientError
 from chat.server.relay import relay_for
 
@@ -55,9 +55,10 @@ async def run_turn_batches(
     list (one engine step's tokens, or several when the consumer fell behind): a stream writes each list at once.
     The engine's events reach the loop through its :class:`~chat.server.relay.LoopRelay` (one wake-up per batch).
     When :func:`~chat.server.backpressure.pause_threshold` events wait unread (the consumer is stuck writing to a
-    client that reads slowly or not at all), the turns are paused in the engine until the consumer takes them, so a
-    slow client's turns run at the pace it reads. When ``max_pending`` events wait unread anyway (events on their way
-    when the pause came), the turns are cancelled at once and the next batch raises SlowClientError.
+    client that reads slowly or not at all), the turns are paused in the engine until the consumer takes them
+    (:class:`~chat.server.backpressure.Pacer`), so a slow client's turns run at the pace it reads. When
+    ``max_pending`` events wait unread anyway (events on their way when the pause came), the turns are cancelled at
+    once and the next batch raises SlowClientError.
 
     Raises:
         as :func:`run_turns`; SlowClientError (see above).
@@ -67,12 +68,12 @@ async def run_turn_batches(
     pending: list[tuple[int, Event | BaseException]] = []  # arrived, not yet taken (a list and one waiter: cheaper
     # per event than an asyncio.Queue, whose every put and get is several calls)
     waiter: asyncio.Future | None = None  # set while the consumer waits for an event
-    handles = []
-    overflowed = paused = False
-    pause_at = pause_threshold(len(requests), max_pending) if max_pending is not None else None
+    handles: list = []
+    overflowed = False
+    pacer = Pacer(lambda: handles, max_pending) if max_pending is not None else None
 
     def arrive(item: tuple[int, Event | BaseException]) -> None:  # on the loop
-        nonlocal overflowed, paused
+        nonlocal overflowed
         if overflowed:
             return
         if max_pending is not None and len(pending) >= max_pending:
@@ -81,10 +82,8 @@ async def run_turn_batches(
                 handle.cancel()
             item = (item[0], SlowClientError(f"the client left more than {max_pending} events unread"))
         pending.append(item)
-        if pause_at is not None and not paused and len(pending) >= pause_at:
-            paused = True
-            for handle in handles:
-                handle.pause()
+        if pacer is not None:
+            pacer.unread(len(pending))
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
@@ -102,10 +101,8 @@ async def run_turn_batches(
                     waiter = None
             batch = pending.copy()
             pending.clear()
-            if paused:  # the client took what was written before: the turns go on while this batch is written
-                paused = False
-                for handle in handles:
-                    handle.resume()
+            if pacer is not None:  # the client took what was written before: the turns go on while this is written
+                pacer.unread(0)
             out = []
             for i, item in batch:
                 if isinstance(item, BaseException):

@@ -49,7 +49,7 @@ from chat.protocol.store import SessionStore
 from chat.protocol.tools import AssistantToolCall
 from chat.server import reasoning_api, tools_api
 from chat.server.auth import KeyRing, Tenant, bearer_of
-from chat.server.backpressure import pause_threshold
+from chat.server.backpressure import Pacer
 from chat.server.choices import chat_logprobs
 from chat.server.errors import TRANSPORT, RequestError, describe
 from chat.server.key_store import KeyStore
@@ -122,7 +122,8 @@ class ChatSocket:
         self.send_timeout_s = send_timeout_s  # the longest one frame may wait for the client to read (None: forever)
         self.reader: asyncio.Task | None = None  # the task reading frames, cancelled when the client reads too slowly
         self.too_slow = False  # the client read too slowly: the socket is being dropped
-        self.paused = False  # the client fell behind reading: its turns are paused (chat.server.backpressure)
+        # pauses the socket's turns while its client has too many frames unread (None: no bound, no pausing)
+        self.pacer = Pacer(self.jobs.values, max_pending) if max_pending is not None else None
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._write())
@@ -170,19 +171,8 @@ class ChatSocket:
             return
         if self.outbox.qsize() > self.max_pending:
             self._drop_slow_client(f"the client left more than {self.max_pending} events unread")
-        elif not self.paused and self.outbox.qsize() >= self._pause_at():
-            self._pause(True)
-
-    def _pause_at(self) -> int:
-        """Frames waiting in the outbox at which the socket's turns pause (they go on at half of it)."""
-        assert self.max_pending is not None  # nothing pauses without a bound
-        return pause_threshold(len(self.jobs), self.max_pending)
-
-    def _pause(self, on: bool) -> None:
-        """Pause the socket's turns (its client fell behind reading), or let them go on (chat.server.backpressure)."""
-        self.paused = on
-        for job in self.jobs.values():
-            job.pause() if on else job.resume()
+        elif self.pacer is not None:
+            self.pacer.unread(self.outbox.qsize())
 
     def _drop_slow_client(self, why: str) -> None:
         """The client does not read (chat.server.backpressure): cancel its turns at once and end the socket (the
@@ -239,8 +229,8 @@ class ChatSocket:
             timer = loop.call_later(limit, watch)
         try:
             while (frame := await self.outbox.get()) is not None:
-                if self.paused and self.outbox.qsize() <= self._pause_at() // 2:
-                    self._pause(False)  # the client is reading again: the turns go on while this frame is sent
+                if self.pacer is not None:  # the client took a frame: the turns go on once it has caught up
+                    self.pacer.unread(self.outbox.qsize())
                 if isinstance(frame, int):
                     reason = ErrorCode.SLOW_CLIENT if self.too_slow else ErrorCode.KEY_REVOKED
                     with contextlib.suppress(Exception):
@@ -307,7 +297,7 @@ class ChatSocket:
             self.readers[plan.turn_id] = reader
             relay, turn_id = self.relay, plan.turn_id
             self.jobs[turn_id] = self.engine.submit(request, lambda event: relay.call(self._on_event, turn_id, event))
-            if self.paused:
+            if self.pacer is not None and self.pacer.paused:
                 self.jobs[turn_id].pause()  # its stream waits behind what the client has not read yet
         except Exception as exc:  # media the model does not take, a closed engine, a bug: this turn fails alone
             self.turn_sessions.pop(plan.turn_id, None)
