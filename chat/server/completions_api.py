@@ -28,7 +28,7 @@ from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_COMPLETION_PROMPTS, MAX_TEXT_CHARS, MAX_TOP_LOGPROBS
 from chat.server.choices import completion_logprobs, run_turns, with_seeds
-from chat.server.errors import TRANSPORT, RequestError, SlowClientError
+from chat.server.errors import RequestError, SlowClientError
 from chat.server.openai_api import StreamOptions, first_event, refuse_unsupported, sampling_of, usage_and_timings
 from chat.server.turns import sampling_params
 
@@ -259,8 +259,7 @@ async def _sse(runtime, req, turns, model, events, head) -> AsyncIterator[str]:
             except StopAsyncIteration:
                 break
             except SlowClientError as exc:
-                error = {"message": str(exc), "type": TRANSPORT[exc.code].kind, "code": exc.code.value}
-                yield f"data: {json.dumps({'error': error})}\n\n"
+                yield f"data: {json.dumps({'error': exc.body()})}\n\n"
                 break
     finally:
         await events.aclose()

@@ -105,6 +105,10 @@ class SlowClientError(Exception):
 
     code = ErrorCode.SLOW_CLIENT
 
+    def body(self) -> dict:
+        """OpenAI's error object for it, as the last chunk of a stream carries it."""
+        return {"message": str(self), "type": TRANSPORT[self.code].kind, "code": self.code.value}
+
 
 class RequestError(Exception):
     """Bad request content found by the HTTP transport itself (not by the protocol types or the engine)."""

@@ -42,7 +42,7 @@ from chat.protocol.sampling import SamplingSettings
 from chat.protocol.tools import MAX_TOOLS, ToolChoiceWire, ToolDef
 from chat.server import reasoning_api, tools_api
 from chat.server.choices import chat_logprobs, run_turn_batches, run_turns
-from chat.server.errors import TRANSPORT, RequestError, SlowClientError
+from chat.server.errors import RequestError, SlowClientError
 from chat.server.tools_api import ToolPlan
 from chat.server.turns import turn_request, wire_timings, wire_usage
 
@@ -455,8 +455,7 @@ async def _sse(engine, batches, head, turns: Sequence[TurnRequest], model: str, 
             except StopAsyncIteration:
                 break
             except SlowClientError as exc:
-                error = {"message": str(exc), "type": TRANSPORT[exc.code].kind, "code": exc.code.value}
-                yield b"data: %s\n\ndata: [DONE]\n\n" % orjson.dumps({"error": error})
+                yield b"data: %s\n\ndata: [DONE]\n\n" % orjson.dumps({"error": exc.body()})
                 return
     finally:
         await batches.aclose()
