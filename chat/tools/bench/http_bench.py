@@ -322,6 +322,7 @@ def bad_client_summary(
     """The phase's keys from its runs (``runs[with bad clients]``: each run's level and memory growth), the bad
     clients' reports and the turns the engines paused (``pauses[with bad clients]``, summed over the runs)."""
     clean, loaded = (statistics.median(level.tokens_per_s for level, _ in runs[k]) for k in (False, True))
+    pauses = pauses or {False: 0, True: 0}
     paired = [  # each round's own ratio: its two runs back to back (a drift between rounds falls on neither side)
         with_bad.tokens_per_s / without.tokens_per_s
         for (without, _), (with_bad, _) in zip(runs[False], runs[True], strict=True)
@@ -345,10 +346,7 @@ def bad_client_summary(
             statistics.median(growth[1]) - statistics.median(growth[0]) if all(growth) else None
         ),
         "bad_client_settings": asdict(phase),
-        "bad_client_turn_pauses": {
-            "clean": (pauses or {}).get(False, 0),
-            "loaded": (pauses or {}).get(True, 0),
-        },
+        "bad_client_turn_pauses": {"clean": pauses[False], "loaded": pauses[True]},
         "errors": sum(level.errors for k in (False, True) for level, _ in runs[k]),
     }
 
