@@ -7,7 +7,7 @@ import pytest
 
 from chat.engine.events import Delta, Done, Timings, Usage
 from chat.protocol.errors import ErrorCode
-from chat.server.backpressure import TimedStreamingResponse, closing_idle
+from chat.server.backpressure import Pacer, TimedStreamingResponse, closing_idle
 from chat.server.choices import run_turn_batches
 from chat.server.errors import TRANSPORT, SlowClientError, code_of
 from chat.server.ws import ChatSocket
@@ -118,7 +118,8 @@ class _Job:
 def _socket(ws, *, max_pending=None, send_timeout_s=0.1) -> ChatSocket:
     sock = ChatSocket.__new__(ChatSocket)  # the parts the writer uses, without an engine or a store
     sock.ws, sock.open, sock.too_slow, sock.reader = ws, True, False, None
-    sock.outbox, sock.jobs, sock.paused = asyncio.Queue(), {"t1": _Job()}, False
+    sock.outbox, sock.jobs = asyncio.Queue(), {"t1": _Job()}
+    sock.pacer = Pacer(sock.jobs.values, max_pending) if max_pending is not None else None
     sock.max_pending, sock.send_timeout_s = max_pending, send_timeout_s
     return sock
 
@@ -316,7 +317,7 @@ def test_a_stream_whose_client_falls_behind_pauses_its_turns_and_gets_the_whole_
                 stalls.append(len(batch))
         return seen, stalls
 
-    seen, stalls = asyncio.run(consume())
+    seen, stalls = asyncio.run(asyncio.wait_for(consume(), 30))  # a turn never let go on would hang here
     assert engine.done.is_set() and len(seen) == 201 and isinstance(seen[-1][1], Done)  # nothing lost, no error
     assert engine.pauses >= 3 and engine.resumes >= engine.pauses
     assert max(stalls) <= pause_threshold(1, 64) + 1  # never more unread than the threshold (and one in flight)
@@ -383,21 +384,22 @@ def test_a_websocket_whose_client_falls_behind_pauses_its_turns_and_its_writer_l
 
     async def run():
         sock = _socket(_ReadingSocket(), max_pending=64, send_timeout_s=30)
-        sock.paused, sock.jobs = False, {"t1": Job(), "t2": Job()}
+        sock.jobs.clear()
+        sock.jobs.update(t1=Job(), t2=Job())
         at = pause_threshold(2, 64)
         for i in range(at - 1):
             sock.outbox.put_nowait(f"frame {i}")
         sock._send([])
-        assert not sock.paused
+        assert not sock.pacer.paused
         sock.outbox.put_nowait("one more")
         sock._send([])  # the threshold is reached: both turns pause
-        paused_then = sock.paused and all(j.paused for j in sock.jobs.values())
+        paused_then = sock.pacer.paused and all(j.paused for j in sock.jobs.values())
         sock.outbox.put_nowait(None)
         await sock._write()  # the client reads: below half the threshold, they go on
         return paused_then, sock
 
     paused_then, sock = asyncio.run(run())
-    assert paused_then and not sock.paused and not any(j.paused for j in sock.jobs.values())
+    assert paused_then and not sock.pacer.paused and not any(j.paused for j in sock.jobs.values())
     assert len(sock.ws.sent) == pause_threshold(2, 64)
 
 
@@ -436,3 +438,30 @@ def test_a_websocket_client_that_stops_reading_a_while_pauses_its_turn_and_then_
     engine.close()
     assert events[-1]["type"] == "reply.done" and events[-1]["finish_reason"] == "length", events[-1]
     assert sum(e["type"] == "reply.delta" for e in events) == 400 and engine.metrics.turn_pauses >= 1
+
+
+@pytest.mark.parametrize("api", ["completions", "responses"])
+def test_a_completions_or_responses_stream_past_its_bound_ends_with_a_typed_slow_client_error(api):
+    """Events that keep coming after the pause (an engine that does not stop at once) end the stream with
+    ``slow_client``, as chat completions' streams do."""
+    from chat.server import completions_api, responses_api
+
+    engine = _Flood(50)
+    engine.runtime = None
+
+    async def consume() -> str:
+        if api == "completions":
+            req = completions_api.CompletionRequest(prompt="go", stream=True)
+            chunks = await completions_api.stream(engine, req, [object()], "m", max_pending=10)
+        else:
+            req = responses_api.ResponsesRequest(input="go", stream=True)
+            args = (engine, object(), req, "m", None, None, None, "tenant", None)
+            chunks = await responses_api.stream(*args, max_pending=10)
+        out = [await anext(chunks)]
+        engine.started.set()
+        await asyncio.sleep(0.3)  # the writer is stuck: the flood fills the buffer
+        out += [chunk async for chunk in chunks]
+        return "".join(out)
+
+    text = asyncio.run(asyncio.wait_for(consume(), 10))
+    assert engine.cancelled.is_set() and engine.paused.is_set() and '"code": "slow_client"' in text
