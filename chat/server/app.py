@@ -21,31 +21,31 @@ from chat.engine.engine import Engine
 from chat.engine.errors import EngineError
 from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
-from chat.server import completions_api, openai_api, responses_api, tokenize_api
-from chat.server.auth import KeyRing, Tenant
-from chat.server.backpressure import TimedStreamingResponse
-from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
-from chat.server.guard import GuardMiddleware
-from chat.server.key_store import KeyStore, watch_keys
-from chat.server.media_urls import MediaURLMiddleware
 from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics
-from chat.server.policy import TenantPolicy
-from chat.server.ratelimit import Limits, RateLimitedError
-from chat.server.response_store import ResponseStore
-from chat.server.session_db import SqliteSessionStore
+from chat.server.persistence.response_store import ResponseStore
+from chat.server.persistence.session_db import SqliteSessionStore
+from chat.server.reply.choices import with_seeds
+from chat.server.reply.turns import SamplingFieldError
 from chat.server.settings import MiB, ServerSettings
-from chat.server.tenant_gate import TenantGate
-from chat.server.turns import SamplingFieldError
-from chat.server.url_fetch import MediaURLPolicy
-from chat.server.ws import serve_socket
+from chat.server.surfaces import completions_api, openai_api, responses_api, tokenize_api
+from chat.server.surfaces.ws import serve_socket
+from chat.server.tenancy.auth import KeyRing, Tenant
+from chat.server.tenancy.key_store import KeyStore, watch_keys
+from chat.server.tenancy.policy import TenantPolicy
+from chat.server.tenancy.ratelimit import Limits, RateLimitedError
+from chat.server.tenancy.tenant_gate import TenantGate
+from chat.server.transport.backpressure import TimedStreamingResponse
+from chat.server.transport.guard import GuardMiddleware
+from chat.server.transport.media_urls import MediaURLMiddleware
+from chat.server.transport.url_fetch import MediaURLPolicy
 
 log = logging.getLogger("turncache.server")
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 
 def key_ring(settings: ServerSettings) -> KeyRing:
-    """The server's keys from its settings (see chat/server/auth.py).
+    """The server's keys from its settings (see chat/server/tenancy/auth.py).
 
     Raises:
         KeysError: a keys source is unreadable or malformed.
@@ -70,7 +70,7 @@ def server_policy(settings: ServerSettings) -> TenantPolicy:
 
 
 def key_store(settings: ServerSettings) -> KeyStore:
-    """The server's keys, read again on SIGHUP and when the keys file changes (``chat/server/key_store.py``).
+    """The server's keys, read again on SIGHUP and when the keys file changes (``chat/server/tenancy/key_store.py``).
 
     Raises:
         KeysError: a keys source is unreadable or malformed (at start: the server must not start).
@@ -107,7 +107,7 @@ def error_response(exc: BaseException) -> JSONResponse:
 
 
 class GuardedApp(FastAPI):
-    """The app with the HTTP guard (``chat/server/guard.py``) in front of FastAPI's whole stack (its telemetry
+    """The app with the HTTP guard (``chat/server/transport/guard.py``) in front of FastAPI's whole stack (its telemetry
     check, Starlette's error and body-limit middleware), not inside it: a request the guard refuses (a flood past its
     tenant's limit, a wrong key) costs the guard and the refusal only, not the layers it never needed. Live (a flood
     of 200 requests/s refused with 429, fake engine), the server's loop spent 0.72-0.80 ms of CPU per refused request

@@ -9,7 +9,7 @@ alternatives (and itself) in ``top_logprobs``. ``max_tokens: 0`` computes the pr
 ``logprobs``: its log-likelihood). A request that asks for prompt log-probabilities takes nothing from the prefix
 cache (``chat.engine.turn``): every position's logits are computed, and the prompt is stored for later turns.
 
-Sampling fields, refusals and usage are the chat API's (``chat.server.openai_api``).
+Sampling fields, refusals and usage are the chat API's (``chat.server.surfaces.openai_api``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,16 @@ from chat.engine.events import Delta, Done, Event, TurnRequest
 from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_COMPLETION_PROMPTS, MAX_TEXT_CHARS, MAX_TOP_LOGPROBS
-from chat.server.choices import completion_logprobs, run_turns, with_seeds
 from chat.server.errors import RequestError, SlowClientError
-from chat.server.openai_api import StreamOptions, first_event, refuse_unsupported, sampling_of, usage_and_timings
-from chat.server.turns import sampling_params
+from chat.server.reply.choices import completion_logprobs, run_turns, with_seeds
+from chat.server.reply.turns import sampling_params
+from chat.server.surfaces.openai_api import (
+    StreamOptions,
+    first_event,
+    refuse_unsupported,
+    sampling_of,
+    usage_and_timings,
+)
 
 TokenIds = list[int]
 Prompt = str | list[str] | TokenIds | list[TokenIds]
@@ -188,7 +194,7 @@ async def stream(
     """Server-sent events of a streaming completion. With ``echo``, each choice's first chunk is its prompt (and,
     with ``logprobs``, the prompt's log-probabilities, which come once the prompt is computed). The first event is
     awaited before this returns. A client that falls behind reading pauses the turns; ``max_pending`` events left
-    unread all the same end the stream with a ``slow_client`` error (chat.server.backpressure).
+    unread all the same end the stream with a ``slow_client`` error (chat.server.transport.backpressure).
 
     Raises:
         whatever the turns raise before computing anything.

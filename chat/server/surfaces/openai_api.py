@@ -14,9 +14,9 @@ or ``"default"``, ``parallel_tool_calls`` without tools, empty ``tools`` / ``met
 Messages use the WebSocket protocol's content types and limits (``chat.protocol.content``, ``chat.protocol.limits``)
 in an OpenAI envelope (:class:`HttpMessage`); sampling fields (penalties, ``logit_bias``, ``logprobs``,
 ``response_format``, the ``structured_outputs`` extension, ...) are validated once, by the protocol's
-``SamplingSettings``; usage and timings are converted by ``chat.server.turns``, errors reported by
+``SamplingSettings``; usage and timings are converted by ``chat.server.reply.turns``, errors reported by
 ``chat.server.errors`` — the same as on the WebSocket. A grammar is compiled (or found compiled) before anything is
-computed, so a bad schema is a 400 naming its field. ``n`` replies run as ``n`` turns (``chat.server.choices``).
+computed, so a bad schema is a 400 naming its field. ``n`` replies run as ``n`` turns (``chat.server.reply.choices``).
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_MESSAGES
 from chat.protocol.sampling import SamplingSettings
 from chat.protocol.tools import MAX_TOOLS, ToolChoiceWire, ToolDef
-from chat.server import reasoning_api, tools_api
-from chat.server.choices import chat_logprobs, run_turn_batches, run_turns
 from chat.server.errors import RequestError, SlowClientError
-from chat.server.tools_api import ToolPlan
-from chat.server.turns import turn_request, wire_timings, wire_usage
+from chat.server.reply import reasoning_api, tools_api
+from chat.server.reply.choices import chat_logprobs, run_turn_batches, run_turns
+from chat.server.reply.tools_api import ToolPlan
+from chat.server.reply.turns import turn_request, wire_timings, wire_usage
 
 SAMPLING_FIELDS = (  # the request fields that are SamplingSettings' (same names)
     "temperature",
@@ -139,8 +139,8 @@ def grammar_field(body: BaseModel) -> str:
 class HttpMessage(ChatMessage):
     """One message of a request: the protocol's content types and rules (``ChatMessage``), with OpenAI's extras:
     the ``developer`` role (taken as ``system``), ``content: null``, an assistant's ``tool_calls`` and a ``tool``
-    message's ``tool_call_id`` (``chat.server.tools_api``); OpenAI's other message fields are refused unless null or
-    empty."""
+    message's ``tool_call_id`` (``chat.server.reply.tools_api``); OpenAI's other message fields are refused unless
+    null or empty."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -361,7 +361,8 @@ async def stream(
     before this returns (see :func:`first_event`). A reply that may call tools is held back until it is done, then
     sent as its text and its calls (OpenAI's tool-call deltas, each call whole). Every batch of engine events (one
     step's, or more when the client fell behind: ``run_turn_batches``) is one write. More than ``max_pending``
-    events left unread cancels the turns and ends the stream with a ``slow_client`` error (chat.server.backpressure).
+    events left unread cancels the turns and ends the stream with a ``slow_client`` error
+    (chat.server.transport.backpressure).
 
     Raises:
         whatever the turns raise before computing anything.

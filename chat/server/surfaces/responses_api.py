@@ -5,7 +5,7 @@ sampling fields, tools (function tools, in the Responses shape), structured outp
 refusals. ``input`` is a string or a list of items: messages (``input_text``, ``input_image`` as a data URL,
 ``output_text`` of earlier replies), ``function_call`` and ``function_call_output``; ``reasoning`` items are taken
 and dropped (templates render the history without its thinking). ``instructions`` become the system message of
-this request only. With ``store`` (the default) the response is kept (``chat.server.response_store``) and
+this request only. With ``store`` (the default) the response is kept (``chat.server.persistence.response_store``) and
 ``previous_response_id`` continues its conversation: an agent step sends only its new input, the prompt is the whole
 conversation rendered as before, and the prefix cache serves all of it but the new input. A response of another
 tenant, or one no longer kept, is 404 ``not_found``.
@@ -26,13 +26,13 @@ from chat.engine.events import Delta, Done, TurnRequest
 from chat.engine.reasoning import Markers, ReasoningSplitter
 from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
-from chat.server import reasoning_api, tools_api
-from chat.server.choices import run_turns
 from chat.server.errors import RequestError, SlowClientError, validation_error
-from chat.server.openai_api import ChatCompletionRequest, first_event, refuse_unsupported
-from chat.server.response_store import ResponseStore, StoredResponse
-from chat.server.tools_api import ToolPlan
-from chat.server.turns import wire_usage
+from chat.server.persistence.response_store import ResponseStore, StoredResponse
+from chat.server.reply import reasoning_api, tools_api
+from chat.server.reply.choices import run_turns
+from chat.server.reply.tools_api import ToolPlan
+from chat.server.reply.turns import wire_usage
+from chat.server.surfaces.openai_api import ChatCompletionRequest, first_event, refuse_unsupported
 
 
 class ResponsesRequest(BaseModel):
@@ -356,7 +356,7 @@ async def stream(
     """Server-sent events of a streamed response (``response.created`` ... ``response.completed``); the first engine
     event is awaited before this returns. A reply that may call tools is sent whole once it is done. A client that
     falls behind reading pauses the turn; ``max_pending`` events left unread all the same end the stream with an
-    ``error`` event whose code is ``slow_client`` (chat.server.backpressure).
+    ``error`` event whose code is ``slow_client`` (chat.server.transport.backpressure).
 
     Raises:
         whatever the turn raised before computing anything.

@@ -1,12 +1,12 @@
 """The chat WebSocket (``/v1/ws``): a thin loop around :class:`chat.protocol.connection.Connection`.
 
 Frames in -> ``Connection.receive`` -> events out, turns to the engine, cancels to the engine. Engine results come back
-on the engine's thread and are marshalled onto the event loop by the loop's relay (``chat/server/relay.py``: one
-wake-up per engine step for every socket), where the connection turns them into ``reply.delta`` / ``reply.done``.
+on the engine's thread and are marshalled onto the event loop by the loop's relay (``chat/server/transport/relay.py``:
+one wake-up per engine step for every socket), where the connection turns them into ``reply.delta`` / ``reply.done``.
 All sends go through one queue, so events of one socket never interleave mid-frame.
 
-A turn that offers tools is built as ``/v1/chat/completions`` builds one (``chat.server.tools_api``: the same checks,
-call formats and grammars; the tools are checked before the event reaches the session, so a refused one changes
+A turn that offers tools is built as ``/v1/chat/completions`` builds one (``chat.server.reply.tools_api``: the same
+checks, call formats and grammars; the tools are checked before the event reaches the session, so a refused one changes
 nothing); its reply is held back until it is done, then sent as its text, its ``reply.tool_call`` events and its
 ``reply.done`` (:class:`ReplyReader`).
 
@@ -14,11 +14,12 @@ Refusals before any exchange: a browser ``Origin`` that is not allowed, or a mis
 configured, closes with 1008 (policy violation). When a reload of the keys removes the socket's key (or gives it to
 another tenant), the socket sends a ``key_revoked`` error, closes with 1008 (reason ``key_revoked``) and cancels its
 turns. An event that would start a turn over the tenant's limits gets a ``rate_limited`` error before the
-connection sees it. The key's tenant (``chat.server.auth``) owns the sessions the socket
+connection sees it. The key's tenant (``chat.server.tenancy.auth``) owns the sessions the socket
 creates, is the only one that can resume them, and salts the cache entries of its turns. A frame over the size limit
 closes with 1009 (uvicorn enforces ``ws_max_size``). Close codes and every error's wire code come from the one table
-in ``chat/server/errors.py``; turns are built, and their usage and timings reported, by ``chat/server/turns.py``, as
-on HTTP. A client that goes away cancels its turns; each stops within one engine step.
+in ``chat/server/errors.py``; turns are built, and their usage and timings reported, by
+``chat/server/reply/turns.py``, as on HTTP. A client that goes away cancels its turns; each stops within one engine
+step.
 
 An event that acknowledges a change to a session (``session.created``, ``session.updated``, a ``reply.done`` that
 committed a reply) is sent once the store has written that change (``SessionStore.when_written``), so a client that
@@ -47,15 +48,15 @@ from chat.protocol.server_events import ErrorEvent, ReplyDone, SessionCreated, S
 from chat.protocol.session import TurnPlan
 from chat.protocol.store import SessionStore
 from chat.protocol.tools import AssistantToolCall
-from chat.server import reasoning_api, tools_api
-from chat.server.auth import KeyRing, Tenant, bearer_of
-from chat.server.backpressure import Pacer
-from chat.server.choices import chat_logprobs
 from chat.server.errors import TRANSPORT, RequestError, describe
-from chat.server.key_store import KeyStore
-from chat.server.relay import relay_for
-from chat.server.tenant_gate import TenantGate
-from chat.server.turns import turn_request, wire_timings, wire_usage
+from chat.server.reply import reasoning_api, tools_api
+from chat.server.reply.choices import chat_logprobs
+from chat.server.reply.turns import turn_request, wire_timings, wire_usage
+from chat.server.tenancy.auth import KeyRing, Tenant, bearer_of
+from chat.server.tenancy.key_store import KeyStore
+from chat.server.tenancy.tenant_gate import TenantGate
+from chat.server.transport.backpressure import Pacer
+from chat.server.transport.relay import relay_for
 
 log = logging.getLogger("turncache.ws")
 WRITE_WAIT_S = 1.0  # the longest an acknowledgment waits for its session's write before it is sent anyway
@@ -175,8 +176,8 @@ class ChatSocket:
             self.pacer.unread(self.outbox.qsize())
 
     def _drop_slow_client(self, why: str) -> None:
-        """The client does not read (chat.server.backpressure): cancel its turns at once and end the socket (the
-        server then closes the connection; a close frame with 1013 is sent if the client's socket takes it)."""
+        """The client does not read (chat.server.transport.backpressure): cancel its turns at once and end the socket
+        (the server then closes the connection; a close frame with 1013 is sent if the client's socket takes it)."""
         if self.too_slow:
             return
         log.warning("closing a WebSocket: %s", why)
@@ -352,9 +353,9 @@ class ChatSocket:
 
 
 class ReplyReader:
-    """How one turn's reply is read back: its thinking apart (``chat.server.reasoning_api``) and, when it may call
-    tools, its calls (``chat.server.tools_api``, as over HTTP). A reply that may call tools is ``held``: nothing of it
-    is sent before it is done."""
+    """How one turn's reply is read back: its thinking apart (``chat.server.reply.reasoning_api``) and, when it may call
+    tools, its calls (``chat.server.reply.tools_api``, as over HTTP). A reply that may call tools is ``held``: nothing
+    of it is sent before it is done."""
 
     def __init__(self, request: TurnRequest, plan: tools_api.ToolPlan, markers: Markers | None) -> None:
         self.request = request  # what the engine was asked (settle renders the next prompt from it)

@@ -13,7 +13,7 @@ tenant is put in the request's state (``request.state.tenant``); a ``POST`` to a
 ``rate_limited``) before its body is read: a client flooding the server past its limits costs it the headers'
 parsing and a refusal, not a JSON body parsed and validated per request (``turncache bench http``'s bad clients).
 The route still admits each request itself (its number of turns is in the body). WebSocket and lifespan scopes pass
-through (the WebSocket checks its key itself, ``chat/server/ws.py``).
+through (the WebSocket checks its key itself, ``chat/server/surfaces/ws.py``).
 
 **Refusals held.** A refusal of ``admit_early`` goes out after ``refusal_hold_s`` (or the refusal's own retry time,
 if shorter): the same 429, its ``Retry-After`` counted from the answer (the hold taken off, so it may be 0). A
@@ -34,9 +34,9 @@ from typing import Any
 from starlette.requests import Request
 
 from chat.protocol.errors import ErrorCode
-from chat.server.auth import bearer_of
 from chat.server.errors import RequestError
-from chat.server.ratelimit import RateLimitedError
+from chat.server.tenancy.auth import bearer_of
+from chat.server.tenancy.ratelimit import RateLimitedError
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]

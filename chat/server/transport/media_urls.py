@@ -1,7 +1,7 @@
-"""Media by URL on the HTTP API: image parts that name an ``https://`` URL are fetched (:mod:`chat.server.url_fetch`)
-and replaced by data URLs before the request is validated, so everything after (validation, hashing, the media
-store, the prefix cache) sees what a client that inlines its images sends: the same image by URL and by data URL
-is one item, hashed from its bytes.
+"""Media by URL on the HTTP API: image parts that name an ``https://`` URL are fetched
+(:mod:`chat.server.transport.url_fetch`) and replaced by data URLs before the request is validated, so everything
+after (validation, hashing, the media store, the prefix cache) sees what a client that inlines its images sends: the
+same image by URL and by data URL is one item, hashed from its bytes.
 
 :class:`MediaURLMiddleware` is an ASGI middleware placed inside the authentication guard (a request without a
 valid key makes the server fetch nothing). It looks at ``POST /v1/chat/completions`` (``messages[i].content[j]``
@@ -24,7 +24,7 @@ from typing import Any
 
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
-from chat.server.url_fetch import Fetched, MediaURLError, MediaURLPolicy, fetch_image
+from chat.server.transport.url_fetch import Fetched, MediaURLError, MediaURLPolicy, fetch_image
 
 MAX_URLS_PER_REQUEST = 16  # distinct URLs one request may ask the server to fetch
 ROUTES = ("/v1/chat/completions", "/v1/responses")
