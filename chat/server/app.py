@@ -25,7 +25,7 @@ from chat.server.errors import RequestError, describe, validation_error
 from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics
 from chat.server.persistence.response_store import ResponseStore
 from chat.server.persistence.session_db import SqliteSessionStore
-from chat.server.reply.choices import with_seeds
+from chat.server.reply.admission import Admission
 from chat.server.reply.turns import SamplingFieldError
 from chat.server.settings import MiB, ServerSettings
 from chat.server.surfaces import completions_api, openai_api, responses_api, tokenize_api
@@ -227,45 +227,36 @@ def create_app(
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "local"}]}
 
-    def check_model(name: str | None) -> None:
-        if name not in (None, model_name):
-            message = f"unknown model {name!r}; this server runs {model_name!r}"
-            raise RequestError(ErrorCode.MODEL_NOT_FOUND, message, param="model")
+    admission = Admission(engine, gate, model_name)
+    app.state.admission = admission
+    check_model = admission.check_model
+    max_pending = settings.stream_buffer_events
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
         check_model(body.model)
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
-        turn, tools, thinking = openai_api.build_turn(
-            body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens
-        )
-        await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(body))
-        turns = with_seeds(turn, body.n or 1)
-        gate.admit(tenant.id, len(turns))
-        tenant_engine = gate.engine_for(engine, tenant.id)
+        prepared = openai_api.prepare(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
+        tenant_engine = await admission.admit(tenant, prepared)
+        args = (tenant_engine, prepared.turns, model_name, prepared.plan, prepared.markers)
         if body.stream:
-            events = await openai_api.stream(
-                tenant_engine, turns, model_name, tools, thinking, max_pending=settings.stream_buffer_events
-            )
-            return stream_response(events)
-        return await openai_api.complete(tenant_engine, turns, model_name, tools, thinking)
+            return stream_response(await openai_api.stream(*args, max_pending=max_pending))
+        return await openai_api.complete(*args)
 
     @app.post("/v1/completions")
     async def completions(body: completions_api.CompletionRequest, request: Request):
         check_model(body.model)
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
-        turns = completions_api.build_turns(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
-        await openai_api.check_grammar(engine, turns[0].params.grammar, openai_api.grammar_field(body))
-        gate.admit(tenant.id, len(turns))
-        tenant_engine = gate.engine_for(engine, tenant.id)
+        prepared = completions_api.prepare(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
+        tenant_engine = await admission.admit(tenant, prepared)
         if body.stream:
             events = await completions_api.stream(
-                tenant_engine, body, turns, model_name, max_pending=settings.stream_buffer_events
+                tenant_engine, body, prepared.turns, model_name, max_pending=max_pending
             )
             return stream_response(events)
-        return await completions_api.complete(tenant_engine, body, turns, model_name)
+        return await completions_api.complete(tenant_engine, body, prepared.turns, model_name)
 
     @app.post("/v1/responses")
     async def responses(body: responses_api.ResponsesRequest, request: Request):
@@ -279,18 +270,15 @@ def create_app(
                 message = f"previous_response_id: no response {body.previous_response_id!r}"
                 raise RequestError(ErrorCode.NOT_FOUND, message, param="previous_response_id")
             history = prior.messages
-        chat, conversation = responses_api.to_chat(body, history)
-        chat.check(settings.max_n)
-        turn, tools, thinking = openai_api.build_turn(
-            chat, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens
+        prepared, conversation = responses_api.prepare(
+            body, history, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens, max_n=settings.max_n
         )
-        await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(chat))
-        gate.admit(tenant.id)
-        tenant_engine = gate.engine_for(engine, tenant.id)
-        args = (tenant_engine, turn, body, model_name, tools, thinking, response_store, tenant.id, conversation)
+        tenant_engine = await admission.admit(tenant, prepared)
+        (turn,) = prepared.turns
+        args = (tenant_engine, turn, body, model_name, prepared.plan, prepared.markers, response_store, tenant.id)
         if body.stream:
-            return stream_response(await responses_api.stream(*args, max_pending=settings.stream_buffer_events))
-        return await responses_api.complete(*args)
+            return stream_response(await responses_api.stream(*args, conversation, max_pending=max_pending))
+        return await responses_api.complete(*args, conversation)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> dict:
