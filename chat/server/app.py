@@ -2,13 +2,17 @@
 results and errors back into wire responses; every decision about content lives in the engine and the protocol.
 
 Routes: ``/`` (the web UI), ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /v1/models``,
-``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's), and the
-chat WebSocket ``/v1/ws`` (see docs/protocol.md, docs/openai.md).
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``, Anthropic's ``POST /v1/messages`` and
+``/v1/messages/count_tokens``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's), and the chat WebSocket ``/v1/ws``
+(see docs/protocol.md, docs/openai.md, docs/anthropic.md). Every route that generates goes through the one reply
+pipeline (``chat.server.reply``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
@@ -28,7 +32,14 @@ from chat.server.persistence.session_db import SqliteSessionStore
 from chat.server.reply.admission import Admission
 from chat.server.reply.turns import SamplingFieldError
 from chat.server.settings import MiB, ServerSettings
-from chat.server.surfaces import completions_api, openai_api, responses_api, tokenize_api
+from chat.server.surfaces import (
+    anthropic_api,
+    anthropic_types,
+    completions_api,
+    openai_api,
+    responses_api,
+    tokenize_api,
+)
 from chat.server.surfaces.ws import serve_socket
 from chat.server.tenancy.auth import KeyRing, Tenant
 from chat.server.tenancy.key_store import KeyStore, watch_keys
@@ -95,8 +106,15 @@ def media_url_policy(settings: ServerSettings) -> MediaURLPolicy:
     )
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    """OpenAI's error body for ``exc``, with the status of its code (``chat/server/errors.py``)."""
+def error_response(exc: BaseException, path: str = "") -> JSONResponse:
+    """OpenAI's error body for ``exc``, with the status of its code (``chat/server/errors.py``); Anthropic's on its
+    routes (``anthropic_api.error_status_and_body``)."""
+    if anthropic_api.is_anthropic(path):
+        status, body = anthropic_api.error_status_and_body(exc)
+        if status >= 500:
+            log.error("request failed", exc_info=exc)
+        headers = {"Retry-After": str(exc.refusal.retry_after)} if isinstance(exc, RateLimitedError) else None
+        return JSONResponse(body, status_code=status, headers=headers)
     reported = describe(exc)
     status = reported.transport.status
     if status >= 500:
@@ -104,6 +122,20 @@ def error_response(exc: BaseException) -> JSONResponse:
     error = {"message": reported.message, "type": reported.transport.kind, "code": reported.code.value}
     headers = {"Retry-After": str(exc.refusal.retry_after)} if isinstance(exc, RateLimitedError) else None
     return JSONResponse({"error": {**error, "param": reported.param}}, status_code=status, headers=headers)
+
+
+def routed_path(scope) -> str:
+    """A request's path as routed (without a mount prefix)."""
+    return scope.get("path", "").removeprefix(scope.get("root_path", ""))
+
+
+def refusal(exc: BaseException):
+    """The ASGI response refusing ``exc`` in the shape of the request's surface (for the guard and middleware)."""
+
+    async def respond(scope, receive, send) -> None:
+        await error_response(exc, routed_path(scope))(scope, receive, send)
+
+    return respond
 
 
 class GuardedApp(FastAPI):
@@ -163,7 +195,7 @@ def create_app(
             MediaURLMiddleware,
             policy=media_url_policy(settings),
             max_body=settings.max_body_mib * MiB,
-            refuse=error_response,
+            refuse=refusal,
         )
 
     def admit_early(tenant: Tenant) -> RateLimitedError | None:
@@ -177,7 +209,7 @@ def create_app(
         app.behind_guard,
         authenticate=keys.authenticate,
         max_body=settings.max_body_mib * MiB,
-        refuse=error_response,
+        refuse=refusal,
         admit_early=admit_early,
         refusal_hold_s=settings.refusal_hold_s,
     )
@@ -186,23 +218,23 @@ def create_app(
         return TimedStreamingResponse(events, media_type="text/event-stream", send_timeout_s=settings.send_timeout_s)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(validation_error(list(exc.errors())))
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(list(exc.errors())), routed_path(request.scope))
 
     @app.exception_handler(RequestError)
-    async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
-        return error_response(exc)
+    async def request_error(request: Request, exc: RequestError) -> JSONResponse:
+        return error_response(exc, routed_path(request.scope))
 
     @app.exception_handler(EngineError)
     @app.exception_handler(GrammarError)
     @app.exception_handler(RateLimitedError)
     @app.exception_handler(SamplingFieldError)
-    async def engine_error(_request: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+    async def engine_error(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc, routed_path(request.scope))
 
     @app.exception_handler(Exception)
-    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc, routed_path(request.scope))
 
     @app.get("/health")
     async def health() -> dict:
@@ -279,6 +311,32 @@ def create_app(
         if body.stream:
             return stream_response(await responses_api.stream(*args, conversation, max_pending=max_pending))
         return await responses_api.complete(*args, conversation)
+
+    @app.post("/v1/messages")
+    async def messages(body: anthropic_types.MessagesRequest, request: Request):
+        """Anthropic's Messages API (``?beta=true`` accepted: the query is not read)."""
+        check_model(body.model)
+        anthropic_api.check(body)
+        tenant: Tenant = request.state.tenant
+        runtime = engine.runtime
+        converted = anthropic_api.to_chat(body, runtime)
+        prepared = anthropic_api.prepare(converted, tenant.salt, runtime)
+        breakpoints = await asyncio.to_thread(
+            anthropic_api.breakpoint_tokens, converted, prepared.turns[0], tenant.salt, runtime
+        )
+        prepared = replace(prepared, turns=anthropic_api.replace_breakpoints(prepared.turns, breakpoints))
+        tenant_engine = await admission.admit(tenant, prepared)
+        reply = anthropic_api.Reply(body.model, converted, breakpoints, runtime, tuple(body.stop_sequences or ()))
+        if body.stream:
+            return stream_response(await anthropic_api.stream(tenant_engine, prepared, reply, max_pending=max_pending))
+        return await anthropic_api.complete(tenant_engine, prepared, reply)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: anthropic_types.CountTokensRequest, request: Request) -> dict:
+        check_model(body.model)
+        anthropic_api.check(body)
+        tenant: Tenant = request.state.tenant
+        return await asyncio.to_thread(anthropic_api.count_tokens, body, tenant.salt, engine.runtime)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> dict:

@@ -21,6 +21,7 @@ whole). The WebSocket feeds its turns' events to a :class:`ReplyReader` itself (
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -79,7 +80,13 @@ class Failed:
     done: Done | None = None
 
 
-ReplyEvent = TextOut | ReasoningOut | CallsOut | Finished | Failed
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Nothing came for ``keepalive_s`` before the first token (a long prefill, a queue): a surface may send its
+    keep-alive (Anthropic's ``ping``)."""
+
+
+ReplyEvent = TextOut | ReasoningOut | CallsOut | Finished | Failed | Waiting
 
 
 class ReplyReader:
@@ -169,28 +176,37 @@ class Prepared:
 
 
 async def open_replies(
-    engine, prepared: Prepared, *, max_pending: int | None = None
+    engine, prepared: Prepared, *, max_pending: int | None = None, keepalive_s: float | None = None
 ) -> AsyncIterator[list[tuple[int, ReplyEvent]]]:
     """Run ``prepared``'s turns; their reply events as ``(turn index, event)``, one list per engine batch. The first
     batch is awaited before this returns: a turn refused before computing anything (a prompt over the context, say)
-    is then an HTTP error, not a broken stream. A client that leaves ``max_pending`` events unread ends the replies
-    with ``Failed(SlowClientError)`` (index -1). Close the iterator to cancel the turns still running.
+    is then an HTTP error, not a broken stream. With ``keepalive_s``, it is awaited that long at most: the stream
+    then starts, and ``(-1, Waiting())`` comes every ``keepalive_s`` until it arrives (an error that comes with it is
+    raised by the iterator). A client that leaves ``max_pending`` events unread ends the replies with
+    ``Failed(SlowClientError)`` (index -1). Close the iterator to cancel the turns still running.
 
     Raises:
-        whatever the turns raise before computing anything.
+        whatever the turns raise before computing anything (within ``keepalive_s``).
     """
     batches = run_turn_batches(engine, prepared.turns, max_pending=max_pending)
+    first = asyncio.ensure_future(anext(batches))
     try:
-        head = await anext(batches)
+        await asyncio.wait([first], timeout=keepalive_s)
+        if first.done():
+            first.result()  # raises what the turns raised
     except BaseException:
-        await batches.aclose()
+        await _stop(first, batches)
         raise
-    return _read(batches, head, prepared.readers(engine))
+    return _read(batches, first, prepared.readers(engine), keepalive_s)
 
 
-async def _read(batches, head, readers: list[ReplyReader]) -> AsyncIterator[list[tuple[int, ReplyEvent]]]:
-    pending = head
+async def _read(batches, first: asyncio.Future, readers: list[ReplyReader], keepalive_s: float | None):
     try:
+        while not first.done():
+            await asyncio.wait([first], timeout=keepalive_s)
+            if not first.done():
+                yield [(-1, Waiting())]
+        pending = first.result()
         while True:
             out: list[tuple[int, ReplyEvent]] = []
             for i, event in pending:
@@ -207,7 +223,16 @@ async def _read(batches, head, readers: list[ReplyReader]) -> AsyncIterator[list
                 yield [(-1, Failed(exc))]
                 return
     finally:
-        await batches.aclose()
+        await _stop(first, batches)
+
+
+async def _stop(first: asyncio.Future, batches) -> None:
+    """Cancel the wait for the first batch (if still waiting), then close the turns' events (cancels the turns)."""
+    if not first.done():
+        first.cancel()
+        with contextlib.suppress(BaseException):
+            await first
+    await batches.aclose()
 
 
 async def whole_replies(engine, prepared: Prepared) -> list[Finished]:
@@ -222,8 +247,7 @@ async def whole_replies(engine, prepared: Prepared) -> list[Finished]:
     async with contextlib.aclosing(events):
         async for i, event in events:
             if isinstance(event, Delta):
-                readers[i].delta(event)
-                continue
+                continue  # the reply is read whole at its end
             for out in readers[i].done(event):
                 if isinstance(out, Failed):
                     raise out.error
