@@ -218,9 +218,7 @@ class DiskTier:
                 self._refs.pop(digest, None)
                 paths.append(self._chunk_path(digest))
         if self.usable and not self._closed:
-            self._jobs.put(("delete", paths))
-            with self._gate:
-                self._gate.notify_all()  # a writer waiting for this record's turn skips it now
+            self._jobs.put(("delete", paths))  # a writer waiting for this record's turn skips it when it wakes
 
     def load(self, record: DiskRecord) -> tuple[LayerState, ...]:
         """The layer states of ``record`` (CPU tensors), verified against its files; or the tensors still queued.
@@ -300,14 +298,15 @@ class DiskTier:
 
     def defer(self, busy: bool) -> None:
         """Tell the writer whether the engine is computing (``busy``): due writes then wait, at most ``defer_s``
-        past their due time, until it has been idle for ``quiet_s``. Any thread; cheap."""
+        past their due time, until it has been idle for ``quiet_s``. Any thread; cheap: only the engine's stop
+        wakes the writer (one waiting for the engine to be quiet sees it busy again when it wakes)."""
         with self._gate:
             if busy == self._busy:
                 return
             self._busy = busy
             if not busy:
                 self._idle_since = time.monotonic()
-            self._gate.notify_all()
+                self._gate.notify_all()
 
     @property
     def pending(self) -> int:
@@ -373,7 +372,10 @@ class DiskTier:
     def _wait_for_turn(self, record: DiskRecord) -> None:
         """Wait until ``record`` may be written: ``write_delay_s`` after it was queued, then until the engine has
         been idle for ``quiet_s`` or ``defer_s`` more have passed; at once when it was deleted meanwhile, when a
-        flush waits, or once the tier is closed."""
+        flush waits, or once the tier is closed. While the engine computes the writer sleeps through (no wake-up at
+        the due time, none for a deletion: a thread at the lowest priority that takes the interpreter lock while the
+        engine's threads hold both cores can keep the engine waiting for it); it wakes when the engine stops, when
+        ``defer_s`` has run out, or for a flush."""
         due = record.queued_at + self.write_delay_s
         latest = due + self.defer_s
         with self._gate:
@@ -381,16 +383,16 @@ class DiskTier:
                 now = time.monotonic()
                 if now >= latest:
                     return
-                if now < due:
-                    wait = due - now
-                elif self._busy:
+                if self._busy:
                     wait = latest - now
+                elif now < due:
+                    wait = due - now
                 else:
                     quiet = self._idle_since + self.quiet_s
                     if now >= quiet:
                         return
                     wait = quiet - now
-                self._gate.wait(min(wait, 1.0))  # woken by defer() and flush(); a deletion is seen within 1 s
+                self._gate.wait(wait)  # woken by defer(False), flush() and close()
 
     def _write(self, record: DiskRecord) -> None:
         error: BaseException | None = None
