@@ -7,7 +7,8 @@
   the turns and over the completion tokens. The worker is the one thread every turn goes through; its time is what
   a turn costs every other turn. Stages: ``render`` (the chat template), ``tokenize`` (the rendered text's ids,
   reusing earlier renders'), ``lookup``, ``acquire``, ``restore`` (the run built from the lease: ``new_run``),
-  ``miss_reason``, ``admission_other`` (the rest of admitting a turn), ``prefill_forward`` / ``decode_forward`` (the
+  ``miss_reason`` (these five: while admitting a turn; a step's second look at the cache counts to ``step_other``),
+  ``admission_other`` (the rest of admitting a turn), ``prefill_forward`` / ``decode_forward`` (the
   batched forwards of steps with / without a prefill chunk), ``step_other`` (planning, sampling, detokenizing,
   storing entries: the rest of the steps), ``insert`` (the prefix cache's inserts, inside the steps), ``deliver``
   (handing events to the server's loop), ``idle`` (waiting for work);
@@ -51,6 +52,7 @@ class Timers:
         self.by_turn: dict[int, dict[str, float]] = {}
         self.steps = {"steps": 0, "with_prefill": 0, "tokens": 0}
         self.server_cpu_s = 0.0
+        self.admitting = False  # the worker is admitting a turn (lookups in a step's look_again count to the step)
 
 
 def _on_engine() -> bool:
@@ -67,10 +69,10 @@ def _patched(obj, name: str, make) -> Iterator[None]:
         setattr(obj, name, original)
 
 
-def _timed(timers: Timers, stage: str):
+def _timed(timers: Timers, stage: str, admission_only: bool = False):
     def make(fn):
         def wrapper(*args, **kwargs):
-            if not _on_engine():
+            if not _on_engine() or (admission_only and not timers.admitting):
                 return fn(*args, **kwargs)
             start = time.perf_counter()
             try:
@@ -139,9 +141,11 @@ def instrumented(engine, timers: Timers) -> Iterator[None]:
             if record is not None:
                 record["admit_start"] = time.perf_counter()
             start = time.perf_counter()
+            timers.admitting = True
             try:
                 return fn(self, job)
             finally:
+                timers.admitting = False
                 timers.engine["admission"] += time.perf_counter() - start
                 if record is not None:
                     record["admit_end"] = time.perf_counter()
@@ -192,14 +196,14 @@ def instrumented(engine, timers: Timers) -> Iterator[None]:
         (Engine, "_admit_waiting", wait),
         (Scheduler, "step", step),
         (runtime_cls, "forward_batch", forward),
-        (runtime_cls, "render_prompt", _timed(timers, "render_prompt")),
-        (runtime_cls, "new_run", _timed(timers, "restore")),
+        (runtime_cls, "render_prompt", _timed(timers, "render_prompt", admission_only=True)),
+        (runtime_cls, "new_run", _timed(timers, "restore", admission_only=True)),
         (PromptEncoder, "encode", _timed(timers, "tokenize")),
-        (cache_cls, "lookup", _timed(timers, "lookup")),
-        (cache_cls, "acquire", _timed(timers, "acquire")),
+        (cache_cls, "lookup", _timed(timers, "lookup", admission_only=True)),
+        (cache_cls, "acquire", _timed(timers, "acquire", admission_only=True)),
         (cache_cls, "insert", _timed(timers, "insert")),
         (cache_cls, "release", _timed(timers, "release")),
-        (Turn, "_miss_reason", _timed(timers, "miss_reason")),
+        (Turn, "_miss_reason", _timed(timers, "miss_reason", admission_only=True)),
     ]
     with contextlib.ExitStack() as stack:
         for obj, name, make in patches:
