@@ -246,6 +246,12 @@ def _bench_http(args: argparse.Namespace) -> int:
     )
 
 
+def _bench_chat(args: argparse.Namespace) -> int:
+    from chat.tools.bench.chat_bench import main
+
+    return main(as_json=args.json, model=args.model, levels=args.levels, rounds=args.rounds, turns=args.turns)
+
+
 def _levels(text: str) -> tuple[int, ...]:
     """``--levels 1,8,32``: session counts, each at least 1."""
     try:
@@ -685,6 +691,25 @@ def build_parser() -> argparse.ArgumentParser:
         "and the engine) instead of a process of their own",
     )
     http.set_defaults(run=_bench_http)
+    chat_bench = bench_sub.add_parser(
+        "chat",
+        help="N conversations x 4 turns (~40-word messages, 64-token greedy replies) with the server's default "
+        "settings: the engine alone, stateless HTTP with the whole history, WebSocket sessions; the disk tier's cost",
+    )
+    chat_bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    chat_bench.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    chat_bench.add_argument(
+        "--levels", type=_levels, default=(1, 8, 32), metavar="N,N,...", help="concurrent conversations (1,8,32)"
+    )
+    chat_bench.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=2,
+        help="runs of each level and way, the ways back to back in each round (order reversed every other round); "
+        "medians, ratios paired by round (%(default)s)",
+    )
+    chat_bench.add_argument("--turns", type=_positive_int, default=4, help="turns per conversation (%(default)s)")
+    chat_bench.set_defaults(run=_bench_chat)
     restart = bench_sub.add_parser(
         "restart",
         help="a conversation resumed after a server restart: cached tokens and time to first token with the disk "
