@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from chat.engine.reasoning import Markers
-from chat.server.surfaces import anthropic_api, anthropic_types
+from chat.server.surfaces import anthropic_api, anthropic_convert, anthropic_types
 from tests.chat.engine.fakes import FakeRuntime
 from tests.chat.server.conftest import make_server
 
@@ -266,9 +266,9 @@ def test_a_breakpoint_is_carried_on_the_turn_in_tokens_and_counts_as_cache_creat
         {"model": "fake", "max_tokens": 5, "system": system, "messages": USER}
     )
     runtime = FakeRuntime()
-    converted = anthropic_api.to_chat(body, runtime)
-    (turn,) = anthropic_api.prepare(converted, "", runtime).turns
-    (mark,) = anthropic_api.breakpoint_tokens(converted, turn, "", runtime)
+    converted = anthropic_convert.to_chat(body, runtime)
+    (turn,) = anthropic_convert.prepare(converted, "", runtime).turns
+    (mark,) = anthropic_convert.breakpoint_tokens(converted, turn, "", runtime)
     assert mark.tokens == 1 + len("Rules one. ") and mark.ttl_s == 3600 and mark.where == "system.0"
     first = client.messages.create(model="fake", max_tokens=5, system=system, messages=USER)
     created = mark.tokens - first.usage.cache_read_input_tokens  # the system's role marker may be cached already
