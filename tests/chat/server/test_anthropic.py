@@ -135,8 +135,11 @@ def test_a_tool_loop_calls_then_answers_and_the_second_step_reads_the_first_from
     ]
     second = client.messages.create(model="fake", max_tokens=200, tools=TOOLS, messages=messages)
     assert second.stop_reason == "end_turn" and second.content[0].text == "It is sunny in Oslo."
+    # the history up to the result is read from the cache, the call too (settled as the next step renders it): the
+    # reuse stops where the cache ends, not where the history differs from it (a call re-serialized otherwise would)
     prompt_before = first.usage.input_tokens + first.usage.cache_read_input_tokens
-    assert second.usage.cache_read_input_tokens > prompt_before  # the call too (settled), not just the prompt
+    assert second.usage.cache_read_input_tokens > prompt_before
+    assert second.usage.turncache["cache_miss_reason"] == "end_of_cache"
 
 
 def test_a_streamed_tool_call_is_a_tool_use_block_with_its_input_as_json(fake):
