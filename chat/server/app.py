@@ -34,6 +34,7 @@ from chat.server.reply.turns import SamplingFieldError
 from chat.server.settings import MiB, ServerSettings
 from chat.server.surfaces import (
     anthropic_api,
+    anthropic_convert,
     anthropic_types,
     completions_api,
     openai_api,
@@ -316,15 +317,15 @@ def create_app(
     async def messages(body: anthropic_types.MessagesRequest, request: Request):
         """Anthropic's Messages API (``?beta=true`` accepted: the query is not read)."""
         check_model(body.model)
-        anthropic_api.check(body)
+        anthropic_convert.check(body)
         tenant: Tenant = request.state.tenant
         runtime = engine.runtime
-        converted = anthropic_api.to_chat(body, runtime)
-        prepared = anthropic_api.prepare(converted, tenant.salt, runtime)
+        converted = anthropic_convert.to_chat(body, runtime)
+        prepared = anthropic_convert.prepare(converted, tenant.salt, runtime)
         breakpoints = await asyncio.to_thread(
-            anthropic_api.breakpoint_tokens, converted, prepared.turns[0], tenant.salt, runtime
+            anthropic_convert.breakpoint_tokens, converted, prepared.turns[0], tenant.salt, runtime
         )
-        prepared = replace(prepared, turns=anthropic_api.replace_breakpoints(prepared.turns, breakpoints))
+        prepared = replace(prepared, turns=anthropic_convert.with_breakpoints(prepared.turns, breakpoints))
         tenant_engine = await admission.admit(tenant, prepared)
         reply = anthropic_api.Reply(body.model, converted, breakpoints, runtime, tuple(body.stop_sequences or ()))
         if body.stream:
@@ -334,9 +335,9 @@ def create_app(
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: anthropic_types.CountTokensRequest, request: Request) -> dict:
         check_model(body.model)
-        anthropic_api.check(body)
+        anthropic_convert.check(body)
         tenant: Tenant = request.state.tenant
-        return await asyncio.to_thread(anthropic_api.count_tokens, body, tenant.salt, engine.runtime)
+        return await asyncio.to_thread(anthropic_convert.count_tokens, body, tenant.salt, engine.runtime)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> dict:
