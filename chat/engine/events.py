@@ -32,6 +32,8 @@ class TurnRequest:
     tools: Sequence[dict[str, Any]] | None = None  # function definitions for a template that renders them
     template_kwargs: dict[str, Any] | None = None  # variables for the chat template (chat_template_kwargs)
     breakpoints: tuple[CacheBreakpoint, ...] = ()  # prompt-caching breakpoints, ascending (see CacheBreakpoint)
+    report_prefill: bool = False  # also send a PrefillPlanned event before the first token (Anthropic's
+    # message_start carries the prompt's usage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,4 +77,14 @@ class Done:
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # per prompt token (None for the first), when asked for
 
 
-Event = Delta | Done
+@dataclass(frozen=True, slots=True)
+class PrefillPlanned:
+    """Sent once, only to a turn whose request has ``report_prefill``: its prompt was looked up in the cache and its
+    prefill began (the first chunk was computed), so ``usage``'s prompt and cached tokens (and the miss reason) are
+    what its Done will say; ``completion_tokens`` is 0. It comes before the turn's first Delta (with it, in the same
+    engine step, when the prompt is one chunk), so waiting for it never delays the first token."""
+
+    usage: Usage
+
+
+Event = Delta | Done | PrefillPlanned

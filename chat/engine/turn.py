@@ -53,7 +53,7 @@ from cache import Lease, LeaseError, MediaSpan, Namespace, PrefixCache
 from chat.engine.constraints import CompiledGrammar, Constraint
 from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.errors import ContextOverflowError, InvalidMediaError
-from chat.engine.events import Delta, Done, Event, Timings, TurnRequest, Usage
+from chat.engine.events import Delta, Done, Event, PrefillPlanned, Timings, TurnRequest, Usage
 from chat.engine.recent_replies import RecentReplies
 from chat.engine.runtime import Feed, ModelRuntime, RenderedPrompt, Run
 from chat.engine.sampling import Penalties, StopMatcher, TokenLogprob, sample, shape, token_logprobs
@@ -214,6 +214,7 @@ class Turn:
         self._forced: list[int] = []  # tokens written next instead of sampled (a thinking budget's end marker)
         self._thinking_closed = False  # the reply has closed its thinking (or was made to)
         self._miss: tuple[str | None, int | None] = (None, None)  # why reuse stopped where it did (set at begin)
+        self._prefill_reported = not request.report_prefill  # PrefillPlanned sent (or not asked for)
 
     @property
     def done(self) -> bool:
@@ -461,6 +462,11 @@ class Turn:
         assert feed is not None
         try:
             if self.phase is Phase.PREFILL:
+                if not self._prefill_reported:  # its first chunk: what it restored can no longer change
+                    self._prefill_reported = True
+                    miss, miss_at = self._miss
+                    planned = PrefillPlanned(Usage(len(self.prompt), self.cached_tokens, 0, miss, miss_at))
+                    return [planned, *self._absorb_prefill(feed, logits)]
                 return self._absorb_prefill(feed, logits)
             assert logits is not None
             if len(feed.tokens) > 1:

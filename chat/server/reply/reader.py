@@ -10,6 +10,7 @@ It is where a reply is read back, once for every surface and the WebSocket:
 - the **settle** step (``reasoning_api.settle``, ``tools_api.settle``): once a reply that thought or called tools is
   done, the history as the next request renders it is computed in the background, so that request finds it in the
   cache. Every surface's reply goes through it here, and nowhere else;
+- the prompt's usage before the first token, when the surface asks (:class:`Prefilled`);
 - its end, with usage and timings (:class:`Finished`), or its failure (:class:`Failed`: the turn failed while
   generating, or the client read too slowly).
 
@@ -26,7 +27,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 
-from chat.engine.events import Delta, Done, TurnRequest
+from chat.engine.events import Delta, Done, PrefillPlanned, TurnRequest, Usage
 from chat.engine.reasoning import Markers, ReasoningSplitter
 from chat.engine.sampling import TokenLogprob
 from chat.engine.tool_calls import ToolCall
@@ -81,12 +82,20 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefilled:
+    """The prompt's usage, known before the first token (the prompt looked up, its prefill begun: prompt and cached
+    tokens as the end will say): only for a turn whose request has ``report_prefill`` (Anthropic's message_start)."""
+
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
 class Waiting:
     """Nothing came for ``keepalive_s`` before the first token (a long prefill, a queue): a surface may send its
     keep-alive (Anthropic's ``ping``)."""
 
 
-ReplyEvent = TextOut | ReasoningOut | CallsOut | Finished | Failed | Waiting
+ReplyEvent = TextOut | ReasoningOut | CallsOut | Finished | Failed | Waiting | Prefilled
 
 
 class ReplyReader:
@@ -211,8 +220,12 @@ async def _read(batches, first: asyncio.Future, readers: list[ReplyReader], keep
             out: list[tuple[int, ReplyEvent]] = []
             for i, event in pending:
                 reader = readers[i]
-                read = reader.delta(event) if isinstance(event, Delta) else reader.done(event)
-                out.extend((i, e) for e in read)
+                if isinstance(event, Delta):
+                    out.extend((i, e) for e in reader.delta(event))
+                elif isinstance(event, PrefillPlanned):
+                    out.append((i, Prefilled(event.usage)))
+                else:
+                    out.extend((i, e) for e in reader.done(event))
             if out:
                 yield out
             try:
@@ -246,7 +259,7 @@ async def whole_replies(engine, prepared: Prepared) -> list[Finished]:
     events = run_turns(engine, prepared.turns)
     async with contextlib.aclosing(events):
         async for i, event in events:
-            if isinstance(event, Delta):
+            if not isinstance(event, Done):
                 continue  # the reply is read whole at its end
             for out in readers[i].done(event):
                 if isinstance(out, Failed):

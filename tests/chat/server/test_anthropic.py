@@ -407,7 +407,34 @@ def test_a_ping_goes_out_while_a_long_prefill_runs(monkeypatch):
         events = _events(httpx.post(f"{srv.url}/v1/messages", json=body, timeout=30))
     engine.close()
     kinds = [e["type"] for e in events]
-    assert kinds[0] == "message_start" and kinds[1] == "ping" and kinds[-1] == "message_stop"
+    # message_start waits for the prompt's usage (the first prefill chunk): the pings of that wait come before it
+    assert kinds[0] == "ping" and kinds[-1] == "message_stop"
+    start = kinds.index("message_start")
+    assert set(kinds[:start]) == {"ping"} and kinds[start + 1] == "content_block_start"
+    assert events[start]["message"]["usage"]["input_tokens"] > 0
+
+
+def test_message_start_carries_the_prompts_usage_as_the_end_reports_it(fake):
+    """Anthropic's clients read input and cache usage from message_start: it says what message_delta says of the
+    prompt (read from the cache, written up to the breakpoint, the rest), before the first token."""
+    srv, _ = fake
+    system = [{"type": "text", "text": "You are terse. " * 20, "cache_control": {"type": "ephemeral"}}]
+    messages = [{"role": "user", "content": "Say hello to message_start."}]
+    body = {"model": "fake", "max_tokens": 20, "system": system, "messages": messages, "stream": True}
+    keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "cache_creation")
+    seen = []
+    for _ in range(2):  # cold (written up to the breakpoint), then read from the cache
+        events = _events(httpx.post(f"{srv.url}/v1/messages", json=body, timeout=30))
+        start = events[0]["message"]["usage"]
+        end = events[-2]["usage"]
+        assert events[0]["type"] == "message_start" and events[-2]["type"] == "message_delta"
+        assert {k: start[k] for k in keys} == {k: end[k] for k in keys}
+        assert start["output_tokens"] == 0 and end["output_tokens"] > 0
+        assert start["turncache"].get("cache_miss_reason") == end["turncache"].get("cache_miss_reason")
+        seen.append(start)
+    first, second = seen  # the first may read a template header other tests stored
+    assert first["cache_creation_input_tokens"] > 100 and second["cache_creation_input_tokens"] == 0
+    assert second["cache_read_input_tokens"] >= first["cache_read_input_tokens"] + first["cache_creation_input_tokens"]
 
 
 def _png() -> str:
