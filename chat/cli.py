@@ -34,6 +34,7 @@ def _settings(args: argparse.Namespace):
         "auth_token": args.auth_token,
         "api_keys_file": args.api_keys_file,
         "allowed_origins": args.allowed_origin or None,
+        "served_model_aliases": args.served_model_alias or None,
         "prefix_cache": False if args.no_prefix_cache else None,
         "sessions_db": args.sessions_db,
         "cache_dir": args.cache_dir,
@@ -67,7 +68,11 @@ def _settings(args: argparse.Namespace):
         raise SystemExit(f"turncache: --{flag}: {first['msg']}") from exc
 
 
-REPEATED_FLAGS = {"allowed_origins": "allowed-origin", "media_url_hosts": "media-url-host"}  # list settings' flags
+REPEATED_FLAGS = {  # list settings' flags
+    "allowed_origins": "allowed-origin",
+    "media_url_hosts": "media-url-host",
+    "served_model_aliases": "served-model-alias",
+}
 
 
 def _load(args: argparse.Namespace):
@@ -426,6 +431,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between looks at the keys file for a change to reload (5; 0: only on SIGHUP)",
     )
     serve.add_argument("--allowed-origin", action="append", help="browser origin allowed besides the server's own")
+    serve.add_argument(
+        "--served-model-alias",
+        action="append",
+        metavar="NAME",
+        help="another model name requests may give for the model served (repeat; a glob such as 'claude-*' lets "
+        "Claude Code's model names through; none by default: any other name is 404; docs/anthropic.md)",
+    )
     media = serve.add_argument_group(
         "media by URL",
         "off by default: image parts of /v1/chat/completions and /v1/responses may name https:// URLs on listed hosts, "

@@ -260,7 +260,7 @@ def create_app(
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "local"}]}
 
-    admission = Admission(engine, gate, model_name)
+    admission = Admission(engine, gate, model_name, settings.served_model_aliases)
     app.state.admission = admission
     check_model = admission.check_model
     max_pending = settings.stream_buffer_events

@@ -90,6 +90,11 @@ class ServerSettings(BaseSettings):
         default_factory=list,
         description="browser origins allowed besides the server's own (e.g. http://localhost:3000)",
     )
+    served_model_aliases: list[str] = Field(
+        default_factory=list,
+        description="other model names requests may give for the model served (an exact name, or a glob such as "
+        "'claude-*' so Claude Code's model names reach it); empty: only the served name",
+    )
     max_body_mib: int = Field(32, ge=1, description="largest HTTP request body, MiB")
     media_url_hosts: list[str] = Field(
         default_factory=list,
@@ -109,6 +114,16 @@ class ServerSettings(BaseSettings):
         if 0 < value < YIELD_BUDGET_LEAST:
             raise ValueError(f"must be 0 (off) or at least {YIELD_BUDGET_LEAST}")
         return value
+
+    @field_validator("served_model_aliases")
+    @classmethod
+    def _aliases(cls, aliases: list[str]) -> list[str]:
+        for alias in aliases:
+            if not alias or len(alias) > 256 or any(c.isspace() for c in alias):
+                raise ValueError(f"{alias!r}: a model name or glob of 1 to 256 characters, no spaces")
+            if not alias.strip("*?"):
+                raise ValueError(f"{alias!r} would accept any model name: give a prefix, e.g. 'claude-*'")
+        return aliases
 
     @field_validator("media_url_hosts")
     @classmethod

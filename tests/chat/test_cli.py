@@ -70,6 +70,7 @@ def test_bench_cache_table_without_json(capsys):
         (["--media-url-host", "not a host"], "--media-url-host:"),
         (["--media-url-timeout-s", "0"], "--media-url-timeout-s"),
         (["--send-buffer-kib", "1"], "--send-buffer-kib"),
+        (["--served-model-alias", "*"], "--served-model-alias:"),
     ],
 )
 def test_serve_refuses_engine_settings_out_of_range_naming_the_setting(flags, named, monkeypatch, capsys):
@@ -148,6 +149,14 @@ def test_media_url_flags_reach_the_settings():
     on = _settings(build_parser().parse_args(args))
     assert on.media_url_hosts == ["images.example.com", "*.cdn.example.org:8443"]
     assert (on.media_url_max_bytes, on.media_url_timeout_s, on.media_url_allow_private) == (1000, 2.5, True)
+
+
+def test_served_model_alias_flags_reach_the_settings():
+    from chat.cli import _settings, build_parser
+
+    assert _settings(build_parser().parse_args(["serve"])).served_model_aliases == []
+    args = ["serve", "--served-model-alias", "claude-*", "--served-model-alias", "gpt-4o"]
+    assert _settings(build_parser().parse_args(args)).served_model_aliases == ["claude-*", "gpt-4o"]
 
 
 def test_the_send_buffer_flag_reaches_the_settings(monkeypatch):

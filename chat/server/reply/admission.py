@@ -4,6 +4,8 @@ view of the engine (its default priority, its turns counted) that runs the reque
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
 
 from chat.engine.constraints import GrammarError, GrammarSpec
 from chat.protocol.errors import ErrorCode
@@ -32,14 +34,19 @@ async def check_grammar(engine, spec: GrammarSpec | None, field: str) -> None:
 class Admission:
     """check model -> (the surface builds its turns) -> check grammar -> admit, the same for every route."""
 
-    def __init__(self, engine, gate: TenantGate, model_name: str) -> None:
+    def __init__(self, engine, gate: TenantGate, model_name: str, aliases: Sequence[str] = ()) -> None:
         self.engine = engine  # the server's engine
         self.gate = gate  # the tenants' limits and engine views
         self.model_name = model_name  # the one model this server runs
+        self.aliases = tuple(aliases)  # other names (exact, or globs) taken for it (``--served-model-alias``)
+
+    def serves(self, name: str | None) -> bool:
+        """Whether ``name`` names the model served: None, its name, or an alias (a glob matches case-sensitively)."""
+        return name in (None, self.model_name) or any(fnmatchcase(name, alias) for alias in self.aliases)
 
     def check_model(self, name: str | None) -> None:
         """Raises RequestError ``model_not_found``: a model this server does not run."""
-        if name not in (None, self.model_name):
+        if not self.serves(name):
             message = f"unknown model {name!r}; this server runs {self.model_name!r}"
             raise RequestError(ErrorCode.MODEL_NOT_FOUND, message, param="model")
 

@@ -493,3 +493,32 @@ def test_a_tenant_over_its_rate_is_refused_with_429_rate_limit_error():
             client.messages.create(model="fake", max_tokens=5, messages=USER)
     engine.close()
     assert caught.value.body["error"]["type"] == "rate_limit_error" and caught.value.response.headers["retry-after"]
+
+
+def test_served_model_aliases_let_claude_codes_model_names_through_and_nothing_else():
+    """``--served-model-alias``: Claude Code's main and small/fast model names reach the model served through a
+    glob; an exact alias works on every route; any other name stays a 404; an alias that accepts every name is
+    refused at start."""
+    from pydantic import ValidationError
+
+    from chat.server.settings import ServerSettings
+
+    engine, srv = make_server(runtime=FakeRuntime(script=script), served_model_aliases=["claude-*", "gpt-4o"])
+    with srv:
+        client = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+        for name in ("claude-sonnet-4-5-20250929", "claude-haiku-4-5-20251001"):
+            reply = client.messages.create(model=name, max_tokens=5, messages=USER)
+            assert reply.model == name and reply.content[0].text  # the name asked for, as Anthropic echoes it
+            assert client.messages.count_tokens(model=name, messages=USER).input_tokens > 0
+        chat = {"model": "gpt-4o", "messages": USER, "max_tokens": 3}
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=chat, timeout=30)
+        assert r.status_code == 200 and r.json()["model"] == "fake"
+        for name in ("claude", "Claude-3", "gpt-4o-mini", "other"):
+            with pytest.raises(anthropic.NotFoundError):
+                client.messages.create(model=name, max_tokens=5, messages=USER)
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json={**chat, "model": "gpt-4"}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    engine.close()
+    for everything in ("*", "**", "?*", " claude-*"):
+        with pytest.raises(ValidationError):
+            ServerSettings(served_model_aliases=[everything])
