@@ -124,6 +124,7 @@ def usage(used: Usage | None, breakpoints: Sequence[CacheBreakpoint], converted:
         max_tokens=cap,
         thinking=converted.thinking,
         thinking_budget_tokens=converted.thinking_budget,
+        effort="not_applied" if converted.effort else None,
     )
     return wire.Usage(
         input_tokens=prompt - cached - created,

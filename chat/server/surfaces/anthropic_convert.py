@@ -40,9 +40,11 @@ def check(body: wire.MessagesRequest | wire.CountTokensRequest) -> None:
     Raises:
         RequestError: ``unsupported_parameter`` or ``invalid_request``, naming the field.
     """
-    for name in ("container", "mcp_servers", "output_config", "diagnostics", "inference_geo", "user_profile_id"):
+    for name in ("container", "mcp_servers", "diagnostics", "inference_geo", "user_profile_id"):
         if not _neutral(getattr(body, name, None)):
             raise _refuse(name)
+    if body.output_config is not None and not _neutral(body.output_config.format):
+        raise _refuse("output_config.format")
     if not _neutral(getattr(body, "workspace_id", None)):
         raise _refuse("workspace_id")
     if getattr(body, "speed", None) not in (None, "standard"):
@@ -67,6 +69,8 @@ def check(body: wire.MessagesRequest | wire.CountTokensRequest) -> None:
                 raise _bad(where, f"a user message cannot hold a {block.type} block")
             if message.role == "assistant" and isinstance(block, wire.ToolResultBlock | wire.ImageBlock):
                 raise _bad(where, f"an assistant message cannot hold a {block.type} block")
+            if message.role == "system" and not isinstance(block, wire.TextBlock):
+                raise _bad(where, f"a system message holds text blocks only, not a {block.type} block")
     for i, block in enumerate(body.system if isinstance(body.system, list) else ()):
         if not _neutral(block.citations):
             raise _refuse(f"system.{i}.citations")
@@ -176,6 +180,16 @@ def chat_messages(body, markers) -> tuple[list[dict], list[Mark]]:
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
             continue
+        if message.role == "system":  # a mid-conversation system message: a system message where it stands
+            out.append(
+                {"role": "system", "content": _texts([{"type": "text", "text": b.text} for b in message.content])}
+            )
+            marks += [
+                Mark(f"{where}.content.{j}", len(out) - 1, j, b.cache_control.ttl_s)
+                for j, b in enumerate(message.content)
+                if b.cache_control
+            ]
+            continue
         if message.role == "assistant":
             thinking, text, calls, last = [], [], [], None
             for j, block in enumerate(message.content):
@@ -255,6 +269,7 @@ class Converted:
     max_tokens: int  # the reply cap asked for (the engine caps it further to the context's room)
     thinking: str | None  # how `thinking` is honoured: "template", "unsupported", "off", or None (not asked)
     thinking_budget: int | None  # the budget as applied
+    effort: bool = False  # output_config.effort was given (accepted, not applied)
 
 
 def to_chat(body, runtime) -> Converted:
@@ -311,7 +326,9 @@ def to_chat(body, runtime) -> Converted:
         chat = openai_api.ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
         raise validation_error(list(exc.errors())) from None
-    return Converted(chat, marks, max_tokens, thinking, budget)
+    config = getattr(body, "output_config", None)
+    effort = config is not None and config.effort is not None
+    return Converted(chat, marks, max_tokens, thinking, budget, effort)
 
 
 def prepare(converted: Converted, salt: str, runtime) -> Prepared:

@@ -100,7 +100,8 @@ ContentBlock = Annotated[
 
 
 class MessageParam(Wire):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: a mid-conversation system message (Claude Code's
+    # mid-conversation-system beta); text blocks only
     content: str | list[ContentBlock]
 
 
@@ -199,6 +200,14 @@ class ContextManagement(Wire):
     edits: list[ClearThinkingEdit | OtherEdit] | None = None
 
 
+class OutputConfig(Wire):
+    """``output_config``: ``effort`` is accepted and reported (``usage.turncache.effort``), not applied: a local
+    model has no effort setting; ``format`` (structured output) is refused unless null."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: Any = None
+
+
 class MessagesRequest(Wire):
     """The body of ``POST /v1/messages``."""
 
@@ -218,10 +227,10 @@ class MessagesRequest(Wire):
     context_management: ContextManagement | None = None
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here: both are honoured
     cache_control: CacheControl | None = None  # automatic caching: a breakpoint at the end of the prompt
+    output_config: OutputConfig | None = None
     # Anthropic's fields this server does not honour: refused unless absent or neutral
     container: Any = None
     mcp_servers: Any = None
-    output_config: Any = None
     diagnostics: Any = None
     inference_geo: Any = None
     speed: Any = None
@@ -240,8 +249,8 @@ class CountTokensRequest(Wire):
     thinking: Thinking | None = None
     context_management: ContextManagement | None = None
     cache_control: CacheControl | None = None
+    output_config: OutputConfig | None = None
     mcp_servers: Any = None
-    output_config: Any = None
 
 
 # --- reply -----------------------------------------------------------------------------------------------------
@@ -255,6 +264,7 @@ class TurncacheUsage(BaseModel):
     max_tokens: int  # the reply's token cap as applied: the request's, or less where the context leaves less
     thinking: Literal["template", "unsupported", "off"] | None = None  # how a `thinking` request was honoured
     thinking_budget_tokens: int | None = None  # the thinking budget as applied (capped to the context)
+    effort: Literal["not_applied"] | None = None  # output_config.effort was given: accepted, not applied
 
 
 class Usage(BaseModel):

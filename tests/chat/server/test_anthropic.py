@@ -401,16 +401,28 @@ def test_a_claude_code_shaped_session_streams_and_its_second_step_reads_the_pref
 
 def test_a_ping_goes_out_while_a_long_prefill_runs(monkeypatch):
     monkeypatch.setattr(anthropic_api, "KEEPALIVE_S", 0.05)
-    engine, srv = make_server(runtime=FakeRuntime(script=script, delay_s=0.4))
+    from cache import PrefixCache
+    from chat.engine.engine import Engine
+    from chat.engine.scheduler import BatchSettings
+    from chat.server.app import create_app
+    from chat.server.runner import BackgroundServer
+    from chat.server.settings import ServerSettings
+
+    runtime = FakeRuntime(script=script, delay_s=0.2)
+    engine = Engine(runtime, cache=PrefixCache(), batch=BatchSettings(token_budget=16))  # 16-token prefill chunks
+    srv = BackgroundServer(create_app(engine, ServerSettings(), model_name="fake"))
     with srv:
-        body = {"model": "fake", "max_tokens": 5, "messages": USER, "stream": True}
+        long = [{"role": "user", "content": "Say hello. " * 12}]  # ~9 chunks of prefill
+        body = {"model": "fake", "max_tokens": 5, "messages": long, "stream": True}
         events = _events(httpx.post(f"{srv.url}/v1/messages", json=body, timeout=30))
     engine.close()
     kinds = [e["type"] for e in events]
-    # message_start waits for the prompt's usage (the first prefill chunk): the pings of that wait come before it
+    # message_start waits for the prompt's usage (the first prefill chunk): the pings of that wait come before it;
+    # then pings go on while the rest of the prompt is computed, until the first block
     assert kinds[0] == "ping" and kinds[-1] == "message_stop"
-    start = kinds.index("message_start")
-    assert set(kinds[:start]) == {"ping"} and kinds[start + 1] == "content_block_start"
+    start, first_block = kinds.index("message_start"), kinds.index("content_block_start")
+    assert set(kinds[:start]) == {"ping"} and set(kinds[start + 1 : first_block]) == {"ping"}
+    assert first_block > start + 1
     assert events[start]["message"]["usage"]["input_tokens"] > 0
 
 
@@ -522,3 +534,35 @@ def test_served_model_aliases_let_claude_codes_model_names_through_and_nothing_e
     for everything in ("*", "**", "?*", " claude-*"):
         with pytest.raises(ValidationError):
             ServerSettings(served_model_aliases=[everything])
+
+
+def test_claude_codes_mid_conversation_system_message_and_effort_are_taken(fake):
+    """Claude Code 2.1.197 sends a ``system`` message inside ``messages`` (its mid-conversation-system beta) and
+    ``output_config: {"effort": "high"}`` on its first request: the system message renders where it stands (a
+    breakpoint on it counts), effort is accepted and said not applied; anything but text in such a message, and
+    ``output_config.format``, are refused naming the field. Its tools' descriptions run to 18,780 characters."""
+    _, client = fake
+    note = "Available agent types for the Agent tool: none."
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "say hi", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": note},
+    ]
+    effort = {"output_config": {"effort": "high"}}
+    body = {"model": "fake", "max_tokens": 10, "messages": messages, "extra_body": effort}
+    reply = client.messages.create(**body)
+    assert reply.usage.turncache["effort"] == "not_applied"
+    without = client.messages.count_tokens(model="fake", messages=messages[:1])
+    counted = client.messages.count_tokens(model="fake", messages=messages)
+    assert counted.input_tokens > without.input_tokens + len(note) // 2  # the system message is in the prompt
+    blocks = [{"role": "system", "content": [{"type": "text", "text": note, "cache_control": {"type": "ephemeral"}}]}]
+    marked = client.messages.create(model="fake", max_tokens=10, messages=[*messages[:1], *blocks])
+    assert marked.usage.cache_creation_input_tokens + marked.usage.cache_read_input_tokens >= counted.input_tokens - 8
+    image = [{"role": "system", "content": [{"type": "image", "source": {"type": "url", "url": "data:,"}}]}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="fake", max_tokens=10, messages=[*messages[:1], *image])
+    assert "messages.1.content.0" in caught.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(**{**body, "extra_body": {"output_config": {"format": {"type": "json_schema"}}}})
+    assert "output_config.format" in caught.value.body["error"]["message"]
+    workflow = [{**TOOLS[0], "description": "w" * 18_780}]  # its Workflow tool's description is this long
+    assert client.messages.count_tokens(model="fake", tools=workflow, messages=USER).input_tokens > 18_780
