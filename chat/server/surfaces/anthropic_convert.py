@@ -43,8 +43,6 @@ def check(body: wire.MessagesRequest | wire.CountTokensRequest) -> None:
     for name in ("container", "mcp_servers", "diagnostics", "inference_geo", "user_profile_id"):
         if not _neutral(getattr(body, name, None)):
             raise _refuse(name)
-    if body.output_config is not None and not _neutral(body.output_config.format):
-        raise _refuse("output_config.format")
     if not _neutral(getattr(body, "workspace_id", None)):
         raise _refuse("workspace_id")
     if getattr(body, "speed", None) not in (None, "standard"):
@@ -262,6 +260,13 @@ def _tool_choice(choice) -> tuple[Any, bool | None]:
     return choice.type, parallel  # auto / none
 
 
+def _response_format(config: wire.OutputConfig | None) -> dict | None:
+    """OpenAI's ``response_format`` for ``output_config.format`` (a JSON schema the reply's text matches)."""
+    if config is None or config.format is None:
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": config.format.schema_, "strict": True}}
+
+
 @dataclass(frozen=True, slots=True)
 class Converted:
     chat: openai_api.ChatCompletionRequest  # the chat request the Anthropic request amounts to
@@ -321,6 +326,7 @@ def to_chat(body, runtime) -> Converted:
         "parallel_tool_calls": parallel if tools else None,
         "chat_template_kwargs": kwargs,
         "thinking_budget": budget,
+        "response_format": _response_format(getattr(body, "output_config", None)),
     }
     try:
         chat = openai_api.ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})

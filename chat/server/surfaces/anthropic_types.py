@@ -200,12 +200,20 @@ class ContextManagement(Wire):
     edits: list[ClearThinkingEdit | OtherEdit] | None = None
 
 
+class JsonSchemaFormat(Wire):
+    """Structured output: the reply's text is JSON matching ``schema`` (constrained as OpenAI's
+    ``response_format: json_schema`` is)."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
 class OutputConfig(Wire):
     """``output_config``: ``effort`` is accepted and reported (``usage.turncache.effort``), not applied: a local
-    model has no effort setting; ``format`` (structured output) is refused unless null."""
+    model has no effort setting; ``format`` constrains the reply to a JSON schema."""
 
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
-    format: Any = None
+    format: JsonSchemaFormat | None = None
 
 
 class MessagesRequest(Wire):

@@ -539,8 +539,8 @@ def test_served_model_aliases_let_claude_codes_model_names_through_and_nothing_e
 def test_claude_codes_mid_conversation_system_message_and_effort_are_taken(fake):
     """Claude Code 2.1.197 sends a ``system`` message inside ``messages`` (its mid-conversation-system beta) and
     ``output_config: {"effort": "high"}`` on its first request: the system message renders where it stands (a
-    breakpoint on it counts), effort is accepted and said not applied; anything but text in such a message, and
-    ``output_config.format``, are refused naming the field. Its tools' descriptions run to 18,780 characters."""
+    breakpoint on it counts), effort is accepted and said not applied; anything but text in such a message is
+    refused naming the field. Its tools' descriptions run to 18,780 characters."""
     _, client = fake
     note = "Available agent types for the Agent tool: none."
     messages = [
@@ -563,6 +563,24 @@ def test_claude_codes_mid_conversation_system_message_and_effort_are_taken(fake)
     assert "messages.1.content.0" in caught.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(**{**body, "extra_body": {"output_config": {"format": {"type": "json_schema"}}}})
-    assert "output_config.format" in caught.value.body["error"]["message"]
+    assert "output_config.format.schema" in caught.value.body["error"]["message"]  # a format without its schema
     workflow = [{**TOOLS[0], "description": "w" * 18_780}]  # its Workflow tool's description is this long
     assert client.messages.count_tokens(model="fake", tools=workflow, messages=USER).input_tokens > 18_780
+
+
+def test_output_config_format_constrains_the_reply_to_its_schema(fake):
+    """Claude Code asks for a session title with ``output_config.format`` (a JSON schema, no tools): the reply's
+    text matches the schema (constrained decoding, as OpenAI's response_format json_schema)."""
+    _, client = fake
+    schema = {
+        "type": "object",
+        "properties": {"title": {"type": "string"}},
+        "required": ["title"],
+        "additionalProperties": False,
+    }
+    config = {"output_config": {"format": {"type": "json_schema", "schema": schema}, "effort": "high"}}
+    reply = client.messages.create(model="fake", max_tokens=60, messages=USER, extra_body=config)
+    text = reply.content[0].text  # the fake's text forced into the schema (it may run to max_tokens inside the string)
+    assert reply.content[0].type == "text" and text.replace(" ", "").startswith('{"title":"')
+    free = client.messages.create(model="fake", max_tokens=60, messages=USER)
+    assert free.content[0].text == "Hello there."  # what the fake writes unconstrained
