@@ -303,8 +303,8 @@ def _logprobs(runtime, logprobs) -> list[wire.TokenLogprob]:
         top = []
         for token, value in lp.top:
             t, b = token_text(runtime, token)
-            top.append(wire.TopLogprob(token=t, logprob=finite(value), bytes=b))
-        out.append(wire.TokenLogprob(token=text, logprob=finite(lp.logprob), bytes=raw, top_logprobs=top))
+            top.append(wire.TopLogprob(t, finite(value), b))
+        out.append(wire.TokenLogprob(text, finite(lp.logprob), raw, top))
     return out
 
 
@@ -374,23 +374,40 @@ async def stream(
 
 class ChunkEncoder:
     """The ``data:`` lines of one stream's chunks (:class:`~chat.server.surfaces.openai_types.ChatCompletionChunk`).
-    Its id, time and model are the same in every chunk, so a plain content delta (the chunk of almost every token)
-    is its text written between bytes cut once from an encoded chunk (the same bytes orjson writes for it)."""
+    Its id, time and model are the same in every chunk, so a chunk is its choice's index, delta and log-probabilities
+    written between bytes cut once from an encoded chunk (the bytes orjson writes for the whole chunk: see
+    :meth:`whole`); a plain content delta (the chunk of almost every token) writes only its text."""
 
     INDEX, TEXT = 987654321, "\ue000"  # stand-ins, cut out of the encoded chunk
 
     def __init__(self, cid: str, created: int, model: str) -> None:
         self.id, self.created, self.model = cid, created, model
-        probe = self.encoded(self.INDEX, wire.ContentDelta(content=self.TEXT))
+        probe = self.whole(self.INDEX, wire.ContentDelta(content=self.TEXT))
         head, rest = probe.split(b"%d" % self.INDEX)
-        middle, tail = rest.split(orjson.dumps(self.TEXT))
-        self._head, self._middle, self._tail = head, middle, tail
+        delta, tail = rest.split(orjson.dumps(wire.ContentDelta(content=self.TEXT)))
+        logprobs, end = tail.split(b"null", 1)  # ',"logprobs":' and ',"finish_reason":null}]}\n\n'
+        text_at = orjson.dumps(wire.ContentDelta(content=self.TEXT)).split(orjson.dumps(self.TEXT))
+        self._head, self._delta, self._logprobs, self._end = head, delta, logprobs, end
+        self._middle, self._tail = delta + text_at[0], text_at[1] + tail
 
     def content(self, index: int, text: str) -> bytes:
         """A chunk that carries ``text`` of choice ``index`` and nothing else."""
         return b"%s%d%s%s%s" % (self._head, index, self._middle, orjson.dumps(text), self._tail)
 
     def encoded(self, index: int, delta: wire.Delta, logprobs: wire.ChunkLogprobs | None = None) -> bytes:
+        """The chunk of one choice's delta (the same bytes as :meth:`whole`)."""
+        return b"%s%d%s%s%s%s%s" % (
+            self._head,
+            index,
+            self._delta,
+            orjson.dumps(delta),
+            self._logprobs,
+            orjson.dumps(logprobs),
+            self._end,
+        )
+
+    def whole(self, index: int, delta: wire.Delta, logprobs: wire.ChunkLogprobs | None = None) -> bytes:
+        """The chunk encoded whole from its model."""
         choice = wire.ChunkChoice(index=index, delta=delta, logprobs=logprobs)
         chunk = wire.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
         return b"data: %s\n\n" % orjson.dumps(chunk)
@@ -420,12 +437,12 @@ async def _sse(runtime, replies, turns: Sequence[TurnRequest], model: str) -> As
             for i, event in batch:
                 if isinstance(event, TextOut):
                     if wants_logprobs[i] and (event.logprobs or event.token_ids):  # not text held back by a splitter
-                        delta = wire.ContentDelta(content=event.text)
-                        out.append(encoded(i, delta, wire.ChunkLogprobs(content=_logprobs(runtime, event.logprobs))))
+                        logprobs = wire.ChunkLogprobs(_logprobs(runtime, event.logprobs))
+                        out.append(encoded(i, wire.ContentDelta(event.text), logprobs))
                     elif event.text:
                         out.append(encoder.content(i, event.text))
                 elif isinstance(event, ReasoningOut):
-                    out.append(encoded(i, wire.ReasoningDelta(reasoning_content=event.text)))
+                    out.append(encoded(i, wire.ReasoningDelta(event.text)))
                 elif isinstance(event, CallsOut):
                     calls = [
                         wire.ToolCallDelta(index=c["index"], id=c["id"], function=wire.Function(**c["function"]))

@@ -21,6 +21,7 @@ import orjson
 from chat.engine.events import Done
 
 Wire = dataclass(slots=True, kw_only=True)  # every wire model: slotted, fields by name
+Hot = dataclass(slots=True)  # one made per streamed token: made positionally (a little cheaper)
 
 
 def encode(obj: Any) -> bytes:
@@ -103,14 +104,14 @@ def usage_of(dones: list[Done]) -> tuple[CompletionUsage, Timings]:
 # --- log-probabilities and tool calls --------------------------------------------------------------------------
 
 
-@Wire
+@Hot
 class TopLogprob:
     token: str
     logprob: float
     bytes: list[int]
 
 
-@Wire
+@Hot
 class TokenLogprob:
     token: str
     logprob: float
@@ -124,7 +125,7 @@ class ChoiceLogprobs:
     refusal: None = None
 
 
-@Wire
+@Hot
 class ChunkLogprobs:
     """A stream chunk's log-probabilities (no ``refusal``)."""
 
@@ -198,12 +199,12 @@ class RoleDelta:
     content: str = ""
 
 
-@Wire
+@Hot
 class ContentDelta:
     content: str
 
 
-@Wire
+@Hot
 class ReasoningDelta:
     reasoning_content: str
 
