@@ -126,3 +126,13 @@ def test_a_thinking_reply_writes_the_bytes_it_wrote_before(urls, stream):
     r = httpx.post(f"{urls[1]}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 200
     pinned(f"chat_thinking_{'stream' if stream else 'whole'}", r.text)
+
+
+def test_a_completion_chunk_written_into_its_template_is_the_chunk_encoded_whole():
+    from chat.server.surfaces.completions_types import ChunkTemplate, CompletionLogprobs
+
+    template = ChunkTemplate("cmpl-x", 123, 'm"odel')
+    table = CompletionLogprobs(tokens=["a"], token_logprobs=[None], top_logprobs=[{"a": -0.5}], text_offset=[0])
+    for text in ("plain", 'quote " and \\ and \n', "ünï ✓ \u2028", ""):
+        for logprobs in (None, table):
+            assert template.text(3, text, logprobs) == template.whole(3, text, logprobs)
