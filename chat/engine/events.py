@@ -8,6 +8,37 @@ from typing import Any
 
 from chat.engine.sampling import SamplingParams, TokenLogprob
 
+PIN_TTL_S = 300.0  # a breakpoint's default time to live after its last use (Anthropic's "5m"; "1h" is 3600)
+
+
+@dataclass(frozen=True, slots=True)
+class Breakpoint:
+    """A prompt-caching breakpoint: the prompt's prefix up to it is pinned in the tenant's cache namespace for
+    ``ttl_s`` seconds after its last use (see ``cache.PrefixCache.pin``). Say where it stands by one of:
+
+    - ``offset``: a token offset into the rendered prompt (capped at the prompt's length);
+    - ``message``: the end of ``messages[message]`` as the chat template renders it, or, with ``chars``, the end of
+      the first ``chars`` characters of its text content (a content block's end, when blocks were joined).
+    """
+
+    ttl_s: float = PIN_TTL_S
+    offset: int | None = None
+    message: int | None = None
+    chars: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.offset is None) == (self.message is None):
+            raise ValueError("a breakpoint needs exactly one of offset and message")
+        for name in ("offset", "message", "chars"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"breakpoint {name} must be a non-negative integer, got {value!r}")
+        if self.chars is not None and self.message is None:
+            raise ValueError("breakpoint chars needs a message")
+        ttl = self.ttl_s
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= 86400:
+            raise ValueError(f"breakpoint ttl_s must be in (0, 86400] seconds, got {ttl!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
@@ -17,6 +48,17 @@ class TurnRequest:
     prompt_tokens: Sequence[int] | None = None  # already rendered prompt (then `messages` is not rendered)
     tools: Sequence[dict[str, Any]] | None = None  # function definitions for a template that renders them
     template_kwargs: dict[str, Any] | None = None  # variables for the chat template (chat_template_kwargs)
+    breakpoints: Sequence[Breakpoint] = ()  # prefixes to pin once the prompt is stored (see Done.pins)
+
+
+@dataclass(frozen=True, slots=True)
+class PinOutcome:
+    """What became of one breakpoint (in ``Done.pins``, in the request's order)."""
+
+    breakpoint: Breakpoint
+    length: int  # tokens of the prefix it stands for (0 when it could not be placed)
+    pinned: bool  # held now (pinned, or an existing pin of the same prefix renewed)
+    reason: str | None = None  # why not (see chat.engine.turn.PIN_REFUSALS); None when pinned
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +100,7 @@ class Done:
     error: Exception | None = None  # set when finish_reason == "error"
     logprobs: tuple[TokenLogprob, ...] = ()  # per reply token (EOS excluded), when asked for
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # per prompt token (None for the first), when asked for
+    pins: tuple[PinOutcome, ...] = ()  # one per breakpoint of the request
 
 
 Event = Delta | Done
