@@ -166,6 +166,7 @@ class PrefixCache:
         self._entries: dict[EntryId, _Entry] = {}  # every entry held
         self._leased: dict[EntryId, _Entry] = {}  # entries in use or pinned (all on the device tier): never moved
         self._pins = PinTable()  # live pins and their holders
+        self._pin_tally: dict[str, dict[str, int]] = {}  # tenant salt -> "refused" / "expired" pins so far
         self._clock_fn = clock  # seconds, for pins' expiries
         self._lru: OrderedDict[EntryId, None] = OrderedDict()  # least -> most recently used
         self._storages: dict[str, StorageCounts] = {t: StorageCounts() for t in MEMORY_TIERS}  # distinct storages
@@ -473,6 +474,7 @@ class PrefixCache:
             reason = "over_share"
         if reason is not None:
             self._counters["pins_refused"] += 1
+            self._tally(namespace.salt, "refused")
             self._enforce_budgets()  # a holder read back from disk for nothing may go again
             return PinResult(False, length, reason)
         assert entry is not None
@@ -650,6 +652,7 @@ class PrefixCache:
             return 0
         self._counters["pins_expired"] += len(due)
         for pin in due:
+            self._tally(pin.key[0].salt, "expired")  # type: ignore[attr-defined]
             entry = self._entries.get(pin.holder)
             if entry is not None:
                 self._settle(entry)
@@ -709,14 +712,22 @@ class PrefixCache:
         """The entries holding pins."""
         return [self._entries[eid] for eid in sorted(self._pins.holders())]
 
+    def _tally(self, salt: str, what: str) -> None:
+        counts = self._pin_tally.setdefault(salt, {"refused": 0, "expired": 0})
+        counts[what] += 1
+
     def _pinned_per_tenant(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
-        by_salt: dict[str, list[_Entry]] = {}
+        by_salt: dict[str, list[_Entry]] = {salt: [] for salt in self._pin_tally}
         for entry in self._pinned():
             by_salt.setdefault(entry.namespace.salt, []).append(entry)
+        out: dict[str, dict[str, int]] = {}
         for salt, entries in sorted(by_salt.items()):
-            pins = sum(self._pins.holds(e.eid) for e in entries)
-            out[salt] = {"pins": pins, "entries": len(entries), "bytes": sum(_storages_union(entries).values())}
+            out[salt] = {
+                "pins": sum(self._pins.holds(e.eid) for e in entries),
+                "entries": len(entries),
+                "bytes": sum(_storages_union(entries).values()),
+                **self._pin_tally.get(salt, {"refused": 0, "expired": 0}),
+            }
         return out
 
     # ================================================================ helpers: entries

@@ -111,7 +111,7 @@ class CacheStats:
     pins_refused: int = 0  # pin() calls refused (not_cached or over_share)
     pins_expired: int = 0  # pins that lapsed (their TTL passed since their last use)
     pinned_per_tenant: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # tenant salt -> "pins" /
-    # "entries" / "bytes", for every tenant holding a pin
+    # "entries" / "bytes" held now, "refused" / "expired" so far; for every tenant that pinned or asked to
 
     @property
     def hit_rate(self) -> float:

@@ -45,6 +45,8 @@ def _settings(args: argparse.Namespace):
         "idle_connection_s": args.idle_connection_s,
         "send_buffer_kib": args.send_buffer_kib,
         "tenant_cache_share": args.tenant_cache_share,
+        "volatile_lines": args.volatile_line or None,
+        "keep_volatile_lines": True if args.keep_volatile_lines else None,
         "tenant_concurrent_turns": args.tenant_concurrent_turns,
         "tenant_requests_per_minute": args.tenant_requests_per_minute,
         "tenant_tokens_per_minute": args.tenant_tokens_per_minute,
@@ -67,7 +69,11 @@ def _settings(args: argparse.Namespace):
         raise SystemExit(f"turncache: --{flag}: {first['msg']}") from exc
 
 
-REPEATED_FLAGS = {"allowed_origins": "allowed-origin", "media_url_hosts": "media-url-host"}  # list settings' flags
+REPEATED_FLAGS = {  # list settings' flags
+    "allowed_origins": "allowed-origin",
+    "media_url_hosts": "media-url-host",
+    "volatile_lines": "volatile-line",
+}
 
 
 def _load(args: argparse.Namespace):
@@ -465,6 +471,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="fraction in (0, 1] of each prefix cache tier one tenant keeps while another tenant needs room: over a "
         "tier's budget, tenants over their share lose entries first (default: no shares)",
+    )
+    volatile = serve.add_argument_group(
+        "volatile client lines",
+        "lines clients put in prompts that change per request and mean nothing to a local model, such as Claude "
+        "Code's billing line (x-anthropic-billing-header: cc_version=...; cc_entrypoint=...;): dropped from the "
+        "rendered prompt (never from what a session stores), so that they do not split the prefix cache "
+        "(docs/anthropic.md)",
+    )
+    volatile.add_argument(
+        "--volatile-line",
+        action="append",
+        metavar="REGEX",
+        help="a pattern matched from a line's start (repeat the flag for several; replaces the default list, Claude "
+        "Code's billing line; also TURNCACHE_VOLATILE_LINES as a JSON list)",
+    )
+    volatile.add_argument(
+        "--keep-volatile-lines",
+        action="store_true",
+        help="keep those lines in the prompt; a cache miss they cause is then named volatile_line",
     )
     limits = serve.add_argument_group(
         "tenant limits",

@@ -54,7 +54,16 @@ class ClusterIngress:
         self.policy = RoutingPolicy(**policy)
         app_name = serve.get_replica_context().app_name
         self.table = table_for(table_name(app_name, ENGINE_DEPLOYMENT), self.policy)  # shared with the router
-        keyer = PromptKeyer(self.runtime.render, block_tokens) if self.policy.mode == "prefix" else None
+        from chat.engine.volatile_lines import VolatileLines
+
+        volatile = VolatileLines(settings.volatile_lines, drop=not settings.keep_volatile_lines)  # as the replicas'
+        # engines (chat.server.main.volatile_lines): routing keys must not see the lines their prompts lack
+        render = self.runtime.render
+
+        def render_key(messages: list[dict[str, str]]) -> list[int]:
+            return render(list(volatile.prompt_messages(messages)))
+
+        keyer = PromptKeyer(render_key, block_tokens) if self.policy.mode == "prefix" else None
         self.remote = RemoteEngine(engines, self.runtime, self.table, keyer)
         self.node = ray.get_runtime_context().get_node_id()  # where the session store lives
         self.sessions = None  # the app's session store, once Ray Serve built the app (__serve_build_asgi_app__)

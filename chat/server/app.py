@@ -22,14 +22,14 @@ from chat.engine.errors import EngineError
 from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
 from chat.server import completions_api, openai_api, responses_api, tokenize_api
-from chat.server.auth import KeyRing, Tenant
+from chat.server.auth import KeyRing, Tenant, cache_salt
 from chat.server.backpressure import TimedStreamingResponse
 from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
 from chat.server.guard import GuardMiddleware
 from chat.server.key_store import KeyStore, watch_keys
 from chat.server.media_urls import MediaURLMiddleware
-from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics
+from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics, tenant_pins
 from chat.server.policy import TenantPolicy
 from chat.server.ratelimit import Limits, RateLimitedError
 from chat.server.response_store import ResponseStore
@@ -213,15 +213,18 @@ def create_app(
         """An admin key (``--auth-token``'s, one flagged in the keys file, anyone on an open server): the server's
         metrics and every tenant's figures; any other key: its own tenant's figures only."""
         tenant: Tenant = request.state.tenant
+        stats = engine.cache_stats()
         if not tenant.admin:
             own = {tenant.id: gate.figures_of(tenant.id)}
-            return render_tenant_metrics(own, {tenant.id: gate.active(tenant.id)})
-        text = render_metrics(engine.metrics, engine.cache_stats())
+            pins = tenant_pins(stats, {tenant.id: tenant.salt})
+            return render_tenant_metrics(own, {tenant.id: gate.active(tenant.id)}, pins)
+        text = render_metrics(engine.metrics, stats)
         if isinstance(store, SqliteSessionStore):
             text += render_session_metrics(store.writer.stats, store.writer.pending)
         tenants = set(gate.figures) | set(keys.ring.tenants())
         figures = {t: gate.figures_of(t) for t in tenants}
-        return text + render_tenant_metrics(figures, {t: gate.active(t) for t in tenants})
+        pins = tenant_pins(stats, {t: cache_salt(t) for t in tenants})
+        return text + render_tenant_metrics(figures, {t: gate.active(t) for t in tenants}, pins)
 
     @app.get("/v1/models")
     async def models() -> dict:

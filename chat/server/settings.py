@@ -7,6 +7,7 @@ import os
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from chat.engine.volatile_lines import DEFAULT_PATTERNS, VolatileLines
 from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_PRIORITY, MAX_REPLY_TOKENS
 from chat.server.url_fetch import check_hosts
 
@@ -65,6 +66,15 @@ class ServerSettings(BaseSettings):
         le=1,
         description="most of each prefix cache tier one tenant keeps while another tenant needs room (None: no limit)",
     )
+    volatile_lines: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PATTERNS),
+        description="regular expressions of prompt lines that carry per-request noise and no meaning for a local model "
+        "(default: Claude Code's billing line); a match from a line's start is dropped from the rendered prompt, never "
+        "from what a session stores, so that such lines do not split the prefix cache",
+    )
+    keep_volatile_lines: bool = Field(
+        False, description="keep volatile lines in the prompt (a miss they cause is then named volatile_line)"
+    )
     tenant_concurrent_turns: int | None = Field(
         None, ge=1, description="turns one tenant may run at once, unless its keys file entry says (None: no limit)"
     )
@@ -109,6 +119,12 @@ class ServerSettings(BaseSettings):
         if 0 < value < YIELD_BUDGET_LEAST:
             raise ValueError(f"must be 0 (off) or at least {YIELD_BUDGET_LEAST}")
         return value
+
+    @field_validator("volatile_lines")
+    @classmethod
+    def _volatile_lines(cls, patterns: list[str]) -> list[str]:
+        VolatileLines(patterns)  # raises ValueError naming a pattern that does not compile
+        return patterns
 
     @field_validator("media_url_hosts")
     @classmethod

@@ -129,8 +129,8 @@ def test_pins_beyond_the_tenants_share_of_the_device_tier_are_refused():
     put(cache, B, other)
     assert cache.pin(B, other, 4, 300).pinned  # B's share is its own
     assert cache.stats().pinned_per_tenant == {
-        "tenant-a": {"pins": 3, "entries": 2, "bytes": 2 * E},
-        "tenant-b": {"pins": 1, "entries": 1, "bytes": E},
+        "tenant-a": {"pins": 3, "entries": 2, "bytes": 2 * E, "refused": 1, "expired": 0},
+        "tenant-b": {"pins": 1, "entries": 1, "bytes": E, "refused": 0, "expired": 0},
     }
 
 
