@@ -111,9 +111,9 @@ def _cluster_settings(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
     from chat.models.errors import ModelError
-    from chat.server.auth import KeysError
     from chat.server.main import serve
-    from chat.server.session_rows import SessionDbError
+    from chat.server.persistence.session_rows import SessionDbError
+    from chat.server.tenancy.auth import KeysError
 
     settings, cluster = _settings(args), _cluster_settings(args)
     try:
@@ -131,7 +131,7 @@ def _chat(args: argparse.Namespace) -> int:
 
     from cache import PrefixCache
     from chat.protocol.sampling import SamplingSettings
-    from chat.server.turns import sampling_params
+    from chat.server.reply.turns import sampling_params
     from chat.tools.terminal import chat_loop
 
     try:  # the wire's ranges: the engine does not check them again

@@ -8,36 +8,20 @@ from typing import Any
 
 from chat.engine.sampling import SamplingParams, TokenLogprob
 
-PIN_TTL_S = 300.0  # a breakpoint's default time to live after its last use (Anthropic's "5m"; "1h" is 3600)
-
 
 @dataclass(frozen=True, slots=True)
-class Breakpoint:
-    """A prompt-caching breakpoint: the prompt's prefix up to it is pinned in the tenant's cache namespace for
-    ``ttl_s`` seconds after its last use (see ``cache.PrefixCache.pin``). Say where it stands by one of:
+class CacheBreakpoint:
+    """A client's prompt-caching breakpoint (Anthropic's ``cache_control``, ``chat.server.surfaces.anthropic_api``):
+    the prompt's first ``tokens`` tokens are to stay in the cache for ``ttl_s`` seconds after their last use.
 
-    - ``offset``: a token offset into the rendered prompt (capped at the prompt's length);
-    - ``message``: the end of ``messages[message]`` as the chat template renders it, or, with ``chars``, the end of
-      the first ``chars`` characters of its text content (a content block's end, when blocks were joined).
-    """
+    Once the turn's prompt is stored, the engine pins that prefix in the tenant's cache namespace
+    (``cache.PrefixCache.pin``) and reports the outcome in ``Done.pins``. ``tokens`` counts the rendered prompt (tools
+    and template included, volatile lines dropped) up to the end of the marked block, measured by the server as the
+    tokens the whole prompt shares with the prompt rendered up to that block."""
 
-    ttl_s: float = PIN_TTL_S
-    offset: int | None = None
-    message: int | None = None
-    chars: int | None = None
-
-    def __post_init__(self) -> None:
-        if (self.offset is None) == (self.message is None):
-            raise ValueError("a breakpoint needs exactly one of offset and message")
-        for name in ("offset", "message", "chars"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"breakpoint {name} must be a non-negative integer, got {value!r}")
-        if self.chars is not None and self.message is None:
-            raise ValueError("breakpoint chars needs a message")
-        ttl = self.ttl_s
-        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= 86400:
-            raise ValueError(f"breakpoint ttl_s must be in (0, 86400] seconds, got {ttl!r}")
+    tokens: int  # a prefix of the turn's rendered prompt (<= its length)
+    ttl_s: int  # 300 ("5m", the default) or 3600 ("1h")
+    where: str = ""  # the marked block on the wire, for errors and metrics ("system.2", "messages.0.content.3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,15 +32,16 @@ class TurnRequest:
     prompt_tokens: Sequence[int] | None = None  # already rendered prompt (then `messages` is not rendered)
     tools: Sequence[dict[str, Any]] | None = None  # function definitions for a template that renders them
     template_kwargs: dict[str, Any] | None = None  # variables for the chat template (chat_template_kwargs)
-    breakpoints: Sequence[Breakpoint] = ()  # prefixes to pin once the prompt is stored (see Done.pins)
+    breakpoints: tuple[CacheBreakpoint, ...] = ()  # prompt-caching breakpoints, ascending (see CacheBreakpoint):
+    # their prefixes are pinned once the prompt is stored (see Done.pins)
 
 
 @dataclass(frozen=True, slots=True)
 class PinOutcome:
     """What became of one breakpoint (in ``Done.pins``, in the request's order)."""
 
-    breakpoint: Breakpoint
-    length: int  # tokens of the prefix it stands for (0 when it could not be placed)
+    breakpoint: CacheBreakpoint
+    length: int  # tokens of the prefix it stands for (its tokens, capped at the prompt's length)
     pinned: bool  # held now (pinned, or an existing pin of the same prefix renewed)
     reason: str | None = None  # why not (see chat.engine.turn.PIN_REFUSALS); None when pinned
 

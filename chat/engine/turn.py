@@ -53,7 +53,7 @@ from cache import CacheError, Lease, LeaseError, MediaSpan, Namespace, PrefixCac
 from chat.engine.constraints import CompiledGrammar, Constraint
 from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.errors import ContextOverflowError, InvalidMediaError
-from chat.engine.events import Breakpoint, Delta, Done, Event, PinOutcome, Timings, TurnRequest, Usage
+from chat.engine.events import Delta, Done, Event, PinOutcome, Timings, TurnRequest, Usage
 from chat.engine.recent_replies import RecentReplies
 from chat.engine.runtime import Feed, ModelRuntime, RenderedPrompt, Run
 from chat.engine.sampling import Penalties, StopMatcher, TokenLogprob, sample, shape, token_logprobs
@@ -89,8 +89,6 @@ PIN_REFUSALS = {  # why a breakpoint's prefix was not pinned (Done.pins; docs/an
     "over_share": "pinning it would take the tenant's pinned bytes past its share of the device tier "
     "(--tenant-cache-share; all of it with shares off), or all pinned bytes past the device budget",
     "not_reached": "the turn ended before its prompt was computed and stored",
-    "outside_prompt": "the breakpoint names a message the request does not have, or a message of a request given as "
-    "tokens",
     "cache_off": "the server runs without a prefix cache",
 }
 _log = logging.getLogger(__name__)
@@ -230,7 +228,7 @@ class Turn:
         self._forced: list[int] = []  # tokens written next instead of sampled (a thinking budget's end marker)
         self._thinking_closed = False  # the reply has closed its thinking (or was made to)
         self._miss: tuple[str | None, int | None] = (None, None)  # why reuse stopped where it did (set at begin)
-        self._breakpoints: list[int | None] = []  # each breakpoint's prefix length (None: outside the prompt)
+        self._breakpoints: list[int] = []  # each breakpoint's prefix length (set at begin)
         self._pins: tuple[PinOutcome, ...] | None = None  # set once the prompt is stored and its prefixes pinned
 
     @property
@@ -255,8 +253,8 @@ class Turn:
 
     def pause(self, on: bool = True) -> None:
         """Keep the turn out of the steps while it decodes (``on``), or let it back in: its client has not read
-        what it was sent (``chat.server.backpressure``). A paused turn keeps its state and its rank; its prompt
-        still runs (it sends nothing until its first token); cancelling still ends it. Any thread."""
+        what it was sent (``chat.server.transport.backpressure``). A paused turn keeps its state and its rank; its
+        prompt still runs (it sends nothing until its first token); cancelling still ends it. Any thread."""
         self._paused = on
 
     # ================================================================ begin
@@ -270,12 +268,11 @@ class Turn:
         """
         rt, req = self.runtime, self.request
         rendered = None
-        extra: dict = {}
         if req.prompt_tokens is not None:
             self.prompt = list(req.prompt_tokens)
         else:
             try:
-                extra = {"tools": req.tools} if req.tools else {}  # only for runtimes that take them
+                extra: dict = {"tools": req.tools} if req.tools else {}  # only for runtimes that take them
                 if req.template_kwargs:
                     extra["template_kwargs"] = req.template_kwargs
                 if getattr(rt, "prompt_encoder", None) is not None:  # a runtime that reuses earlier renders' ids:
@@ -286,8 +283,7 @@ class Turn:
             except MediaError as exc:
                 raise InvalidMediaError(str(exc.item or "messages"), str(exc)) from exc
             self.prompt, self.media = list(rendered.tokens), tuple(rendered.spans)
-        lengths = (self._breakpoint_length(bp, extra) for bp in req.breakpoints)
-        self._breakpoints = [None if n is None else min(n, len(self.prompt)) for n in lengths]
+        self._breakpoints = [min(bp.tokens, len(self.prompt)) for bp in req.breakpoints]
         self._rendered = rendered
         if len(self.prompt) >= rt.context_window:
             raise ContextOverflowError(len(self.prompt), rt.context_window)
@@ -324,33 +320,11 @@ class Turn:
 
     # ================================================================ breakpoints
 
-    def _breakpoint_length(self, bp: Breakpoint, extra: dict) -> int | None:
-        """The prompt length a breakpoint stands for: its offset, or how far the rendering of the messages up to
-        its end (that message cut after ``chars`` characters of text, when given) follows the prompt."""
-        if bp.offset is not None:
-            return bp.offset
-        messages = self.request.messages
-        assert bp.message is not None
-        if self.request.prompt_tokens is not None or bp.message >= len(messages):
-            return None
-        head = list(messages[: bp.message + 1])
-        if bp.chars is not None:
-            head[-1] = _cut(head[-1], bp.chars)
-        if self.volatile is not None:
-            head = list(self.volatile.prompt_messages(head))
-        try:
-            tokens = list(self.runtime.render_prompt(head, **extra).tokens)
-        except Exception:  # a message cut inside something the template cannot take: as far as the whole one goes
-            return None
-        return _common_length(tokens, self.prompt)
-
     def _pin_breakpoints(self) -> None:
         """Pin each breakpoint's prefix (the prompt was just stored, so its entry restores every one of them)."""
         outcomes = []
         for bp, length in zip(self.request.breakpoints, self._breakpoints, strict=True):
-            if length is None:
-                outcomes.append(PinOutcome(bp, 0, False, "outside_prompt"))
-            elif self.cache is None:
+            if self.cache is None:
                 outcomes.append(PinOutcome(bp, length, False, "cache_off"))
             elif length < 1:
                 outcomes.append(PinOutcome(bp, length, False, "not_cached"))
@@ -368,10 +342,7 @@ class Turn:
             return self._pins
         reason = "cache_off" if self.cache is None else "not_reached"
         lengths = self._breakpoints or [0] * len(self.request.breakpoints)  # [] when begin did not get so far
-        return tuple(
-            PinOutcome(bp, n or 0, False, "outside_prompt" if n is None else reason)
-            for bp, n in zip(self.request.breakpoints, lengths, strict=True)
-        )
+        return tuple(PinOutcome(bp, n, False, reason) for bp, n in zip(self.request.breakpoints, lengths, strict=True))
 
     # ================================================================ a prefix shared with a turn in flight
 
@@ -462,7 +433,7 @@ class Turn:
                 marks.add(len(system))
         if rt.has_recurrent_state:
             marks.update(edge for span in self.media for edge in (span.start, span.end) if 0 < edge < end)
-            marks.update(n for n in self._breakpoints if n is not None and 0 < n < end)  # restorable there: pinnable
+            marks.update(n for n in self._breakpoints if 0 < n < end)  # restorable there, so pinnable
         return sorted(m for m in marks if m > self.cached_tokens)
 
     # ================================================================ feeds
@@ -772,40 +743,6 @@ class Turn:
         if self._lease is not None and self.cache is not None:
             self.cache.release(self._lease)
             self._lease = None
-
-
-def _cut(message: dict, chars: int) -> dict:
-    """``message`` with only the first ``chars`` characters of its text (media parts before the cut kept)."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return {**message, "content": content[:chars]}
-    if not isinstance(content, list | tuple):
-        return message
-    parts, left = [], chars
-    for part in content:
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            if left <= 0:
-                break
-            parts.append({**part, "text": part["text"][:left]})
-            left -= len(part["text"])
-        elif left > 0:
-            parts.append(part)
-    return {**message, "content": parts}
-
-
-def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share (binary search over slice compares)."""
-    lo, hi = 0, min(len(a), len(b))
-    a, b = list(a), list(b)
-    if a[:hi] == b[:hi]:
-        return hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def run_to_end(turn: Turn, budget: int = PREFILL_CHUNK) -> tuple[list[Delta], Done]:

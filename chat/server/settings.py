@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from chat.engine.volatile_lines import DEFAULT_PATTERNS, VolatileLines
 from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_PRIORITY, MAX_REPLY_TOKENS
-from chat.server.url_fetch import check_hosts
+from chat.server.transport.url_fetch import check_hosts
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -1,5 +1,5 @@
-"""Media by URL (opt-in): the fetch rules of ``chat.server.url_fetch`` against a local HTTPS server in the test
-process, and the HTTP API inlining fetched images so that an image by URL and the same image by data URL are one
+"""Media by URL (opt-in): the fetch rules of ``chat.server.transport.url_fetch`` against a local HTTPS server in the
+test process, and the HTTP API inlining fetched images so that an image by URL and the same image by data URL are one
 cache item."""
 
 from __future__ import annotations
@@ -17,8 +17,15 @@ import httpx
 import pytest
 import torch
 
-from chat.server.media_urls import inline_urls
-from chat.server.url_fetch import MediaURLError, MediaURLPolicy, check_address, check_hosts, fetch_image, parse_target
+from chat.server.transport.media_urls import inline_urls
+from chat.server.transport.url_fetch import (
+    MediaURLError,
+    MediaURLPolicy,
+    check_address,
+    check_hosts,
+    fetch_image,
+    parse_target,
+)
 from tests.chat.models.mm_helpers import png
 
 LIMIT = 64 * 1024

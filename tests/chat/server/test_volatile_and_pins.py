@@ -10,8 +10,8 @@ from cache import Namespace, PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.volatile_lines import VolatileLines
 from chat.server.app import create_app
-from chat.server.auth import cache_salt
 from chat.server.settings import ServerSettings
+from chat.server.tenancy.auth import cache_salt
 from tests.chat.engine.fakes import FakeRuntime
 from tests.chat.server.conftest import BackgroundServer
 from tests.chat.server.test_tenant_metrics import KEY_OPS, series
@@ -92,4 +92,46 @@ def test_metrics_show_pins_server_wide_and_per_tenant(tmp_path):
         assert admin['turncache_tenant_pins{tenant="bob"}'] == 0
         own = series(httpx.get(srv.url + "/metrics", headers={"authorization": f"Bearer {KEY_B}"}).text)
         assert own['turncache_tenant_pins{tenant="bob"}'] == 0 and "alice" not in str(own)
+    engine.close()
+
+
+def messages_body(suffix: str, question: str) -> dict:
+    cc = {"type": "ephemeral"}
+    return {
+        "model": "fake",
+        "max_tokens": 3,
+        "system": [
+            {"type": "text", "text": billing(suffix)},
+            {"type": "text", "text": "You are Claude Code.", "cache_control": cc},
+            {"type": "text", "text": SYSTEM, "cache_control": cc},
+        ],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": question, "cache_control": cc}]}],
+    }
+
+
+def test_claude_code_sessions_share_the_system_prefix_and_their_breakpoints_are_pinned_and_reported():
+    engine, _, srv = start(VolatileLines())
+    with srv:
+
+        def send(suffix: str, question: str) -> dict:
+            r = httpx.post(srv.url + "/v1/messages?beta=true", json=messages_body(suffix, question), timeout=30)
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]
+
+        first = send("c8e", "list the files")
+        marks = first["turncache"]["breakpoints"]
+        assert [m["where"] for m in marks] == ["system.1", "system.2", "messages.0.content.0"]
+        assert all(m["pinned"] for m in marks) and marks[1]["tokens"] < marks[2]["tokens"]
+        assert marks[0]["tokens"] == 1 + len("\nYou are Claude Code.")  # measured without the billing line
+        counted = {k: v for k, v in messages_body("c8e", "list the files").items() if k != "max_tokens"}
+        count = httpx.post(srv.url + "/v1/messages/count_tokens", json=counted, timeout=30)
+        assert count.status_code == 200, count.text
+        prompt = first["input_tokens"] + first["cache_read_input_tokens"] + first["cache_creation_input_tokens"]
+        assert count.json()["input_tokens"] == prompt  # counted as the engine renders it: without the line
+        second = send("3a7", "now read main.py")  # another session: another billing line, another question
+        assert second["turncache"]["breakpoints"][1]["tokens"] == marks[1]["tokens"]  # the same system prefix
+        assert second["cache_read_input_tokens"] >= marks[1]["tokens"]
+        stats = engine.cache.stats()
+        assert stats.pins_renewed >= 2  # the system breakpoints: the first session's pins, renewed
+        assert stats.pins == 4  # two on the system, one per session's last message
     engine.close()
