@@ -12,10 +12,11 @@ One load, step by step::
     tensors                      read from a memory map of the file (the table read_header checked) through
                                  transformers' name map
                                  and per-architecture fixes (llama's q/k row order, gemma's norms), one at a time:
-                                 - a linear layer's weight in a block format with a kernel (block_matrices
-                                   .KERNEL_TYPES), when the format asked for is one of block_matrices.BLOCK_FORMATS:
-                                   kept as the file's blocks (``layer.block_weight``; rows reordered as the
-                                   architecture's fix reorders them), never dequantized
+                                 - a linear layer's weight in a type with a kernel (block_matrices
+                                   .KERNEL_TYPES: every Q2_K ... Q8_0 and IQ4 type, F16, BF16), when the format
+                                   asked for is one of block_matrices.BLOCK_FORMATS: kept as the file's blocks
+                                   (``layer.block_weight``; rows reordered as the architecture's fix reorders
+                                   them), never dequantized
                                  - every other tensor (embeddings, norms, a type without a kernel): dequantized in
                                    memory (gguf-py), in float32
     tied LM head                 with tied embeddings the head reads the embedding's blocks (and the lookup its
@@ -186,7 +187,7 @@ def _fill(model: nn.Module, path: Path, header: Any, config: Any, blocks: bool) 
                 if weight is not None:
                     kept[target] = weight
                     continue
-            elif qtype not in ("F32", "F16", "BF16"):
+            elif qtype != "F32":
                 dequantized[qtype] = dequantized.get(qtype, 0) + 1
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         result = processor.process(weights=values, name=tensor.name)
@@ -288,7 +289,8 @@ def _blocks(tensor: Any, processor: Any, layer: nn.Linear, path: Path) -> block_
     order = np.asarray(result.weights).reshape(rows).astype(np.int64)
     if not np.array_equal(np.sort(order), np.arange(rows)):
         return None
-    raw = tensor.data if np.array_equal(order, np.arange(rows)) else np.ascontiguousarray(tensor.data[order])
+    data = _raw_bytes(tensor.data)
+    raw = data if np.array_equal(order, np.arange(rows)) else np.ascontiguousarray(data[order])
     weight = block_matrices.BlockWeight(tensor.tensor_type.name, shape, raw)
     try:
         block_matrices.unpack(weight)  # checks the bytes against the shape
@@ -306,8 +308,14 @@ def _embedding_blocks(model: nn.Module, tensors: list[Any], mapping: dict[str, s
     for tensor in tensors:
         if mapping.get(tensor.name) in names and tensor.tensor_type.name in block_matrices.KERNEL_TYPES:
             rows = tensor.data.shape[0]
-            return block_matrices.BlockWeight(tensor.tensor_type.name, (rows, embedding.embedding_dim), tensor.data)
+            shape = (rows, embedding.embedding_dim)
+            return block_matrices.BlockWeight(tensor.tensor_type.name, shape, _raw_bytes(tensor.data))
     return None
+
+
+def _raw_bytes(data: np.ndarray) -> np.ndarray:
+    """A tensor's bytes as uint8 ``[rows, bytes per row]`` (16-bit float tensors come as their values)."""
+    return data if data.dtype == np.uint8 else data.view(np.uint8)
 
 
 def _check_shapes(model: nn.Module, state: dict[str, torch.Tensor], kept: dict[str, Any], path: Path) -> None:
