@@ -172,13 +172,13 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         "--weights",
         choices=["float32", "bfloat16", "int8", "gguf", "gguf-q16", "gguf-q8"],
         help="format of the linear layers' weights: gguf keeps a GGUF file's own blocks (weight-only), gguf-q16 / "
-        "gguf-q8 the same with int16 / int8 activations (default: int8 for the built-in smollm2, gguf for another "
-        "GGUF file, else the dtype)",
+        "gguf-q8 the same with int16 / int8 activations (default: gguf-q16 for a GGUF file, the built-in smollm2 "
+        "too: float32's answers; else the dtype); int8 is the throughput choice",
     )
     p.add_argument(
         "--kv-dtype",
         choices=["float32", "float16", "bfloat16"],
-        help="what attention K/V are stored in (default: float16 with int8 or gguf weights where the native kernels "
+        help="what attention K/V are stored in (default: float16 with int8 or gguf* weights where the native kernels "
         "run, else the dtype)",
     )
     p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")

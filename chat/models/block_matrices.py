@@ -498,6 +498,33 @@ class BlockMatrix:
                 part.out_features, part.bias, part.columns = self.out_features, self.bias, (lo, hi)
         return part
 
+    def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
+        """float32 ``[len(rows), in]``: the weights of output channels ``rows``, read back from the packed layout
+        (``s * u + o`` rounded once, as :func:`dequantize`: the file's values, bit for bit). Needs the packed
+        layout of a whole matrix (a matrix, not a part of one)."""
+        assert self.packed is not None and self.start == 0 and self.columns is None
+        k, count = self.in_features, len(rows)
+        block, lane, pick = rows // CHANNELS, rows % CHANNELS, np.arange(count)
+        if self.bits == 16:
+            values = self.packed.view(np.uint16).reshape(-1, k, CHANNELS)[block, :, lane]  # [count, k]
+            return _widen(np.ascontiguousarray(values), "BF16" if self.bf16 else "F16")
+        nj, ns = k // BLOCK, BLOCK // self.sub
+        tiles = self.packed.reshape(-1, nj, self.block_bytes // nj)[block]  # [count, nj, tile]
+        quant = self.bits * 64
+        if self.bits == 4:  # byte [g][c][e] = u[8g + e] | u[8g + 4 + e] << 4
+            q = tiles[:, :, :quant].reshape(count, nj, 4, CHANNELS, 4)[pick, :, :, lane, :]  # [count, nj, 4, 4]
+            u = np.stack([q & 0x0F, q >> 4], axis=3).reshape(count, k)
+        else:  # byte [g][c][e] = u[4g + e]
+            u = tiles[:, :, :quant].reshape(count, nj, 8, CHANNELS, 4)[pick, :, :, lane, :].reshape(count, k)
+
+        def vectors(at: int) -> np.ndarray:  # [count, k]: channel `lane`'s value of each sub-block, repeated
+            v = np.ascontiguousarray(tiles[:, :, at : at + ns * 64]).view(np.float32).reshape(count, nj, ns, CHANNELS)
+            return np.repeat(v[pick, :, :, lane].reshape(count, nj * ns).astype(np.float64), self.sub, axis=1)
+
+        scale = vectors(quant)
+        offset = vectors(quant + ns * 64) if self.stored_offsets else scale * -self.bias_value
+        return (scale * u + offset).astype(np.float32)
+
     def weight_bytes(self) -> int:
         """Bytes this matrix's weights take in memory (packed, or dense float32 without the kernels)."""
         if self.packed is not None:
@@ -576,6 +603,38 @@ def float32_layers(model: torch.nn.Module) -> int:
         return 0
 
     return sum(count(value) for module in model.modules() for value in vars(module).values())
+
+
+class BlockEmbedding(torch.nn.Module):
+    """An embedding table kept in its file's blocks: a lookup dequantizes the rows asked for, so every value is the
+    file's own dequantization, as a float32 table would hold it, at 4.25-9 bits a value instead of 32. The rows come
+    from a tied LM head's packed matrix (no memory of its own) or from a copy of the file's blocks (any type gguf-py
+    dequantizes). ``embed(ids)`` -> float32 ``[*ids.shape, dim]``."""
+
+    def __init__(self, source: BlockWeight | BlockMatrix) -> None:
+        super().__init__()
+        self.head = source if isinstance(source, BlockMatrix) else None  # the tied head whose packed rows it reads
+        self.qtype = "" if self.head is not None else source.qtype  # else: the file's type (any gguf-py reads)
+        self.raw = None if self.head is not None else np.array(source.raw, copy=True)  # uint8 [vocab, bytes a row]
+        if isinstance(source, BlockMatrix):
+            self.num_embeddings, self.embedding_dim = source.out_features, source.in_features
+        else:
+            self.num_embeddings, self.embedding_dim = source.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).cpu().numpy()
+        if self.head is not None:
+            values = self.head.dequantize_rows(flat)
+        else:
+            import gguf
+
+            assert self.raw is not None
+            values = gguf.quants.dequantize(self.raw[flat], gguf.GGMLQuantizationType[self.qtype])
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).view(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        where = "the head's packed blocks" if self.head is not None else f"{self.qtype} blocks"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {where}"
 
 
 # ==================================================================== what a forward builds matrices with

@@ -19,6 +19,10 @@ One load, step by step::
                                    them), never dequantized
                                  - every other tensor (embeddings, norms, a type without a kernel): dequantized in
                                    memory (gguf-py), in float32
+    embedding                    dequantized into the model too, and marked with its blocks (``file_blocks``,
+                                 checked on a sample of rows): in every format but float32 the own decoder's
+                                 lookups read those (a tied head's packed rows, or a copy of the file's blocks;
+                                 chat.models.block_matrices.BlockEmbedding) and the float32 table goes
     tied LM head                 with tied embeddings the head reads the embedding's blocks (and the lookup its
                                  dequantization), as llama.cpp does
 
@@ -204,12 +208,17 @@ def _fill(model: nn.Module, path: Path, header: Any, config: Any, blocks: bool) 
     model.load_state_dict(state, strict=False, assign=True)
     for target, weight in kept.items():
         linear[target].block_weight = weight
+    embedding = _embedding_table(model, tensors, mapping, state)
+    if embedding is not None:
+        model.get_input_embeddings().file_blocks = embedding  # the table (dequantized too) in the file's blocks,
+        # which lookups may read instead (build_decoder)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
         head = model.get_output_embeddings()
-        embedding = _embedding_blocks(model, tensors, mapping, blocks)
-        if head is not None and type(head) is nn.Linear and embedding is not None:
-            head.block_weight = embedding
+        tied = _embedding_blocks(model, tensors, mapping, blocks)
+        if head is not None and type(head) is nn.Linear and tied is not None:
+            same = embedding is not None and (embedding.qtype, embedding.shape) == (tied.qtype, tied.shape)
+            head.block_weight = embedding if same else tied  # one object: the lookups may read the head's rows
     left = [n for n, p in model.named_parameters() if p.is_meta and n not in kept]
     if left:
         raise ModelLoadError(f"the tensors of {path} do not fill the model: {left[:5]} have no values")
@@ -310,6 +319,29 @@ def _embedding_blocks(model: nn.Module, tensors: list[Any], mapping: dict[str, s
             rows = tensor.data.shape[0]
             shape = (rows, embedding.embedding_dim)
             return block_matrices.BlockWeight(tensor.tensor_type.name, shape, _raw_bytes(tensor.data))
+    return None
+
+
+def _embedding_table(
+    model: nn.Module, tensors: list[Any], mapping: dict[str, str], state: dict[str, torch.Tensor]
+) -> block_matrices.BlockWeight | None:
+    """The input embedding's tensor as blocks whose dequantization is the table loaded (checked on a sample of rows:
+    an architecture's fix that changed the values would show), or None (a float32 table, or a fix)."""
+    import gguf
+
+    embedding = model.get_input_embeddings()
+    names = {f"{n}.weight" for n, m in model.named_modules() if m is embedding}
+    for tensor in tensors:
+        target = mapping.get(tensor.name)
+        if target not in names or target not in state or tensor.tensor_type.name in ("F32", "F64"):
+            continue
+        table = state[target]
+        weight = block_matrices.BlockWeight(tensor.tensor_type.name, tuple(table.shape), _raw_bytes(tensor.data))
+        if weight.raw.shape[0] != table.shape[0]:
+            return None
+        rows = np.unique(np.linspace(0, table.shape[0] - 1, 16).astype(np.int64))
+        sample = gguf.quants.dequantize(weight.raw[rows], tensor.tensor_type)
+        return weight if torch.equal(torch.from_numpy(np.ascontiguousarray(sample)), table[rows]) else None
     return None
 
 

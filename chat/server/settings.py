@@ -30,7 +30,7 @@ class ServerSettings(BaseSettings):
         None,
         pattern="^(float32|bfloat16|int8|gguf|gguf-q8|gguf-q16)$",
         description="format of the linear layers' weights; gguf, gguf-q16, gguf-q8: a GGUF file's own blocks "
-        "(default: int8 for the built-in model, gguf for another GGUF file, else the dtype)",
+        "(default: gguf-q16 for a GGUF file, the built-in model too; else the dtype; int8: the throughput choice)",
     )
     kv_dtype: str | None = Field(
         None,

@@ -189,3 +189,25 @@ def test_each_type_costs_the_bits_a_weight_the_docstring_says(qtype):
     n, k = 32, 512
     matrix = BlockMatrix(unpack(random_weight(qtype, n, k, seed=10)), None)
     assert matrix.weight_bytes() * 8 == PACKED_BITS[qtype] * n * k
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", block_matrices.KERNEL_TYPES)
+def test_rows_read_back_from_the_packed_layout_are_the_files_values(qtype):
+    weight = random_weight(qtype, 40, 512, seed=11)  # 40 channels: a padded last block
+    matrix = BlockQ16Matrix(unpack(weight), None)
+    rows = np.array([0, 39, 17, 16, 17, 5])
+    assert torch.equal(torch.from_numpy(matrix.dequantize_rows(rows)), reference(weight)[rows])
+
+
+@pytest.mark.parametrize("source", ["file", "head"])
+def test_an_embedding_in_blocks_looks_up_the_files_rows(source):
+    weight = random_weight("Q8_0", 48, 64, seed=12)
+    if source == "head" and block_matrices.kernels() is None:
+        pytest.skip("no native block kernels on this machine")
+    embed = block_matrices.BlockEmbedding(weight if source == "file" else BlockMatrix(unpack(weight), None))
+    ids = torch.tensor([[3, 47, 3], [0, 16, 31]])
+    got = embed(ids)
+    assert got.shape == (2, 3, 64) and got.dtype == torch.float32
+    assert torch.equal(got, F.embedding(ids, reference(weight)))
+    assert (embed.raw is None) == (source == "head")  # the head's rows: no copy of its own

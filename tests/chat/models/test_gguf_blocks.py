@@ -12,7 +12,7 @@ import torch
 
 from chat.engine.runtime import Feed
 from chat.models import InvalidSettingError, ModelFileError, block_matrices, load_model, native
-from chat.models.block_matrices import BlockMatrix, BlockQ8Matrix, StackedMatrix
+from chat.models.block_matrices import BlockMatrix, BlockQ8Matrix, BlockQ16Matrix, StackedMatrix
 from tests.chat.models.gguf_helpers import dequantized_copy, reference_wide_llama, write_tiny_gguf
 from tests.chat.models.helpers import TOLERANCE, full_logits, random_tokens
 
@@ -59,10 +59,10 @@ def matrices(model):
 @needs_kernels
 @pytest.mark.parametrize("qtype", TYPES)
 def test_a_block_format_file_keeps_its_blocks_and_gives_its_dequantized_logits(files, reference, qtype):
-    model = load_model(str(files[qtype]))  # a GGUF file's default: gguf
-    assert model.weights == "gguf" and model.dtype == "float16"  # every product exact per token: float16 K/V
+    model = load_model(str(files[qtype]))  # a GGUF file's default: gguf-q16
+    assert model.weights == "gguf-q16" and model.dtype == "float16"  # every product exact per token: float16 K/V
     kinds = {type(m) for m in matrices(model)}
-    assert kinds <= {BlockMatrix, StackedMatrix} and BlockMatrix in kinds
+    assert kinds <= {BlockQ16Matrix, BlockMatrix, StackedMatrix} and BlockQ16Matrix in kinds  # F16: BlockQ16Matrix
     if qtype == "Q4_K_M":
         assert StackedMatrix in kinds  # q/k in Q4_K beside v in Q6_K
     assert isinstance(model._model.head, BlockMatrix)  # the tied head reads the embedding's blocks
@@ -71,7 +71,8 @@ def test_a_block_format_file_keeps_its_blocks_and_gives_its_dequantized_logits(f
     expected = hf_logits(dequantized_copy(reference, qtype), tokens)
     exact = load_model(str(files[qtype]), weights="gguf", kv_dtype="float32")
     assert (full_logits(exact, tokens) - expected).abs().max().item() <= TOLERANCE
-    assert (full_logits(model, tokens) - expected).abs().max().item() <= 20 * TOLERANCE  # float16 K/V rounding
+    # int16 activations and float16 K/V rows: measured at most 0.0021 (Q3_K's random blocks), gguf-q8 0.069
+    assert (full_logits(model, tokens) - expected).abs().max().item() <= 50 * TOLERANCE
 
 
 @needs_kernels
@@ -148,3 +149,23 @@ def test_a_type_without_a_kernel_runs_dequantized_and_is_named(tmp_path, referen
     tokens = random_tokens(model, 30, seed=5)
     expected = hf_logits(dequantized_copy(reference, "TQ2_0"), tokens)
     assert (full_logits(model, tokens) - expected).abs().max().item() <= TOLERANCE
+
+
+@needs_kernels
+@pytest.mark.parametrize("weights", ["gguf-q16", "int8", "float32"])
+def test_the_embedding_stays_in_the_files_blocks_unless_float32(files, reference, weights):
+    """The lookups read the tied head's packed rows (block formats) or a copy of the file's blocks (int8): no float32
+    table is kept, and the logits are those of the float32 table."""
+    model = load_model(str(files["Q4_K"]), weights=weights)
+    embed = model._model.embed
+    if weights == "float32":
+        assert isinstance(embed, torch.nn.Embedding)
+        return
+    assert isinstance(embed, block_matrices.BlockEmbedding)
+    assert (embed.head is model._model.head) == (weights == "gguf-q16") and (embed.raw is None) == (
+        embed.head is not None
+    )
+    assert not any(p.numel() > 1_000_000 for p in model._model.parameters())
+    ids = torch.tensor([0, 5, 300, 5])
+    table = dequantized_copy(reference, "Q4_K").model.embed_tokens.weight.detach()
+    assert torch.equal(embed(ids), table[ids])
