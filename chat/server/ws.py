@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 from fastapi import WebSocket, WebSocketDisconnect
 
 from chat.engine.engine import Engine, JobHandle
+from chat.engine.errors import NoChatTemplateError
 from chat.engine.events import Delta, Done, TurnRequest
 from chat.engine.reasoning import Markers
 from chat.protocol.client_events import CompletionCreate, ToolResults, TurnCreate, TurnEdit, TurnRegenerate
@@ -51,11 +52,11 @@ from chat.server import reasoning_api, tools_api
 from chat.server.auth import KeyRing, Tenant, bearer_of
 from chat.server.backpressure import Pacer
 from chat.server.choices import chat_logprobs
-from chat.server.errors import TRANSPORT, RequestError, describe
+from chat.server.errors import TRANSPORT, RequestError, code_of, describe
 from chat.server.key_store import KeyStore
 from chat.server.relay import relay_for
 from chat.server.tenant_gate import TenantGate
-from chat.server.turns import turn_request, wire_timings, wire_usage
+from chat.server.turns import chats, turn_request, wire_timings, wire_usage
 
 log = logging.getLogger("turncache.ws")
 WRITE_WAIT_S = 1.0  # the longest an acknowledgment waits for its session's write before it is sent anyway
@@ -278,6 +279,9 @@ class ChatSocket:
             if isinstance(event, OFFERS_TOOLS):
                 check_tools(event, self.engine.runtime)
             if isinstance(event, STARTS_A_TURN):
+                if not chats(self.engine.runtime):  # a base model: refused before the session changes
+                    exc = NoChatTemplateError(self.engine.runtime.name)
+                    return Step(send=(ErrorEvent(reply_to=event.event_id, code=code_of(exc), message=str(exc)),))
                 refusal = self.gate.check(self.tenant.id)
                 if refusal is not None:
                     error = ErrorEvent(reply_to=event.event_id, code=ErrorCode.RATE_LIMITED, message=refusal.message)

@@ -16,6 +16,7 @@ import torch
 
 from cache import PrefixCache
 from chat.engine.engine import Engine
+from chat.engine.errors import NoChatTemplateError
 from chat.engine.events import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.models import ModelFileError, UnsupportedArchitectureError, gguf_files, gguf_model, load_model, load_renderer
@@ -237,6 +238,22 @@ def test_a_changed_file_gets_a_new_namespace(files, f32_model, q8_model, tmp_pat
     assert torch.equal(full_logits(changed, tokens), full_logits(q8_model, tokens))
 
 
+def test_a_file_without_a_chat_template_is_a_base_model(reference, f32_model, tmp_path):
+    """No tokenizer.chat_template in the metadata: it loads, computes as the same weights with a template do, and
+    refuses chat turns (never a guessed template); --chat-template gives it one, and another namespace."""
+    path = write_tiny_gguf(tmp_path / "base.gguf", reference, chat_template=None)
+    base = load_model(str(path), weights="float32")
+    assert base.chats is False and f32_model.chats is True
+    tokens = base.encode("What is the capital of France?")
+    assert torch.equal(full_logits(base, tokens), full_logits(f32_model, tokens))
+    with pytest.raises(NoChatTemplateError, match="--chat-template"):
+        base.render(MESSAGES)
+    assert load_renderer(str(path)).chats is False
+    given = load_model(str(path), weights="float32", chat_template=f32_model._tokenizer.chat_template)
+    assert given.render(MESSAGES) == f32_model.render(MESSAGES)
+    assert given.fingerprint != base.fingerprint  # the same bytes, another template: another namespace
+
+
 def test_a_tensor_transformers_skips_is_named_at_every_load(reference, tmp_path, caplog):
     rope_freqs = {"rope_freqs.weight": np.ones(8, dtype=np.float32)}  # how llama.cpp stores Llama 3.1's rope scaling
     path = write_tiny_gguf(tmp_path / "llama31.gguf", reference, extra_tensors=rope_freqs)
@@ -344,9 +361,6 @@ def test_a_tensor_of_a_type_nobody_knows(files, tmp_path, monkeypatch, home):
     refused(path, ModelFileError, monkeypatch, home, "tensor token_embd.weight has the unknown ggml type id 200")
 
 
-def test_a_file_without_a_chat_template(reference, tmp_path, monkeypatch, home):
-    path = write_tiny_gguf(tmp_path / "base.gguf", reference, chat_template=None)
-    refused(path, ModelFileError, monkeypatch, home, "no chat template")
 
 
 def test_one_part_of_a_split_file(reference, tmp_path, monkeypatch, home):
