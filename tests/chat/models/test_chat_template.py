@@ -113,7 +113,10 @@ def test_no_file_can_be_read_from_a_template(tokenizer):
 
 
 def test_a_template_that_raises_while_rendering_names_the_error_and_its_line(tokenizer):
-    template = "{% for m in messages %}\n\n{% if m.role == 'user' %}{{ raise_exception('users may not speak') }}{% endif %}{% endfor %}"
+    template = (
+        "{% for m in messages %}\n\n{% if m.role == 'user' %}{{ raise_exception('users may not speak') }}{% endif %}"
+        "{% endfor %}"
+    )
     with pytest.raises(ChatTemplateError, match="users may not speak") as info:
         rendered(tokenizer, template)
     assert info.value.line == 3

@@ -361,8 +361,6 @@ def test_a_tensor_of_a_type_nobody_knows(files, tmp_path, monkeypatch, home):
     refused(path, ModelFileError, monkeypatch, home, "tensor token_embd.weight has the unknown ggml type id 200")
 
 
-
-
 def test_one_part_of_a_split_file(reference, tmp_path, monkeypatch, home):
     path = write_tiny_gguf(tmp_path / "m-00001-of-00002.gguf", reference, metadata={"split.no": 0, "split.count": 2})
     refused(path, ModelFileError, monkeypatch, home, "part 1 of a GGUF split into 2 files", "--merge")
