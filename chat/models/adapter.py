@@ -153,6 +153,12 @@ class ModelAdapter:
         """Token ids of plain ``text`` (no chat template, no special tokens added)."""
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a completions prompt: ``text`` with the special tokens its tokenizer puts around any text
+        (Gemma's ``<bos>``, without which a base Gemma's logits drift; none for ChatML tokenizers such as
+        smollm2's), as vLLM's and llama.cpp's servers tokenize a prompt string."""
+        return list(self._tokenizer.encode(text, add_special_tokens=True))
+
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens left out."""
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -88,7 +88,7 @@ def locate_gguf() -> Path:
     target = models_home() / FILE_NAME
     if target.is_file() and target.stat().st_size == SIZE and identify(target).sha256 == SHA256:
         return target
-    return assemble(target)
+    return assemble(target, CHUNKS, SHA256)
 
 
 def assemble(

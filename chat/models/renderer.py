@@ -71,6 +71,10 @@ class TemplateRenderer:
         """Token ids of plain text (no special tokens), as ``ModelAdapter.encode`` gives them."""
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A completions prompt's ids, as ``ModelAdapter.encode_prompt`` gives them (the tokenizer's own BOS)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=True))
+
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 

@@ -1,7 +1,7 @@
 """``POST /tokenize`` and ``POST /detokenize``, as vLLM's, for clients that count tokens before they send.
 
-``/tokenize`` takes a ``prompt`` (encoded as ``/v1/completions`` encodes a string: no special tokens) or chat
-``messages`` (rendered through the model's chat template, with the generation prompt unless
+``/tokenize`` takes a ``prompt`` (encoded as ``/v1/completions`` encodes a string: the tokenizer's own BOS, if
+any) or chat ``messages`` (rendered through the model's chat template, with the generation prompt unless
 ``add_generation_prompt`` is false; text only; a base model answers ``no_chat_template``) and answers
 ``{"count", "max_model_len", "tokens"}``.
 ``/detokenize`` takes ``tokens`` and answers ``{"prompt"}``.
@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_MESSAGES, MAX_TEXT_CHARS
+from chat.server.completions_api import prompt_ids
 from chat.server.errors import RequestError
 from chat.server.turns import require_chat
 
@@ -51,7 +52,7 @@ class DetokenizeRequest(BaseModel):
 
 def tokenize(req: TokenizeRequest, runtime) -> dict:
     if req.prompt is not None:
-        ids = list(runtime.encode(req.prompt))
+        ids = prompt_ids(runtime, req.prompt)
     else:
         require_chat(runtime)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content} for m in req.messages]
