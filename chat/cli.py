@@ -83,6 +83,11 @@ def _load(args: argparse.Namespace):
 
 
 BENCH_MODEL_HELP = "model spec, as for serve --model: a name, a model directory or a GGUF file (default: smollm2)"
+BENCH_TEMPLATE_HELP = (
+    "a chat template file or text instead of the model's own, as for serve --chat-template (a base model needs one "
+    "to chat)"
+)
+TEMPLATED_BENCHES = ("serve", "load", "multiturn")  # and http: the chat benchmarks that run on the engine alone
 CLUSTER_FLAGS = ("ray_address", "router", "route_imbalance", "replica_cpus", "max_replicas_per_node")
 
 
@@ -232,13 +237,13 @@ def _bench_turns(args: argparse.Namespace) -> int:
 def _bench_serve(args: argparse.Namespace) -> int:
     from chat.tools.bench.serve_bench import main
 
-    return main(as_json=args.json, model=args.model)
+    return main(as_json=args.json, model=args.model, chat_template=args.chat_template)
 
 
 def _bench_load(args: argparse.Namespace) -> int:
     from chat.tools.bench.load_bench import main
 
-    return main(as_json=args.json, model=args.model)
+    return main(as_json=args.json, model=args.model, chat_template=args.chat_template)
 
 
 def _bench_batch(args: argparse.Namespace) -> int:
@@ -258,6 +263,7 @@ def _bench_http(args: argparse.Namespace) -> int:
         bad_level=args.bad_level,
         bad_pause_s=args.bad_pause_s,
         clients_apart=not args.clients_in_process,
+        chat_template=args.chat_template,
     )
 
 
@@ -303,7 +309,7 @@ def _bench_weights(args: argparse.Namespace) -> int:
 def _bench_multiturn(args: argparse.Namespace) -> int:
     from chat.tools.bench.multiturn_bench import main
 
-    return main(as_json=args.json, model=args.model, conversations=args.conversations)
+    return main(as_json=args.json, model=args.model, conversations=args.conversations, chat_template=args.chat_template)
 
 
 def _bench_agent(args: argparse.Namespace) -> int:
@@ -658,6 +664,8 @@ def build_parser() -> argparse.ArgumentParser:
         other.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
         if name == "multiturn":
             other.add_argument("--conversations", type=int, default=None, help="conversations, all concurrent (8)")
+        if name in TEMPLATED_BENCHES:
+            other.add_argument("--chat-template", metavar="FILE_OR_TEXT", help=BENCH_TEMPLATE_HELP)
         if name == "constrained":
             other.add_argument("--conversations", type=int, default=8, help="conversations, all concurrent (8)")
         other.set_defaults(run=run)
@@ -668,6 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     http.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     http.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    http.add_argument("--chat-template", metavar="FILE_OR_TEXT", help=BENCH_TEMPLATE_HELP)
     http.add_argument(
         "--levels", type=_levels, default=(1, 8, 32), metavar="N,N,...", help="concurrent sessions (1,8,32)"
     )
