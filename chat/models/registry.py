@@ -618,4 +618,27 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
             ids.add(value)
         elif isinstance(value, list | tuple):
             ids.update(v for v in value if isinstance(v, int))
+    return ids | turn_end_ids(tokenizer)
+
+
+END_OF_TURN_MARKERS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")  # Gemma, ChatML, Llama 3, Phi-3
+
+
+def turn_end_ids(tokenizer: Any) -> set[int]:
+    """The tokens that end a turn in the model's chat template: each marker of :data:`END_OF_TURN_MARKERS` that the
+    template writes and the tokenizer holds as one special token. A reply stops at them as at EOS: a base model's
+    file names only its EOS (Gemma 3's ``<eos>``), while a template given with ``--chat-template`` closes each turn
+    with its marker, which the model writes when its reply is done (llama.cpp stops at the same markers)."""
+    from chat.models.chat_template import template_of
+
+    template = template_of(tokenizer)
+    if template is None:
+        return set()
+    special = set(getattr(tokenizer, "all_special_tokens", ())) | set(getattr(tokenizer, "added_tokens_encoder", {}))
+    ids = set()
+    for marker in END_OF_TURN_MARKERS:
+        if marker in template and marker in special:
+            token_id = tokenizer.convert_tokens_to_ids(marker)
+            if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+                ids.add(token_id)
     return ids

@@ -130,3 +130,27 @@ def test_the_compile_check_is_the_renderers_own():
     check_compiles(CHATML)
     check_compiles("{% generation %}{{ x }}{% endgeneration %}")  # transformers' own tag compiles
     check_compiles("{% for x in y %}{% break %}{% endfor %}")  # and its loop controls
+
+
+class _Tokenizer:
+    """What turn_end_ids reads of a tokenizer."""
+
+    unk_token_id = 3
+    all_special_tokens = ("<eos>", "<bos>")
+
+    def __init__(self, template):
+        self.chat_template = template
+        self.added_tokens_encoder = {"<start_of_turn>": 105, "<end_of_turn>": 106}
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return {"<eos>": 1, "<bos>": 2, **self.added_tokens_encoder}.get(token, self.unk_token_id)
+
+
+def test_the_end_of_turn_marker_a_template_writes_ends_a_reply():
+    from chat.models.registry import turn_end_ids
+
+    gemma_style = "{% for m in messages %}<start_of_turn>{{ m.content }}<end_of_turn>\n{% endfor %}"
+    assert turn_end_ids(_Tokenizer(gemma_style)) == {106}
+    assert turn_end_ids(_Tokenizer("{% for m in messages %}{{ m.content }}<|im_end|>{% endfor %}")) == set()  # unknown
+    assert turn_end_ids(_Tokenizer(None)) == set()  # a base model: its EOS alone
+    assert load_model("tiny-base").eos_token_ids == load_model("tiny-base", chat_template=CHATML).eos_token_ids

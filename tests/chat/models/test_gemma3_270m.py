@@ -200,6 +200,7 @@ def test_a_conversation_past_the_window_from_the_cache_gives_the_tokens_computed
 
 def test_with_a_gemma_chat_template_multi_turn_chat_hits_the_cache(gemma, gemma_chat):
     assert gemma_chat.chats and gemma_chat.fingerprint != gemma.fingerprint  # another template, another namespace
+    assert gemma.eos_token_ids == {1} and gemma_chat.eos_token_ids == {1, 106}  # the template's <end_of_turn> too
     engine, srv = make_server(runtime=gemma_chat)
     messages = [{"role": "system", "content": "You answer in one short sentence."}]
     hits = []
