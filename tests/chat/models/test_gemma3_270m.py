@@ -45,13 +45,15 @@ REPLY_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def gemma():
+    """The file on its own blocks (``gguf``), K/V in float32: what is compared with float32 here is the weights
+    (float16 K/V, a default where every layer has a block kernel, rounds each row: ~1e-3 in the logits)."""
     torch.set_num_threads(1)
-    return load_model(gemma3_270m.NAME, weights="gguf")
+    return load_model(gemma3_270m.NAME, weights="gguf", kv_dtype="float32")
 
 
 @pytest.fixture(scope="module")
 def gemma_chat(gemma):
-    return load_model(gemma3_270m.NAME, weights="gguf", chat_template=str(TEMPLATE))
+    return load_model(gemma3_270m.NAME, weights="gguf", kv_dtype="float32", chat_template=str(TEMPLATE))
 
 
 def float32_layers(adapter: DecoderAdapter) -> list[str]:
