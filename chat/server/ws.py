@@ -276,12 +276,12 @@ class ChatSocket:
         connection: a refused one changes nothing (no ``turn.started``, the session as it was)."""
         try:
             event = parse_client_event(frame)
+            if isinstance(event, STARTS_A_TURN) and not chats(self.engine.runtime):  # a base model: refused
+                exc = NoChatTemplateError(self.engine.runtime.name)  # before anything else, the session unchanged
+                return Step(send=(ErrorEvent(reply_to=event.event_id, code=code_of(exc), message=str(exc)),))
             if isinstance(event, OFFERS_TOOLS):
                 check_tools(event, self.engine.runtime)
             if isinstance(event, STARTS_A_TURN):
-                if not chats(self.engine.runtime):  # a base model: refused before the session changes
-                    exc = NoChatTemplateError(self.engine.runtime.name)
-                    return Step(send=(ErrorEvent(reply_to=event.event_id, code=code_of(exc), message=str(exc)),))
                 refusal = self.gate.check(self.tenant.id)
                 if refusal is not None:
                     error = ErrorEvent(reply_to=event.event_id, code=ErrorCode.RATE_LIMITED, message=refusal.message)
