@@ -219,6 +219,24 @@ def test_a_second_load_of_the_same_bytes_reuses_the_parsed_metadata(files, monke
     assert again._tokenizer is not first._tokenizer and again._model.config is not first._model.config  # copies
 
 
+def test_a_load_parses_the_metadata_once(files, monkeypatch):
+    """transformers reads the whole metadata for the config and again for the tokenizer's class: one read serves
+    both (gguf_model.one_metadata_parse)."""
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    original, reads = reader.load_gguf_checkpoint, []
+
+    def counted(path, return_tensors=False, **kwargs):
+        reads.append(return_tensors)
+        return original(path, return_tensors, **kwargs)
+
+    monkeypatch.setattr(reader, "load_gguf_checkpoint", counted)
+    monkeypatch.setattr(gguf_model, "_parsed", {})  # nothing parsed earlier in the process
+    model = load_model(str(files["q8_0"]), weights="float32")
+    assert reads == [False] and model.render(MESSAGES)  # one metadata read; the tokenizer works
+    assert reader.load_gguf_checkpoint is counted  # restored after the load
+
+
 def test_a_copy_with_the_same_bytes_shares_the_namespace(files, f32_model, tmp_path):
     copy = shutil.copyfile(files["f32"], tmp_path / "tiny-llama-f32.gguf")
     assert load_model(str(copy), weights="float32").fingerprint == f32_model.fingerprint
