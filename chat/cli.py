@@ -112,9 +112,9 @@ def _cluster_settings(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
     from chat.models.errors import ModelError
-    from chat.server.auth import KeysError
     from chat.server.main import serve
-    from chat.server.session_rows import SessionDbError
+    from chat.server.persistence.session_rows import SessionDbError
+    from chat.server.tenancy.auth import KeysError
 
     settings, cluster = _settings(args), _cluster_settings(args)
     try:
@@ -132,7 +132,7 @@ def _chat(args: argparse.Namespace) -> int:
 
     from cache import PrefixCache
     from chat.protocol.sampling import SamplingSettings
-    from chat.server.turns import sampling_params
+    from chat.server.reply.turns import sampling_params
     from chat.tools.terminal import chat_loop
 
     try:  # the wire's ranges: the engine does not check them again
@@ -265,6 +265,12 @@ def _bench_http(args: argparse.Namespace) -> int:
         clients_apart=not args.clients_in_process,
         chat_template=args.chat_template,
     )
+
+
+def _bench_chat(args: argparse.Namespace) -> int:
+    from chat.tools.bench.chat_bench import main
+
+    return main(as_json=args.json, model=args.model, levels=args.levels, rounds=args.rounds, turns=args.turns)
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -709,6 +715,25 @@ def build_parser() -> argparse.ArgumentParser:
         "and the engine) instead of a process of their own",
     )
     http.set_defaults(run=_bench_http)
+    chat_bench = bench_sub.add_parser(
+        "chat",
+        help="N conversations x 4 turns (~40-word messages, 64-token greedy replies) with the server's default "
+        "settings: the engine alone, stateless HTTP with the whole history, WebSocket sessions; the disk tier's cost",
+    )
+    chat_bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    chat_bench.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    chat_bench.add_argument(
+        "--levels", type=_levels, default=(1, 8, 32), metavar="N,N,...", help="concurrent conversations (1,8,32)"
+    )
+    chat_bench.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=2,
+        help="runs of each level and way, the ways back to back in each round (order reversed every other round); "
+        "medians, ratios paired by round (%(default)s)",
+    )
+    chat_bench.add_argument("--turns", type=_positive_int, default=4, help="turns per conversation (%(default)s)")
+    chat_bench.set_defaults(run=_bench_chat)
     restart = bench_sub.add_parser(
         "restart",
         help="a conversation resumed after a server restart: cached tokens and time to first token with the disk "

@@ -32,8 +32,8 @@ from chat.cluster.ray_router import table_name
 from chat.cluster.remote_engine import RemoteEngine, SessionTracker, SocketEngine
 from chat.cluster.routing import RoutingPolicy, table_for
 from chat.engine.runtime import ChatRenderer
-from chat.server.auth import KeyRing
 from chat.server.settings import ServerSettings
+from chat.server.tenancy.auth import KeyRing
 
 ENGINE_DEPLOYMENT = "EngineReplica"  # the engine deployment's name (the router's table is named after it)
 
@@ -85,8 +85,8 @@ def add_cluster_routes(
 ) -> None:
     """Put the cluster's ``/v1/ws``, ``/metrics`` and ``/v1/cluster`` before the app's own routes."""
     from chat.server.metrics_text import render_session_metrics
-    from chat.server.session_db import SqliteSessionStore
-    from chat.server.ws import serve_socket
+    from chat.server.persistence.session_db import SqliteSessionStore
+    from chat.server.surfaces.ws import serve_socket
 
     before = len(app.router.routes)
     store = app.state.sessions

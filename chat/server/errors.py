@@ -48,8 +48,8 @@ from chat.engine.errors import (
 )
 from chat.protocol.content import INVALID_MEDIA
 from chat.protocol.errors import ErrorCode, ProtocolError
-from chat.server.ratelimit import RateLimitedError
-from chat.server.turns import SamplingFieldError
+from chat.server.reply.turns import SamplingFieldError
+from chat.server.tenancy.ratelimit import RateLimitedError
 from modalities.errors import MediaError
 
 POLICY_VIOLATION = 1008  # WebSocket close code: refused credentials or origin

@@ -12,8 +12,8 @@ from cache import PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.scheduler import BatchSettings
 from chat.server.app import create_app, key_store
-from chat.server.backpressure import uvicorn_http_options
 from chat.server.settings import MiB, ServerSettings
+from chat.server.transport.backpressure import uvicorn_http_options
 
 log = logging.getLogger("turncache.server")
 SHUTDOWN_FLUSH_S = 10.0  # at most this long to write the prefix cache's queued files at a clean shutdown

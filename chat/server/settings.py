@@ -8,7 +8,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_PRIORITY, MAX_REPLY_TOKENS
-from chat.server.url_fetch import check_hosts
+from chat.server.transport.url_fetch import check_hosts
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_MESSAGES, MAX_TEXT_CHARS
-from chat.server.completions_api import prompt_ids
 from chat.server.errors import RequestError
-from chat.server.turns import require_chat
+from chat.server.reply.turns import require_chat
+from chat.server.surfaces.completions_api import prompt_ids
 
 MAX_DETOKENIZE = 1_000_000  # token ids in one /detokenize request
 
