@@ -315,7 +315,7 @@ def canonical_weights(state: Mapping[str, Any], args: DecoderArgs) -> dict[str, 
             biases = [named.pop(f"layers.{i}.{p}.bias", None) for p in parts]
             if any(w is None for w in weights):
                 raise NotPackable(f"layer {i} lacks a part of {fused}")
-            named[f"layers.{i}.{fused}.weight"] = torch.cat(weights)
+            named[f"layers.{i}.{fused}.weight"] = _concat_rows(weights)
             if any(b is not None for b in biases):
                 named[f"layers.{i}.{fused}.bias"] = torch.cat(
                     [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases, strict=True)]
@@ -333,6 +333,16 @@ def canonical_weights(state: Mapping[str, Any], args: DecoderArgs) -> dict[str, 
     if missing:
         raise NotPackable(f"missing weights {missing[:4]}")
     return named
+
+
+def _concat_rows(parts: list[Any]) -> Any:
+    """The parts' rows one after another. A part on the meta device (a layer that keeps its file's blocks, its
+    float weight never made) makes the whole a meta tensor of the fused shape: a block format builds that matrix
+    from the modules (``from_layers``), whatever mix of blocks and float weights its parts hold."""
+    if any(getattr(p, "is_meta", False) for p in parts) and not all(p.is_meta for p in parts):
+        rows = sum(int(p.shape[0]) for p in parts)
+        return torch.empty((rows, *parts[0].shape[1:]), dtype=parts[0].dtype, device="meta")
+    return torch.cat(parts)
 
 
 def _norm_roles(named: dict[str, Any], i: int, args: DecoderArgs) -> None:

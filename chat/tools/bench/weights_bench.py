@@ -117,12 +117,13 @@ def quality(runtime, reference: list[torch.Tensor] | None) -> tuple[dict[str, fl
 
 
 def decode_speed(runtime) -> float:
-    """Tokens per second of one greedy reply decoded alone (no speculation), as the engine decodes it (the prompt
-    rendered by the chat template, or the bare text for a model without one)."""
-    messages = [{"role": "user", "content": REPLY_PROMPT}]
-    chats = bool(getattr(getattr(runtime, "_tokenizer", None), "chat_template", None))
-    prompt = None if chats else runtime.encode(REPLY_PROMPT)
-    request = TurnRequest(messages, SamplingParams(max_tokens=REPLY_TOKENS), prompt_tokens=prompt)
+    """Tokens per second of one greedy reply decoded alone (no speculation), as the engine decodes it (a chat turn;
+    a base model's prompt goes in as a completion's)."""
+    params = SamplingParams(max_tokens=REPLY_TOKENS)
+    if getattr(runtime, "chats", True):
+        request = TurnRequest([{"role": "user", "content": REPLY_PROMPT}], params)
+    else:  # a base model (no chat template): the prompt as a completion's
+        request = TurnRequest((), params, prompt_tokens=runtime.encode_prompt(REPLY_PROMPT))
     turn = Turn(runtime, None, request, draft_tokens=0)
     _, done = run_to_end(turn)
     return done.timings.decode_tokens_per_s

@@ -1,12 +1,14 @@
-"""Media by URL on the HTTP API: image parts that name an ``https://`` URL are fetched (:mod:`chat.server.url_fetch`)
-and replaced by data URLs before the request is validated, so everything after (validation, hashing, the media
-store, the prefix cache) sees what a client that inlines its images sends: the same image by URL and by data URL
-is one item, hashed from its bytes.
+"""Media by URL on the HTTP API: image parts that name an ``https://`` URL are fetched
+(:mod:`chat.server.transport.url_fetch`) and replaced by data URLs before the request is validated, so everything
+after (validation, hashing, the media store, the prefix cache) sees what a client that inlines its images sends: the
+same image by URL and by data URL is one item, hashed from its bytes.
 
 :class:`MediaURLMiddleware` is an ASGI middleware placed inside the authentication guard (a request without a
 valid key makes the server fetch nothing). It looks at ``POST /v1/chat/completions`` (``messages[i].content[j]``
 parts ``{"type": "image_url", "image_url": {"url": "https://..."}}``) and ``POST /v1/responses``
-(``input[i].content[j]`` parts ``{"type": "input_image", "image_url": "https://..."}``); other routes, and bodies
+(``input[i].content[j]`` parts ``{"type": "input_image", "image_url": "https://..."}``) and ``POST /v1/messages``
+(``messages[i].content[j]`` blocks ``{"type": "image", "source": {"type": "url", "url": "https://..."}}``, the
+URL replaced by the data URL; an image inside a ``tool_result`` is not fetched); other routes, and bodies
 with no ``://`` in them, pass untouched and unparsed. At most :data:`MAX_URLS_PER_REQUEST` distinct URLs are fetched
 per request, all at once; one that fails refuses the whole request with ``invalid_media`` naming the part.
 
@@ -24,10 +26,10 @@ from typing import Any
 
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
-from chat.server.url_fetch import Fetched, MediaURLError, MediaURLPolicy, fetch_image
+from chat.server.transport.url_fetch import Fetched, MediaURLError, MediaURLPolicy, fetch_image
 
 MAX_URLS_PER_REQUEST = 16  # distinct URLs one request may ask the server to fetch
-ROUTES = ("/v1/chat/completions", "/v1/responses")
+ROUTES = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -57,6 +59,9 @@ def _is_url(value: Any) -> bool:
 
 def url_sites(route: str, body: Any) -> Iterator[URLSite]:
     """The image URLs of a request body of ``route`` (one of :data:`ROUTES`), in order."""
+    if route == "/v1/messages":  # Anthropic's image blocks: {"type": "image", "source": {"type": "url", "url": ...}}
+        yield from _anthropic_sites(body)
+        return
     messages, kind = (body.get("messages"), "image_url") if route == ROUTES[0] else (body.get("input"), "input_image")
     where = "messages" if route == ROUTES[0] else "input"
     if not isinstance(messages, list):
@@ -72,6 +77,16 @@ def url_sites(route: str, body: Any) -> Iterator[URLSite]:
             key = "url" if kind == "image_url" else "image_url"
             if isinstance(holder, dict) and _is_url(holder.get(key)):
                 yield URLSite(holder, key, f"{where}[{i}].content[{j}]")
+
+
+def _anthropic_sites(body: Any) -> Iterator[URLSite]:
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        blocks = message.get("content") if isinstance(message, dict) else None
+        for j, block in enumerate(blocks if isinstance(blocks, list) else ()):
+            source = block.get("source") if isinstance(block, dict) and block.get("type") == "image" else None
+            if isinstance(source, dict) and source.get("type") == "url" and _is_url(source.get("url")):
+                yield URLSite(source, "url", f"messages[{i}].content[{j}]")
 
 
 def data_url(fetched: Fetched) -> str:
@@ -108,7 +123,8 @@ async def inline_urls(route: str, body: Any, policy: MediaURLPolicy, fetch: Fetc
 
 
 class MediaURLMiddleware:
-    """ASGI middleware: image URLs in chat-completions and responses bodies become data URLs (module docstring)."""
+    """ASGI middleware: image URLs in chat-completions, responses and messages bodies become data URLs (see the module
+    docstring)."""
 
     def __init__(
         self, app: Any, policy: MediaURLPolicy, max_body: int, refuse: Refuse, fetch: Fetch = fetch_image

@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from chat.engine.events import Done, Event, TurnRequest
 from chat.engine.sampling import TokenLogprob
-from chat.server.backpressure import Pacer
 from chat.server.errors import SlowClientError
-from chat.server.relay import relay_for
+from chat.server.transport.backpressure import Pacer
+from chat.server.transport.relay import relay_for
 
 
 def with_seeds(request: TurnRequest, n: int) -> list[TurnRequest]:
@@ -53,10 +53,10 @@ async def run_turn_batches(
 ) -> AsyncIterator[list[tuple[int, Event]]]:
     """:func:`run_turns`' events, as lists of every event that arrived while the consumer was busy with the previous
     list (one engine step's tokens, or several when the consumer fell behind): a stream writes each list at once.
-    The engine's events reach the loop through its :class:`~chat.server.relay.LoopRelay` (one wake-up per batch).
-    When :func:`~chat.server.backpressure.pause_threshold` events wait unread (the consumer is stuck writing to a
-    client that reads slowly or not at all), the turns are paused in the engine until the consumer takes them
-    (:class:`~chat.server.backpressure.Pacer`), so a slow client's turns run at the pace it reads. When
+    The engine's events reach the loop through its :class:`~chat.server.transport.relay.LoopRelay` (one wake-up per
+    batch). When :func:`~chat.server.transport.backpressure.pause_threshold` events wait unread (the consumer is stuck
+    writing to a client that reads slowly or not at all), the turns are paused in the engine until the consumer takes
+    them (:class:`~chat.server.transport.backpressure.Pacer`), so a slow client's turns run at the pace it reads. When
     ``max_pending`` events wait unread anyway (events on their way when the pause came), the turns are cancelled at
     once and the next batch raises SlowClientError.
 

@@ -1,24 +1,26 @@
 """The chat WebSocket (``/v1/ws``): a thin loop around :class:`chat.protocol.connection.Connection`.
 
 Frames in -> ``Connection.receive`` -> events out, turns to the engine, cancels to the engine. Engine results come back
-on the engine's thread and are marshalled onto the event loop by the loop's relay (``chat/server/relay.py``: one
-wake-up per engine step for every socket), where the connection turns them into ``reply.delta`` / ``reply.done``.
+on the engine's thread and are marshalled onto the event loop by the loop's relay (``chat/server/transport/relay.py``:
+one wake-up per engine step for every socket), where the connection turns them into ``reply.delta`` / ``reply.done``.
 All sends go through one queue, so events of one socket never interleave mid-frame.
 
-A turn that offers tools is built as ``/v1/chat/completions`` builds one (``chat.server.tools_api``: the same checks,
-call formats and grammars; the tools are checked before the event reaches the session, so a refused one changes
+A turn that offers tools is built as ``/v1/chat/completions`` builds one (``chat.server.reply.tools_api``: the same
+checks, call formats and grammars; the tools are checked before the event reaches the session, so a refused one changes
 nothing); its reply is held back until it is done, then sent as its text, its ``reply.tool_call`` events and its
-``reply.done`` (:class:`ReplyReader`).
+``reply.done``. Every turn's reply is read back by the reply reader the HTTP surfaces use
+(``chat.server.reply.reader``: its calls, its settle step), its thinking left in the text.
 
 Refusals before any exchange: a browser ``Origin`` that is not allowed, or a missing or unknown key when keys are
 configured, closes with 1008 (policy violation). When a reload of the keys removes the socket's key (or gives it to
 another tenant), the socket sends a ``key_revoked`` error, closes with 1008 (reason ``key_revoked``) and cancels its
 turns. An event that would start a turn over the tenant's limits gets a ``rate_limited`` error before the
-connection sees it. The key's tenant (``chat.server.auth``) owns the sessions the socket
+connection sees it. The key's tenant (``chat.server.tenancy.auth``) owns the sessions the socket
 creates, is the only one that can resume them, and salts the cache entries of its turns. A frame over the size limit
 closes with 1009 (uvicorn enforces ``ws_max_size``). Close codes and every error's wire code come from the one table
-in ``chat/server/errors.py``; turns are built, and their usage and timings reported, by ``chat/server/turns.py``, as
-on HTTP. A client that goes away cancels its turns; each stops within one engine step.
+in ``chat/server/errors.py``; turns are built, and their usage and timings reported, by
+``chat/server/reply/turns.py``, as on HTTP. A client that goes away cancels its turns; each stops within one engine
+step.
 
 An event that acknowledges a change to a session (``session.created``, ``session.updated``, a ``reply.done`` that
 committed a reply) is sent once the store has written that change (``SessionStore.when_written``), so a client that
@@ -31,14 +33,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import replace
 from urllib.parse import urlsplit
 
 from fastapi import WebSocket, WebSocketDisconnect
 
 from chat.engine.engine import Engine, JobHandle
+from chat.engine.errors import NoChatTemplateError
 from chat.engine.events import Delta, Done, TurnRequest
-from chat.engine.reasoning import Markers
 from chat.protocol.client_events import CompletionCreate, ToolResults, TurnCreate, TurnEdit, TurnRegenerate
 from chat.protocol.connection import Connection, Step
 from chat.protocol.errors import ErrorCode, ProtocolError
@@ -47,17 +48,19 @@ from chat.protocol.server_events import ErrorEvent, ReplyDone, SessionCreated, S
 from chat.protocol.session import TurnPlan
 from chat.protocol.store import SessionStore
 from chat.protocol.tools import AssistantToolCall
-from chat.server import reasoning_api, tools_api
-from chat.server.auth import KeyRing, Tenant, bearer_of
-from chat.server.backpressure import Pacer
-from chat.server.choices import chat_logprobs
-from chat.server.errors import TRANSPORT, RequestError, describe
-from chat.server.key_store import KeyStore
-from chat.server.relay import relay_for
-from chat.server.tenant_gate import TenantGate
-from chat.server.turns import turn_request, wire_timings, wire_usage
+from chat.server.errors import TRANSPORT, RequestError, code_of, describe
+from chat.server.reply import reasoning_api, tools_api
+from chat.server.reply.choices import chat_logprobs
+from chat.server.reply.reader import CallsOut, Failed, Finished, ReplyEvent, ReplyReader, TextOut
+from chat.server.reply.turns import chats, turn_request, wire_timings, wire_usage
+from chat.server.tenancy.auth import KeyRing, Tenant, bearer_of
+from chat.server.tenancy.key_store import KeyStore
+from chat.server.tenancy.tenant_gate import TenantGate
+from chat.server.transport.backpressure import Pacer
+from chat.server.transport.relay import relay_for
 
 log = logging.getLogger("turncache.ws")
+FAILED = "the model failed while generating"  # what a client learns of a turn that failed while generating
 WRITE_WAIT_S = 1.0  # the longest an acknowledgment waits for its session's write before it is sent anyway
 STARTS_A_TURN = (TurnCreate, TurnRegenerate, TurnEdit, ToolResults, CompletionCreate)  # a tenant's limits apply
 OFFERS_TOOLS = (
@@ -175,8 +178,8 @@ class ChatSocket:
             self.pacer.unread(self.outbox.qsize())
 
     def _drop_slow_client(self, why: str) -> None:
-        """The client does not read (chat.server.backpressure): cancel its turns at once and end the socket (the
-        server then closes the connection; a close frame with 1013 is sent if the client's socket takes it)."""
+        """The client does not read (chat.server.transport.backpressure): cancel its turns at once and end the socket
+        (the server then closes the connection; a close frame with 1013 is sent if the client's socket takes it)."""
         if self.too_slow:
             return
         log.warning("closing a WebSocket: %s", why)
@@ -275,6 +278,9 @@ class ChatSocket:
         connection: a refused one changes nothing (no ``turn.started``, the session as it was)."""
         try:
             event = parse_client_event(frame)
+            if isinstance(event, STARTS_A_TURN) and not chats(self.engine.runtime):  # a base model: refused
+                exc = NoChatTemplateError(self.engine.runtime.name)  # before anything else, the session unchanged
+                return Step(send=(ErrorEvent(reply_to=event.event_id, code=code_of(exc), message=str(exc)),))
             if isinstance(event, OFFERS_TOOLS):
                 check_tools(event, self.engine.runtime)
             if isinstance(event, STARTS_A_TURN):
@@ -293,7 +299,7 @@ class ChatSocket:
         if plan.session_id is not None:
             self.turn_sessions[plan.turn_id] = plan.session_id
         try:
-            request, reader = build_turn(plan, self.salt, self.engine.runtime, self.reply_cap)
+            request, reader = build_turn(plan, self.salt, self.engine.runtime, self.reply_cap, self.engine)
             self.readers[plan.turn_id] = reader
             relay, turn_id = self.relay, plan.turn_id
             self.jobs[turn_id] = self.engine.submit(request, lambda event: relay.call(self._on_event, turn_id, event))
@@ -305,43 +311,48 @@ class ChatSocket:
             self._send(self._failed(plan.turn_id, exc))
 
     def _on_event(self, turn_id: str, event) -> None:
-        """An engine result for one turn, on the event loop."""
+        """An engine result for one turn, on the event loop, read back by the turn's reply reader (the one every
+        HTTP surface uses: ``chat.server.reply.reader``)."""
         reader = self.readers.get(turn_id)
         if isinstance(event, Delta):
-            if (event.text or event.logprobs) and not (reader is not None and reader.held):
-                logprobs = chat_logprobs(self.engine.runtime, event.logprobs) if event.logprobs else None
-                self._send([self.conn.on_delta(turn_id, event.text, list(event.token_ids), logprobs)])
+            if reader is not None:
+                self._send([self._delta(turn_id, out) for out in reader.delta(event) if isinstance(out, TextOut)])
             return
         self.jobs.pop(turn_id, None)
         self.readers.pop(turn_id, None)
         session_id = self.turn_sessions.pop(turn_id, None)
-        if isinstance(event, Done) and event.finish_reason == "error":
-            log.error("turn %s failed", turn_id, exc_info=event.error)
-            failed = "the model failed while generating"
-            events = self.conn.on_error(turn_id, ErrorCode.INTERNAL, failed, wire_usage(event), wire_timings(event))
-        elif isinstance(event, Done):
-            if reader is not None:
-                reader.settle(self.engine, event)  # before reply.done: the client's next turn comes after it
-            if reader is not None and reader.held:
-                events = self._read_back(turn_id, reader, event)
-            else:
-                usage, timings = wire_usage(event), wire_timings(event)
-                events = self.conn.on_done(turn_id, event.text, event.finish_reason, usage, timings)
+        if isinstance(event, Done) and reader is not None:
+            events = self._ended(turn_id, reader, reader.done(event))
         else:
             events = self._failed(turn_id, event)
         committed = any(isinstance(e, ReplyDone) and e.message_id is not None for e in events)
         self._send(events, written=session_id if committed else None)
 
-    def _read_back(self, turn_id: str, reader: ReplyReader, done: Done) -> list:
-        """The events that end a turn whose reply was held back: its text as one delta, its calls, its reply.done."""
-        content, calls, finish = reader.read(done)
+    def _delta(self, turn_id: str, out: TextOut):
+        logprobs = chat_logprobs(self.engine.runtime, out.logprobs) if out.logprobs else None
+        return self.conn.on_delta(turn_id, out.text, list(out.token_ids), logprobs)
+
+    def _ended(self, turn_id: str, reader: ReplyReader, outs: list[ReplyEvent]) -> list:
+        """The events that end a turn: a held reply's text as one delta and its calls, then its reply.done (or the
+        error of a turn that failed while generating)."""
         events: list = []
-        if content or done.logprobs:
-            logprobs = chat_logprobs(self.engine.runtime, done.logprobs) if done.logprobs else None
-            events.append(self.conn.on_delta(turn_id, content, list(done.token_ids), logprobs))
-        events += [self.conn.on_tool_call(turn_id, i, call) for i, call in enumerate(calls)]
-        finish = "cancelled" if done.finish_reason == "cancelled" else finish
-        return events + self.conn.on_done(turn_id, content, finish, wire_usage(done), wire_timings(done), calls)
+        calls: list[AssistantToolCall] = []
+        for out in outs:
+            if isinstance(out, TextOut):
+                events.append(self._delta(turn_id, out))
+            elif isinstance(out, CallsOut):
+                calls = [AssistantToolCall.model_validate(c) for c in tools_api.wire_calls(out.calls)]
+                events += [self.conn.on_tool_call(turn_id, i, call) for i, call in enumerate(calls)]
+            elif isinstance(out, Failed):
+                assert out.done is not None  # a socket's client is never cut by a reader
+                log.error("turn %s failed", turn_id, exc_info=out.error)
+                usage, timings = wire_usage(out.done), wire_timings(out.done)
+                return events + self.conn.on_error(turn_id, ErrorCode.INTERNAL, FAILED, usage, timings)
+            elif isinstance(out, Finished):
+                usage, timings = wire_usage(out.done), wire_timings(out.done)
+                held_calls = calls if reader.held else None  # a held reply's calls (maybe none): as before
+                events += self.conn.on_done(turn_id, out.content or "", out.finish, usage, timings, held_calls)
+        return events
 
     def _failed(self, turn_id: str, exc: BaseException) -> list:
         """The events that end a turn that failed with ``exc`` before or instead of a Done."""
@@ -351,37 +362,12 @@ class ChatSocket:
         return self.conn.on_error(turn_id, reported.code, reported.message)
 
 
-class ReplyReader:
-    """How one turn's reply is read back: its thinking apart (``chat.server.reasoning_api``) and, when it may call
-    tools, its calls (``chat.server.tools_api``, as over HTTP). A reply that may call tools is ``held``: nothing of it
-    is sent before it is done."""
-
-    def __init__(self, request: TurnRequest, plan: tools_api.ToolPlan, markers: Markers | None) -> None:
-        self.request = request  # what the engine was asked (settle renders the next prompt from it)
-        self.plan = plan  # the turn's tools, their format and choice
-        self.markers = markers  # the thinking markers, when the model thinks
-        self.held = plan.calls_possible  # the reply is read back whole before anything is sent
-
-    def read(self, done: Done) -> tuple[str, list[AssistantToolCall], str]:
-        """The reply's text besides its calls (its thinking kept in front, as a reply without calls keeps it), its
-        calls (fresh ids), and its finish reason (``tool_calls`` when it made calls)."""
-        text = done.text
-        answer = self.markers.split(text)[1] if self.markers is not None else text
-        parsed, finish = tools_api.read_reply(self.plan, replace(done, text=answer))
-        content = text[: len(text) - len(answer)] + (parsed.content or "")
-        calls = [AssistantToolCall.model_validate(c) for c in tools_api.wire_calls(parsed.calls)]
-        return content, calls, finish
-
-    def settle(self, engine, done: Done) -> None:
-        """Compute the next prompt's history ahead when the reply thought or the template re-renders its calls (see
-        ``reasoning_api.settle``, ``tools_api.settle``)."""
-        reasoning_api.settle(engine, self.request, self.markers, self.held, done)
-        tools_api.settle(engine, self.request, self.plan, self.markers, done)
-
-
-def build_turn(plan: TurnPlan, salt: str, runtime, reply_cap: int | None = None) -> tuple[TurnRequest, ReplyReader]:
+def build_turn(
+    plan: TurnPlan, salt: str, runtime, reply_cap: int | None = None, engine=None
+) -> tuple[TurnRequest, ReplyReader]:
     """The engine's request for a session or stateless turn, with its tools rendered in the model's call format and
-    its history's calls and results, exactly as ``/v1/chat/completions`` builds it; and how to read its reply.
+    its history's calls and results, exactly as ``/v1/chat/completions`` builds it; and how to read its reply (its
+    thinking left in the text, as the protocol shows it; settled on ``engine`` when given).
 
     Raises:
         UnsupportedMediaError, RequestError, SamplingFieldError.
@@ -391,7 +377,8 @@ def build_turn(plan: TurnPlan, salt: str, runtime, reply_cap: int | None = None)
     request = turn_request(plan.messages, plan.sampling, salt=salt, runtime=runtime, reply_cap=reply_cap)
     request = tools_api.apply(tools, request, fields)
     request = reasoning_api.apply(request, runtime, None, None)
-    return request, ReplyReader(request, tools, reasoning_api.thinking_markers(runtime, None))
+    markers = reasoning_api.thinking_markers(runtime, None)
+    return request, ReplyReader(request, tools, markers, engine=engine, split_thinking=False)
 
 
 def check_tools(event: TurnCreate | TurnRegenerate | TurnEdit | ToolResults | CompletionCreate, runtime) -> None:

@@ -1,19 +1,21 @@
 """OpenAI's legacy completions: ``POST /v1/completions``, what eval harnesses score with (lm-eval's
 ``local-completions``).
 
-A prompt is a string (tokenized without special tokens: send token ids for exact control), a list of token ids, or
-a list of either (one choice per prompt and ``n``: choice ``i * n + j`` is the ``j``-th reply to prompt ``i``).
-``echo`` puts the prompt before the reply's text; with ``logprobs: N`` the prompt's tokens come with their
-log-probabilities too (the first token has none: ``null``), then the reply's, each with its ``N`` most likely
+A prompt is a string (tokenized with the special tokens the model's tokenizer adds to any text, e.g. Gemma's
+``<bos>``, and no others; most chat models' tokenizers add none: send token ids for exact control), a list of
+token ids, or a list of either (one choice per prompt and ``n``: choice ``i * n + j`` is the ``j``-th reply to
+prompt ``i``). ``echo`` puts the prompt before the reply's text; with ``logprobs: N`` the prompt's tokens come
+with their log-probabilities too (the first token has none: ``null``), then the reply's, each with its ``N`` most likely
 alternatives (and itself) in ``top_logprobs``. ``max_tokens: 0`` computes the prompt only (with ``echo`` and
 ``logprobs``: its log-likelihood). A request that asks for prompt log-probabilities takes nothing from the prefix
 cache (``chat.engine.turn``): every position's logits are computed, and the prompt is stored for later turns.
 
-Sampling fields, refusals and usage are the chat API's (``chat.server.openai_api``).
+Sampling fields, refusals and usage are the chat API's (``chat.server.surfaces.openai_api``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -23,14 +25,22 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chat.engine.events import Delta, Done, Event, TurnRequest
+from chat.engine.events import Done, TurnRequest
 from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_COMPLETION_PROMPTS, MAX_TEXT_CHARS, MAX_TOP_LOGPROBS
-from chat.server.choices import completion_logprobs, run_turns, with_seeds
-from chat.server.errors import RequestError, SlowClientError
-from chat.server.openai_api import StreamOptions, first_event, refuse_unsupported, sampling_of, usage_and_timings
-from chat.server.turns import sampling_params
+from chat.server.errors import RequestError
+from chat.server.reply.choices import completion_logprobs, with_seeds
+from chat.server.reply.reader import Failed, Finished, Prepared, TextOut, open_replies, whole_replies
+from chat.server.reply.turns import sampling_params
+from chat.server.surfaces.openai_api import (
+    GENERATION_FAILED,
+    StreamOptions,
+    grammar_field,
+    refuse_unsupported,
+    sampling_of,
+    usage_and_timings,
+)
 
 TokenIds = list[int]
 Prompt = str | list[str] | TokenIds | list[TokenIds]
@@ -97,9 +107,16 @@ class CompletionRequest(BaseModel):
         return listed
 
 
+def prompt_ids(runtime, text: str) -> list[int]:
+    """A prompt string's ids: with the special tokens the tokenizer adds to any text (Gemma's ``<bos>``), as vLLM
+    and llama.cpp tokenize one (a runtime without ``encode_prompt``, a test's fake: its plain ``encode``)."""
+    encode = getattr(runtime, "encode_prompt", None) or runtime.encode
+    return list(encode(text))
+
+
 def _tokens(runtime, prompt: str | TokenIds) -> list[int]:
     """Raises RequestError: a token id outside the vocabulary, or a prompt that fills the context window."""
-    ids = runtime.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    ids = prompt_ids(runtime, prompt) if isinstance(prompt, str) else list(prompt)
     vocab = getattr(runtime, "vocab_size", None) or 2**31  # a cluster's ingress: its replicas check
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
@@ -164,13 +181,18 @@ def _usage(turns: Sequence[TurnRequest], dones: dict[int, Done], n: int) -> dict
     return {"usage": {**usage, "prompt_tokens_details": {"cached_tokens": cached}}, "timings": parts[0]["timings"]}
 
 
+def prepare(req: CompletionRequest, salt: str, runtime, reply_cap: int | None = None) -> Prepared:
+    """The request as the pipeline runs it (see :func:`build_turns`).
+
+    Raises:
+        RequestError, SamplingFieldError: before anything is computed.
+    """
+    return Prepared(build_turns(req, salt, runtime, reply_cap=reply_cap), grammar_field=grammar_field(req))
+
+
 async def complete(engine, req: CompletionRequest, turns: Sequence[TurnRequest], model: str) -> dict:
-    dones: dict[int, Done] = {}
-    async for i, event in run_turns(engine, turns):
-        if isinstance(event, Done):
-            if event.finish_reason == "error":
-                raise event.error or RuntimeError("generation failed")
-            dones[i] = event
+    finished = await whole_replies(engine, Prepared(turns))
+    dones = {i: reply.done for i, reply in enumerate(finished)}
     runtime = engine.runtime
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
@@ -186,23 +208,19 @@ async def stream(
     engine, req: CompletionRequest, turns: Sequence[TurnRequest], model: str, *, max_pending: int | None = None
 ) -> AsyncIterator[str]:
     """Server-sent events of a streaming completion. With ``echo``, each choice's first chunk is its prompt (and,
-    with ``logprobs``, the prompt's log-probabilities, which come once the prompt is computed). The first event is
-    awaited before this returns. A client that falls behind reading pauses the turns; ``max_pending`` events left
-    unread all the same end the stream with a ``slow_client`` error (chat.server.backpressure).
+    with ``logprobs``, the prompt's log-probabilities, which come once the prompt is computed). The first engine
+    batch is awaited before this returns. A client that falls behind reading pauses the turns; ``max_pending``
+    events left unread all the same end the stream with a ``slow_client`` error (chat.server.transport.backpressure).
 
     Raises:
         whatever the turns raise before computing anything.
     """
-    events = run_turns(engine, turns, max_pending=max_pending)
-    try:
-        head = await first_event(events)
-    except BaseException:
-        await events.aclose()
-        raise
-    return _sse(engine.runtime, req, turns, model, events, head)
+    replies = await open_replies(engine, Prepared(turns), max_pending=max_pending)
+    return _sse(engine.runtime, req, turns, model, replies)
 
 
-async def _sse(runtime, req, turns, model, events, head) -> AsyncIterator[str]:
+async def _sse(runtime, req, turns, model, replies) -> AsyncIterator[str]:
+    """The legacy completions surface's encoder: reply events -> chunks."""
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     offsets = [0] * len(turns)  # characters of each choice's text sent so far (for text_offset)
     echoed = [False] * len(turns)
@@ -222,45 +240,34 @@ async def _sse(runtime, req, turns, model, events, head) -> AsyncIterator[str]:
         return chunk(i, text, lp)
 
     dones: dict[int, Done] = {}
-    pending: list[tuple[int, Event]] = [head]
-    try:
-        while True:
-            for i, event in pending:
-                if isinstance(event, Delta):
+    async with contextlib.aclosing(replies):
+        async for batch in replies:
+            for i, event in batch:
+                if isinstance(event, TextOut):
                     if req.echo and not echoed[i] and not (req.logprobs is not None):
                         yield echo(i, None)
                     if req.echo and not echoed[i]:
                         continue  # the prompt's log-probabilities come with the Done; hold the reply until then
-                    if event.text or event.logprobs:
-                        lp = None
-                        if req.logprobs is not None:
-                            lp = completion_logprobs(runtime, event.logprobs, event.token_ids, offsets[i])
-                        offsets[i] += len(event.text)
-                        yield chunk(i, event.text, lp)
-                    continue
-                assert isinstance(event, Done)
-                dones[i] = event
-                if event.finish_reason == "error":
-                    error = {"message": "generation failed; the server logged the details", "type": "server_error"}
+                    lp = None
+                    if req.logprobs is not None:
+                        lp = completion_logprobs(runtime, event.logprobs, event.token_ids, offsets[i])
+                    offsets[i] += len(event.text)
+                    yield chunk(i, event.text, lp)
+                elif isinstance(event, Failed):
+                    error = GENERATION_FAILED if event.done is not None else event.error.body()
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     yield "data: [DONE]\n\n"
                     return
-                if req.echo and not echoed[i]:
-                    yield echo(i, event.prompt_logprobs)
-                    if event.text:  # the reply, held back until the prompt's log-probabilities were known
-                        reply = [lp.token for lp in event.logprobs]
-                        lp = completion_logprobs(runtime, event.logprobs, reply, offsets[i])
-                        yield chunk(i, event.text, lp if req.logprobs is not None else None)
-                finish = "length" if event.finish_reason == "length" else "stop"
-                extra = _usage(turns, dones, req.n or 1) if len(dones) == len(turns) else {}
-                yield chunk(i, "", None, finish, **extra)
-            try:
-                pending = [await anext(events)]
-            except StopAsyncIteration:
-                break
-            except SlowClientError as exc:
-                yield f"data: {json.dumps({'error': exc.body()})}\n\n"
-                break
-    finally:
-        await events.aclose()
+                elif isinstance(event, Finished):
+                    done = event.done
+                    dones[i] = done
+                    if req.echo and not echoed[i]:
+                        yield echo(i, done.prompt_logprobs)
+                        if done.text:  # the reply, held back until the prompt's log-probabilities were known
+                            reply = [lp.token for lp in done.logprobs]
+                            lp = completion_logprobs(runtime, done.logprobs, reply, offsets[i])
+                            yield chunk(i, done.text, lp if req.logprobs is not None else None)
+                    finish = "length" if done.finish_reason == "length" else "stop"
+                    extra = _usage(turns, dones, req.n or 1) if len(dones) == len(turns) else {}
+                    yield chunk(i, "", None, finish, **extra)
     yield "data: [DONE]\n\n"

@@ -14,37 +14,45 @@ or ``"default"``, ``parallel_tool_calls`` without tools, empty ``tools`` / ``met
 Messages use the WebSocket protocol's content types and limits (``chat.protocol.content``, ``chat.protocol.limits``)
 in an OpenAI envelope (:class:`HttpMessage`); sampling fields (penalties, ``logit_bias``, ``logprobs``,
 ``response_format``, the ``structured_outputs`` extension, ...) are validated once, by the protocol's
-``SamplingSettings``; usage and timings are converted by ``chat.server.turns``, errors reported by
+``SamplingSettings``; usage and timings are converted by ``chat.server.reply.turns``, errors reported by
 ``chat.server.errors`` — the same as on the WebSocket. A grammar is compiled (or found compiled) before anything is
-computed, so a bad schema is a 400 naming its field. ``n`` replies run as ``n`` turns (``chat.server.choices``).
+computed, so a bad schema is a 400 naming its field. ``n`` replies run as ``n`` turns (``chat.server.reply.choices``).
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from chat.engine.constraints import GrammarError, GrammarSpec
-from chat.engine.events import Delta, Done, Event, TurnRequest
-from chat.engine.reasoning import Markers, ReasoningSplitter
+from chat.engine.events import Done, TurnRequest
+from chat.engine.reasoning import Markers
 from chat.protocol.client_events import ModelName
 from chat.protocol.content import ChatMessage, Content, check_media_count
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_MESSAGES
 from chat.protocol.sampling import SamplingSettings
 from chat.protocol.tools import MAX_TOOLS, ToolChoiceWire, ToolDef
-from chat.server import reasoning_api, tools_api
-from chat.server.choices import chat_logprobs, run_turn_batches, run_turns
-from chat.server.errors import RequestError, SlowClientError
-from chat.server.tools_api import ToolPlan
-from chat.server.turns import turn_request, wire_timings, wire_usage
+from chat.server.errors import RequestError
+from chat.server.reply import reasoning_api, tools_api
+from chat.server.reply.choices import chat_logprobs, with_seeds
+from chat.server.reply.reader import (
+    CallsOut,
+    Failed,
+    Finished,
+    Prepared,
+    ReasoningOut,
+    TextOut,
+    open_replies,
+    whole_replies,
+)
+from chat.server.reply.tools_api import ToolPlan
+from chat.server.reply.turns import turn_request, wire_timings, wire_usage
 
 SAMPLING_FIELDS = (  # the request fields that are SamplingSettings' (same names)
     "temperature",
@@ -113,22 +121,6 @@ def sampling_of(body: BaseModel, max_tokens: int | None) -> SamplingSettings:
         raise RequestError(code, f"{field}: {first['msg']}", param=field) from None
 
 
-async def check_grammar(engine, spec: GrammarSpec | None, field: str) -> None:
-    """Compile ``spec`` (off the event loop; the engine then finds it compiled) so that a bad one is refused before
-    anything runs. A cluster's ingress has no compiler: its replicas refuse it the same way.
-
-    Raises:
-        RequestError: ``invalid_grammar`` naming ``field``.
-    """
-    grammars = getattr(engine, "grammars", None)
-    if spec is None or grammars is None:
-        return
-    try:
-        await asyncio.to_thread(lambda: grammars().compile(spec))
-    except GrammarError as exc:
-        raise RequestError(ErrorCode.INVALID_GRAMMAR, f"{field}: {exc}", param=field) from None
-
-
 def grammar_field(body: BaseModel) -> str:
     """The request field a turn's grammar comes from (named when it does not compile)."""
     if getattr(body, "tools", None) and getattr(body, "tool_choice", None) != "none":
@@ -139,8 +131,8 @@ def grammar_field(body: BaseModel) -> str:
 class HttpMessage(ChatMessage):
     """One message of a request: the protocol's content types and rules (``ChatMessage``), with OpenAI's extras:
     the ``developer`` role (taken as ``system``), ``content: null``, an assistant's ``tool_calls`` and a ``tool``
-    message's ``tool_call_id`` (``chat.server.tools_api``); OpenAI's other message fields are refused unless null or
-    empty."""
+    message's ``tool_call_id`` (``chat.server.reply.tools_api``); OpenAI's other message fields are refused unless
+    null or empty."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -280,6 +272,16 @@ def build_turn(
     return turn, plan, reasoning_api.thinking_markers(runtime, req.chat_template_kwargs)
 
 
+def prepare(body: ChatCompletionRequest, salt: str, runtime, reply_cap: int | None = None) -> Prepared:
+    """The request as the pipeline runs it: ``n`` turns (seeded ``seed + i``), its tools and thinking markers.
+
+    Raises:
+        UnsupportedMediaError, RequestError, SamplingFieldError.
+    """
+    turn, plan, markers = build_turn(body, salt, runtime, reply_cap=reply_cap)
+    return Prepared(with_seeds(turn, body.n or 1), plan, markers, grammar_field(body))
+
+
 def usage_and_timings(dones: Sequence[Done]) -> dict:
     """The request's usage (the prompt counted once, every reply's tokens) and the first reply's timings."""
     first = dones[0]
@@ -289,47 +291,36 @@ def usage_and_timings(dones: Sequence[Done]) -> dict:
     return {"usage": usage, "timings": wire_timings(first).model_dump(exclude_none=True)}
 
 
-def _failed(done: Done) -> None:
-    if done.finish_reason == "error":
-        raise done.error or RuntimeError("generation failed")
+def _finish(finished: Finished) -> str:
+    """OpenAI's finish reason (a cancelled reply, which no client reads, as ``stop``)."""
+    return "stop" if finished.finish == "cancelled" else finished.finish
 
 
-def _message(plan: ToolPlan | None, markers: Markers | None, done: Done) -> tuple[dict, str]:
-    """The assistant message of a finished reply (its thinking split off, its calls read back), its finish reason."""
-    reasoning, text = markers.split(done.text) if markers is not None else (None, done.text)
-    parsed, finish = tools_api.read_reply(plan, replace(done, text=text))
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None}
-    if reasoning is not None:
-        message["reasoning_content"] = reasoning
-    if parsed.calls:
-        message["tool_calls"] = tools_api.wire_calls(parsed.calls)
-    return message, finish
+def _message(finished: Finished) -> dict:
+    """The assistant message of a finished reply (its thinking apart, its calls read back)."""
+    message: dict[str, Any] = {"role": "assistant", "content": finished.content, "refusal": None}
+    if finished.reasoning is not None:
+        message["reasoning_content"] = finished.reasoning
+    if finished.calls:
+        message["tool_calls"] = tools_api.wire_calls(finished.calls)
+    return message
 
 
 async def complete(
     engine, turns: Sequence[TurnRequest], model: str, plan: ToolPlan | None = None, markers: Markers | None = None
 ) -> dict:
     """A whole (non-streaming) chat completion with ``len(turns)`` choices."""
-    dones: dict[int, Done] = {}
-    async for i, event in run_turns(engine, turns):
-        if isinstance(event, Done):
-            _failed(event)
-            dones[i] = event
+    finished = await whole_replies(engine, Prepared(turns, plan, markers))
     runtime = engine.runtime
     choices = []
-    can_call = plan is not None and plan.calls_possible
-    reasoning_api.settle(engine, turns[0], markers, can_call, dones[0])  # the next turn's prompt, ahead
-    tools_api.settle(engine, turns[0], plan, markers, dones[0])
-    for i in range(len(turns)):
-        done = dones[i]
-        logprobs = {"content": chat_logprobs(runtime, done.logprobs), "refusal": None}
-        message, finish = _message(plan, markers, done)
+    for i, reply in enumerate(finished):
+        logprobs = {"content": chat_logprobs(runtime, reply.done.logprobs), "refusal": None}
         choices.append(
             {
                 "index": i,
-                "message": message,
+                "message": _message(reply),
                 "logprobs": logprobs if turns[i].params.logprobs else None,
-                "finish_reason": finish,
+                "finish_reason": _finish(reply),
             }
         )
     return {
@@ -338,14 +329,8 @@ async def complete(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        **usage_and_timings([dones[i] for i in range(len(turns))]),
+        **usage_and_timings([reply.done for reply in finished]),
     }
-
-
-async def first_event(events: AsyncIterator[tuple[int, Event]]) -> tuple[int, Event]:
-    """The first event of a stream, awaited before the response starts: a turn refused before computing anything
-    (a prompt over the context, say) is then an HTTP error, not a broken stream."""
-    return await anext(events)
 
 
 async def stream(
@@ -357,22 +342,17 @@ async def stream(
     *,
     max_pending: int | None = None,
 ) -> AsyncIterator[bytes]:
-    """Server-sent events of a streaming chat completion, ending with ``data: [DONE]``. The first event is awaited
-    before this returns (see :func:`first_event`). A reply that may call tools is held back until it is done, then
-    sent as its text and its calls (OpenAI's tool-call deltas, each call whole). Every batch of engine events (one
-    step's, or more when the client fell behind: ``run_turn_batches``) is one write. More than ``max_pending``
-    events left unread cancels the turns and ends the stream with a ``slow_client`` error (chat.server.backpressure).
+    """Server-sent events of a streaming chat completion, ending with ``data: [DONE]``. The first engine batch is
+    awaited before this returns (``chat.server.reply.reader.open_replies``). A reply that may call tools is held back
+    until it is done, then sent as its text and its calls (OpenAI's tool-call deltas, each call whole). Every batch
+    of reply events is one write. More than ``max_pending`` events left unread cancels the turns and ends the stream
+    with a ``slow_client`` error (chat.server.transport.backpressure).
 
     Raises:
         whatever the turns raise before computing anything.
     """
-    batches = run_turn_batches(engine, turns, max_pending=max_pending)
-    try:
-        head = await anext(batches)
-    except BaseException:
-        await batches.aclose()
-        raise
-    return _sse(engine, batches, head, turns, model, plan, markers)
+    replies = await open_replies(engine, Prepared(turns, plan, markers), max_pending=max_pending)
+    return _sse(engine.runtime, replies, turns, model)
 
 
 class ChunkEncoder:
@@ -393,70 +373,47 @@ class ChunkEncoder:
         return b"data: %s\n\n" % orjson.dumps({**self.body, "choices": [choice], **extra})
 
 
-async def _sse(engine, batches, head, turns: Sequence[TurnRequest], model: str, plan, markers) -> AsyncIterator[bytes]:
-    runtime = engine.runtime
-    held = plan is not None and plan.calls_possible  # replies are read back whole before anything is sent
-    splitters = [ReasoningSplitter(markers) if markers is not None else None for _ in turns]  # thinking apart
+GENERATION_FAILED = {"message": "generation failed; the server logged the details", "type": "server_error"}
+
+
+async def _sse(runtime, replies, turns: Sequence[TurnRequest], model: str) -> AsyncIterator[bytes]:
+    """The chat surface's encoder: reply events -> chunks."""
     encoder = ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model)
     chunk = encoder.chunk
     wants_logprobs = [t.params.logprobs for t in turns]
-
     yield b"".join(chunk(i, {"role": "assistant", "content": ""}) for i in range(len(turns)))
-    dones: dict[int, Done] = {}
-    pending: list[tuple[int, Event]] = head
-    try:
-        while True:
+    finished: dict[int, Finished] = {}
+    async with contextlib.aclosing(replies):
+        async for batch in replies:
             out: list[bytes] = []  # this batch's chunks, written at once
-            for i, event in pending:
-                if isinstance(event, Delta):
-                    splitter = splitters[i]
-                    thought, text = splitter.push(event.text) if splitter is not None else ("", event.text)
-                    if thought:
-                        out.append(chunk(i, {"reasoning_content": thought}))
-                    if not held and wants_logprobs[i] and (text or event.logprobs):
-                        lp = {"content": chat_logprobs(runtime, event.logprobs)}
-                        out.append(chunk(i, {"content": text}, logprobs=lp))
-                    elif not held and text:
-                        out.append(encoder.content(i, text))
-                    continue
-                assert isinstance(event, Done)
-                dones[i] = event
-                if i == 0:
-                    reasoning_api.settle(engine, turns[0], markers, held, event)
-                    tools_api.settle(engine, turns[0], plan, markers, event)
-                if event.finish_reason == "error":
-                    error = {"message": "generation failed; the server logged the details", "type": "server_error"}
+            for i, event in batch:
+                if isinstance(event, TextOut):
+                    if wants_logprobs[i] and (event.logprobs or event.token_ids):  # not text held back by a splitter
+                        out.append(
+                            chunk(
+                                i, {"content": event.text}, logprobs={"content": chat_logprobs(runtime, event.logprobs)}
+                            )
+                        )
+                    elif event.text:
+                        out.append(encoder.content(i, event.text))
+                elif isinstance(event, ReasoningOut):
+                    out.append(chunk(i, {"reasoning_content": event.text}))
+                elif isinstance(event, CallsOut):
+                    out.append(chunk(i, {"tool_calls": tools_api.wire_calls(event.calls, with_index=True)}))
+                elif isinstance(event, Finished):
+                    finished[i] = event
+                    extra = (
+                        usage_and_timings([finished[k].done for k in sorted(finished)])
+                        if len(finished) == len(turns)
+                        else {}
+                    )
+                    out.append(chunk(i, {}, _finish(event), **extra))
+                else:
+                    assert isinstance(event, Failed)
+                    error = GENERATION_FAILED if event.done is not None else event.error.body()
                     out.append(b"data: %s\n\ndata: [DONE]\n\n" % orjson.dumps({"error": error}))
                     yield b"".join(out)
                     return
-                if splitters[i] is not None:
-                    thought, text = splitters[i].flush()
-                    if thought:
-                        out.append(chunk(i, {"reasoning_content": thought}))
-                    if text and not held:
-                        out.append(chunk(i, {"content": text}))
-                answer = markers.split(event.text)[1] if markers is not None else event.text
-                parsed, finish = tools_api.read_reply(plan, replace(event, text=answer))
-                if held:
-                    lp = {"content": chat_logprobs(runtime, event.logprobs)} if wants_logprobs[i] else None
-                    if parsed.content or lp:
-                        out.append(chunk(i, {"content": parsed.content or ""}, logprobs=lp))
-                    if parsed.calls:
-                        out.append(chunk(i, {"tool_calls": tools_api.wire_calls(parsed.calls, with_index=True)}))
-                if len(dones) < len(turns):
-                    out.append(chunk(i, {}, finish))
-                else:
-                    extra = usage_and_timings([dones[k] for k in sorted(dones)])
-                    out.append(chunk(i, {}, finish, **extra))
             if out:
                 yield b"".join(out)
-            try:
-                pending = await anext(batches)
-            except StopAsyncIteration:
-                break
-            except SlowClientError as exc:
-                yield b"data: %s\n\ndata: [DONE]\n\n" % orjson.dumps({"error": exc.body()})
-                return
-    finally:
-        await batches.aclose()
     yield b"data: [DONE]\n\n"

@@ -1,8 +1,8 @@
 """What a client that reads too slowly costs: a bounded buffer and a bounded wait, never the engine's time.
 
 The engine never waits for a client: its events for a connection wait in that connection's buffer (the HTTP stream's
-queue, ``chat.server.choices.run_turn_batches``; the WebSocket's outbox, ``chat.server.ws``). A client that reads
-slowly or not at all fills its socket, then its buffer:
+queue, ``chat.server.reply.choices.run_turn_batches``; the WebSocket's outbox, ``chat.server.surfaces.ws``). A client
+that reads slowly or not at all fills its socket, then its buffer:
 
 - :func:`pause_threshold` events unread (8 a turn, at most half of ``stream_buffer_events``): its turns are paused
   in the engine (``JobHandle.pause``: they take no place in its steps and compute nothing, see the scheduler's

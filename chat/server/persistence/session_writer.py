@@ -27,7 +27,7 @@ from pathlib import Path
 
 from chat.protocol.content import ConversationMessage
 from chat.protocol.session import Session
-from chat.server.session_rows import (
+from chat.server.persistence.session_rows import (
     Header,
     Work,
     connect,

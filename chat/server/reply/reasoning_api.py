@@ -29,7 +29,7 @@ def settle(engine, turn: TurnRequest, markers: Markers | None, plan_can_call: bo
     where the thinking began (the turn computes only the answer's tokens: the earlier prompt is cached). Nothing is
     done for replies without thinking, replies that may have called tools, or one that failed or was cut.
 
-    The work is the server's, not a request: a tenant's engine view (``chat.server.tenant_gate``) hands over its
+    The work is the server's, not a request: a tenant's engine view (``chat.server.tenancy.tenant_gate``) hands over its
     ``unmetered`` engine, so the background turn neither counts against the tenant's concurrent turns (its next step
     would be refused while it runs) nor is charged to its tokens per minute."""
     if markers is None or plan_can_call or done.finish_reason != "stop" or turn.prompt_tokens is not None:

@@ -28,9 +28,9 @@ from chat.protocol.ids import IdFactory, new_id
 from chat.protocol.sampling import SamplingSettings
 from chat.protocol.session import Session, SessionState
 from chat.protocol.store import MAX_SESSIONS, InMemorySessionStore
-from chat.server.auth import DEFAULT_TENANT
-from chat.server.session_rows import open_database, read_session
-from chat.server.session_writer import Known, SessionWriter, Snapshot
+from chat.server.persistence.session_rows import open_database, read_session
+from chat.server.persistence.session_writer import Known, SessionWriter, Snapshot
+from chat.server.tenancy.auth import DEFAULT_TENANT
 
 log = logging.getLogger("turncache.sessions")
 

@@ -1,6 +1,6 @@
 """The server's side of per-tenant limits: a :class:`TenantGate` that admits or refuses each request for its tenant
-(:mod:`chat.server.ratelimit` decides), applies the tenant's default priority, and counts every tenant's turns and
-tokens as they end (what ``/metrics`` shows per tenant).
+(:mod:`chat.server.tenancy.ratelimit` decides), applies the tenant's default priority, and counts every tenant's turns
+and tokens as they end (what ``/metrics`` shows per tenant).
 
 Both transports submit turns through :meth:`TenantGate.engine_for`, an engine view that stamps the tenant's default
 priority on a turn that gives none and reports each turn's end (its Done, or the error that ended it before one) to
@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from chat.engine.events import Done, Event, TurnRequest
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
-from chat.server.policy import TenantPolicy
-from chat.server.ratelimit import Limits, RateLimitedError, RateLimiter, Refusal
-from chat.server.relay import relay_for
+from chat.server.tenancy.policy import TenantPolicy
+from chat.server.tenancy.ratelimit import Limits, RateLimitedError, RateLimiter, Refusal
+from chat.server.transport.relay import relay_for
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ sampling fields, tools (function tools, in the Responses shape), structured outp
 refusals. ``input`` is a string or a list of items: messages (``input_text``, ``input_image`` as a data URL,
 ``output_text`` of earlier replies), ``function_call`` and ``function_call_output``; ``reasoning`` items are taken
 and dropped (templates render the history without its thinking). ``instructions`` become the system message of
-this request only. With ``store`` (the default) the response is kept (``chat.server.response_store``) and
+this request only. With ``store`` (the default) the response is kept (``chat.server.persistence.response_store``) and
 ``previous_response_id`` continues its conversation: an agent step sends only its new input, the prompt is the whole
 conversation rendered as before, and the prefix cache serves all of it but the new input. A response of another
 tenant, or one no longer kept, is 404 ``not_found``.
@@ -13,26 +13,25 @@ tenant, or one no longer kept, is 404 ``not_found``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from chat.engine.events import Delta, Done, TurnRequest
-from chat.engine.reasoning import Markers, ReasoningSplitter
+from chat.engine.events import Done, TurnRequest
 from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
-from chat.server import reasoning_api, tools_api
-from chat.server.choices import run_turns
-from chat.server.errors import RequestError, SlowClientError, validation_error
-from chat.server.openai_api import ChatCompletionRequest, first_event, refuse_unsupported
-from chat.server.response_store import ResponseStore, StoredResponse
-from chat.server.tools_api import ToolPlan
-from chat.server.turns import wire_usage
+from chat.server.errors import RequestError, validation_error
+from chat.server.persistence.response_store import ResponseStore, StoredResponse
+from chat.server.reply import tools_api
+from chat.server.reply.reader import Failed, Finished, Prepared, TextOut, open_replies, whole_replies
+from chat.server.reply.turns import wire_usage
+from chat.server.surfaces import openai_api
+from chat.server.surfaces.openai_api import ChatCompletionRequest, refuse_unsupported
 
 
 class ResponsesRequest(BaseModel):
@@ -234,31 +233,42 @@ def to_chat(req: ResponsesRequest, history: Sequence[dict[str, Any]]) -> tuple[C
     return chat, conversation
 
 
-def output_items(plan: ToolPlan | None, markers: Markers | None, done: Done) -> list[dict[str, Any]]:
+def prepare(
+    req: ResponsesRequest, history: Sequence[dict[str, Any]], salt: str, runtime, *, reply_cap: int | None, max_n: int
+) -> tuple[Prepared, list[dict]]:
+    """The request as the pipeline runs it (the chat request it amounts to), and the conversation it continues.
+
+    Raises:
+        RequestError, UnsupportedMediaError, SamplingFieldError.
+    """
+    chat, conversation = to_chat(req, history)
+    chat.check(max_n)
+    return openai_api.prepare(chat, salt, runtime, reply_cap), conversation
+
+
+def output_items(finished: Finished) -> list[dict[str, Any]]:
     """The ``output`` of a finished reply: its reasoning, its message, its function calls."""
-    reasoning, text = markers.split(done.text) if markers is not None else (None, done.text)
-    parsed, _ = tools_api.read_reply(plan, replace(done, text=text))
     items: list[dict[str, Any]] = []
-    if reasoning:
+    if finished.reasoning:
         items.append(
             {
                 "type": "reasoning",
                 "id": f"rs_{uuid.uuid4().hex}",
                 "summary": [],
-                "content": [{"type": "reasoning_text", "text": reasoning}],
+                "content": [{"type": "reasoning_text", "text": finished.reasoning}],
             }
         )
-    if parsed.content:
+    if finished.content:
         items.append(
             {
                 "type": "message",
                 "id": f"msg_{uuid.uuid4().hex}",
                 "status": "completed",
                 "role": "assistant",
-                "content": [{"type": "output_text", "text": parsed.content, "annotations": [], "logprobs": []}],
+                "content": [{"type": "output_text", "text": finished.content, "annotations": [], "logprobs": []}],
             }
         )
-    for call in tools_api.wire_calls(parsed.calls):
+    for call in tools_api.wire_calls(finished.calls):
         items.append(
             {
                 "type": "function_call",
@@ -334,17 +344,9 @@ def _keep(store: ResponseStore, req: ResponsesRequest, tenant: str, conversation
 
 
 async def complete(engine, turn: TurnRequest, req, model, plan, markers, store, tenant, conversation) -> dict:
-    done: Done | None = None
-    async for _, event in run_turns(engine, [turn]):
-        if isinstance(event, Done):
-            done = event
-    assert done is not None
-    if done.finish_reason == "error":
-        raise done.error or RuntimeError("generation failed")
-    reasoning_api.settle(engine, turn, markers, plan is not None and plan.calls_possible, done)
-    tools_api.settle(engine, turn, plan, markers, done)
+    (finished,) = await whole_replies(engine, Prepared([turn], plan, markers))
     body = response_object(
-        f"resp_{uuid.uuid4().hex}", req, model, output_items(plan, markers, done), done, int(time.time())
+        f"resp_{uuid.uuid4().hex}", req, model, output_items(finished), finished.done, int(time.time())
     )
     _keep(store, req, tenant, conversation, body)
     return body
@@ -354,23 +356,20 @@ async def stream(
     engine, turn, req, model, plan, markers, store, tenant, conversation, *, max_pending: int | None = None
 ) -> AsyncIterator[str]:
     """Server-sent events of a streamed response (``response.created`` ... ``response.completed``); the first engine
-    event is awaited before this returns. A reply that may call tools is sent whole once it is done. A client that
+    batch is awaited before this returns. A reply that may call tools is sent whole once it is done. A client that
     falls behind reading pauses the turn; ``max_pending`` events left unread all the same end the stream with an
-    ``error`` event whose code is ``slow_client`` (chat.server.backpressure).
+    ``error`` event whose code is ``slow_client`` (chat.server.transport.backpressure).
 
     Raises:
         whatever the turn raised before computing anything.
     """
-    events = run_turns(engine, [turn], max_pending=max_pending)
-    try:
-        head = await first_event(events)
-    except BaseException:
-        await events.aclose()
-        raise
-    return _sse(events, head, req, model, plan, markers, store, tenant, conversation)
+    replies = await open_replies(engine, Prepared([turn], plan, markers), max_pending=max_pending)
+    held = plan is not None and plan.calls_possible
+    return _sse(replies, held, req, model, store, tenant, conversation)
 
 
-async def _sse(events, head, req, model, plan, markers, store, tenant, conversation) -> AsyncIterator[str]:
+async def _sse(replies, held: bool, req, model, store, tenant, conversation) -> AsyncIterator[str]:
+    """The Responses surface's encoder: reply events -> ``response.*`` events (the thinking is not streamed)."""
     rid, created, seq = f"resp_{uuid.uuid4().hex}", int(time.time()), [0]
 
     def event(kind: str, **fields) -> str:
@@ -380,39 +379,39 @@ async def _sse(events, head, req, model, plan, markers, store, tenant, conversat
 
     yield event("response.created", response=response_object(rid, req, model, [], None, created))
     yield event("response.in_progress", response=response_object(rid, req, model, [], None, created))
-    held = plan is not None and plan.calls_possible
-    splitter = ReasoningSplitter(markers) if markers is not None else None
     msg_id, opened = f"msg_{uuid.uuid4().hex}", False
-    pending = [head]
-    try:
-        while True:
-            for _, item in pending:
-                if isinstance(item, Delta) and not held:
-                    _, text = splitter.push(item.text) if splitter is not None else ("", item.text)
-                    if text and not opened:
-                        opened = True
-                        message = {
-                            "type": "message",
-                            "id": msg_id,
-                            "status": "in_progress",
-                            "role": "assistant",
-                            "content": [],
-                        }
-                        yield event("response.output_item.added", output_index=0, item=message)
-                        part = {"type": "output_text", "text": "", "annotations": []}
-                        yield event(
-                            "response.content_part.added", item_id=msg_id, output_index=0, content_index=0, part=part
-                        )
-                    if text:
-                        yield event(
-                            "response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=text
-                        )
-                elif isinstance(item, Done):
-                    if item.finish_reason == "error":
+    async with contextlib.aclosing(replies):
+        async for batch in replies:
+            for _, item in batch:
+                if isinstance(item, TextOut) and held:
+                    continue  # sent whole with its calls, below
+                if isinstance(item, TextOut) and not opened and item.text:
+                    opened = True
+                    message = {
+                        "type": "message",
+                        "id": msg_id,
+                        "status": "in_progress",
+                        "role": "assistant",
+                        "content": [],
+                    }
+                    yield event("response.output_item.added", output_index=0, item=message)
+                    part = {"type": "output_text", "text": "", "annotations": []}
+                    yield event(
+                        "response.content_part.added", item_id=msg_id, output_index=0, content_index=0, part=part
+                    )
+                if isinstance(item, TextOut) and item.text:
+                    yield event(
+                        "response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=item.text
+                    )
+                elif isinstance(item, Failed):
+                    if item.done is not None:
                         error = {"code": "server_error", "message": "generation failed; the server logged the details"}
-                        yield event("error", **error)
-                        return
-                    items = output_items(plan, markers, item)
+                    else:
+                        error = {"code": item.error.code.value, "message": str(item.error)}
+                    yield event("error", **error)
+                    return
+                elif isinstance(item, Finished):
+                    items = output_items(item)
                     for n, out in enumerate(items):
                         if out["type"] == "message":
                             out["id"] = msg_id
@@ -456,16 +455,7 @@ async def _sse(events, head, req, model, plan, markers, store, tenant, conversat
                                 arguments=out["arguments"],
                             )
                         yield event("response.output_item.done", output_index=n, item=out)
-                    body = response_object(rid, req, model, items, item, created)
+                    body = response_object(rid, req, model, items, item.done, created)
                     _keep(store, req, tenant, conversation, body)
                     yield event("response.completed", response=body)
                     return
-            try:
-                pending = [await anext(events)]
-            except StopAsyncIteration:
-                return
-            except SlowClientError as exc:
-                yield event("error", code=exc.code.value, message=str(exc))
-                return
-    finally:
-        await events.aclose()

@@ -7,13 +7,14 @@ every chunk of a streamed response through a memory stream and a task of its own
 handed on untouched: the response's chunks go straight from the route to the server.
 
 Checks, in order: a ``content-length`` that is not a number or over the body limit is ``too_large``; a path under
-``/v1/`` (or ``/metrics``, ``/tokenize``, ``/detokenize``) needs a known bearer key (``unauthorized``), and its
+``/v1/`` (or ``/metrics``, ``/tokenize``, ``/detokenize``) needs a known key (``unauthorized``; ``Authorization:
+Bearer``, or ``x-api-key`` as Anthropic's clients send it), and its
 tenant is put in the request's state (``request.state.tenant``); a ``POST`` to a route that starts turns
 (:data:`GENERATING`) from a tenant that is over one of its limits already is refused by ``admit_early`` (429
 ``rate_limited``) before its body is read: a client flooding the server past its limits costs it the headers'
 parsing and a refusal, not a JSON body parsed and validated per request (``turncache bench http``'s bad clients).
 The route still admits each request itself (its number of turns is in the body). WebSocket and lifespan scopes pass
-through (the WebSocket checks its key itself, ``chat/server/ws.py``).
+through (the WebSocket checks its key itself, ``chat/server/surfaces/ws.py``).
 
 **Refusals held.** A refusal of ``admit_early`` goes out after ``refusal_hold_s`` (or the refusal's own retry time,
 if shorter): the same 429, its ``Retry-After`` counted from the answer (the hold taken off, so it may be 0). A
@@ -34,16 +35,27 @@ from typing import Any
 from starlette.requests import Request
 
 from chat.protocol.errors import ErrorCode
-from chat.server.auth import bearer_of
 from chat.server.errors import RequestError
-from chat.server.ratelimit import RateLimitedError
+from chat.server.tenancy.auth import bearer_of
+from chat.server.tenancy.ratelimit import RateLimitedError
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 PROTECTED = ("/metrics", "/tokenize", "/detokenize")  # besides everything under /v1/
-GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses")  # POST routes that start turns
+GENERATING = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+)  # POST routes that start turns
 MAX_HELD_REFUSALS = 256  # refusals held at once (see Refusals held); beyond, they go out at once
+
+
+def credential_of(headers) -> str | None:
+    """The key a request presents: ``Authorization: Bearer``, else Anthropic's ``x-api-key``."""
+    given = bearer_of(headers.get("authorization"))
+    return given if given is not None else headers.get("x-api-key")
 
 
 class GuardMiddleware:
@@ -83,7 +95,7 @@ class GuardMiddleware:
             return
         path = request.url.path.removeprefix(scope.get("root_path", ""))  # as routed, without a mount prefix
         if path.startswith("/v1/") or path in PROTECTED:
-            tenant = self.authenticate(bearer_of(request.headers.get("authorization")))
+            tenant = self.authenticate(credential_of(request.headers))
             if tenant is None:
                 await self.refuse(RequestError(ErrorCode.UNAUTHORIZED, "missing or wrong bearer token"))(
                     scope, receive, send

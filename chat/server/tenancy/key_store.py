@@ -1,5 +1,5 @@
-"""Keys without restarts: the server's :class:`~chat.server.auth.KeyRing` held in a :class:`KeyStore` that can read
-its sources again while the server runs.
+"""Keys without restarts: the server's :class:`~chat.server.tenancy.auth.KeyRing` held in a :class:`KeyStore` that can
+read its sources again while the server runs.
 
 When: on ``SIGHUP`` (``kill -HUP PID``), and when the keys file changes (its modification time or size, looked at
 every ``--keys-poll-s`` seconds; 0: only on SIGHUP). Both are installed by :func:`watch_keys`, the app's lifespan.
@@ -21,8 +21,8 @@ import os
 import signal
 from collections.abc import AsyncIterator, Callable
 
-from chat.server.auth import KeyRing, KeysError, Tenant
-from chat.server.policy import TenantPolicy
+from chat.server.tenancy.auth import KeyRing, KeysError, Tenant
+from chat.server.tenancy.policy import TenantPolicy
 
 log = logging.getLogger("turncache.keys")
 Listener = Callable[[KeyRing], None]  # told of every new ring, on the thread that reloaded

@@ -1,6 +1,6 @@
 """Fetching an image named by an ``https://`` URL, for clients that pass URLs instead of data URLs (LangChain,
 LlamaIndex). Off unless the operator lists the hosts it may fetch from (``--media-url-host``); the request path
-that uses it is :mod:`chat.server.media_urls`.
+that uses it is :mod:`chat.server.transport.media_urls`.
 
 Rules, each refusal a :class:`MediaURLError` saying what was wrong:
 

@@ -18,10 +18,10 @@ starting with ``#`` ignored)::
 A key is 16 to 512 characters of ``A-Z a-z 0-9 . _ ~ + / = -``; a tenant id is 1 to 64 characters of
 ``A-Z a-z 0-9 . _ -``. Several keys may name one tenant (key rotation). A key flagged ``admin`` reads every
 tenant's figures in ``/metrics`` (``--auth-token``'s key is an admin key; on an open server everyone is). A tenant's
-entry sets its limits and default priority (``chat/server/policy.py``: fields, values, defaults). A malformed source
-(an unknown field, a malformed limit, limits of a tenant that has no key) is refused with a :class:`KeysError`
-naming it and the entry, never quoting a key: at start, and at a reload (``chat/server/key_store.py``), which then
-keeps the keys in force.
+entry sets its limits and default priority (``chat/server/tenancy/policy.py``: fields, values, defaults). A malformed
+source (an unknown field, a malformed limit, limits of a tenant that has no key) is refused with a :class:`KeysError`
+naming it and the entry, never quoting a key: at start, and at a reload (``chat/server/tenancy/key_store.py``), which
+then keeps the keys in force.
 
 With at least one key, every protected request must carry a known key; its tenant owns the sessions it creates and
 salts its cache entries with :func:`cache_salt` of the tenant id (never of the key). With none, the server is open:
@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chat.server.policy import PolicyError, TenantPolicy, parse_policy
+from chat.server.tenancy.policy import PolicyError, TenantPolicy, parse_policy
 
 DEFAULT_TENANT = "default"  # the tenant of --auth-token, of every client of an open server, and of migrated sessions
 KEY_RE = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")

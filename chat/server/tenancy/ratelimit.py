@@ -52,7 +52,7 @@ class Refusal:
     limit: str  # the limit it would break: one of LIMIT_NAMES
     value: int  # that limit's value
     retry_after_s: float  # seconds until the request would be admitted (if nothing else changes)
-    held_s: float = 0.0  # seconds the answer waited before it went out (chat.server.guard: Refusals held)
+    held_s: float = 0.0  # seconds the answer waited before it went out (chat.server.transport.guard: Refusals held)
 
     @property
     def retry_after(self) -> int:

@@ -1,7 +1,7 @@
 """What a tenant may do: its :class:`TenantPolicy` (limits and default priority) as the keys file writes it, and
 the server-wide defaults that fill what the file leaves out.
 
-In the keys file (``chat/server/auth.py``) a tenant's values are named fields::
+In the keys file (``chat/server/tenancy/auth.py``) a tenant's values are named fields::
 
     concurrent_turns, requests_per_minute, tokens_per_minute, open_sessions   an integer >= 1, or none / null
     priority                                                                  an integer in [-100, 100]
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from chat.protocol.limits import MAX_PRIORITY
-from chat.server.ratelimit import LIMIT_NAMES, Limits
+from chat.server.tenancy.ratelimit import LIMIT_NAMES, Limits
 
 POLICY_FIELDS = (*LIMIT_NAMES, "priority")  # the fields a tenant's entry may hold
 
