@@ -444,8 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--sessions-db",
         default=os.environ.get("TURNCACHE_SESSIONS_DB")
         or str(Path(os.environ.get("TURNCACHE_HOME") or "~/.cache/turncache").expanduser() / "sessions.sqlite3"),
-        help="SQLite file where conversations persist across restarts ('' keeps them in memory only; "
-        "default: $TURNCACHE_HOME/sessions.sqlite3, TURNCACHE_HOME defaulting to ~/.cache/turncache)",
+        help="SQLite file where conversations persist across restarts, or a postgresql://USER@HOST:PORT/DB URL (a "
+        "database several processes share: needed by --ingresses above 1; stored /v1/responses are kept there too) "
+        "('' keeps them in memory only; default: $TURNCACHE_HOME/sessions.sqlite3, TURNCACHE_HOME defaulting to "
+        "~/.cache/turncache)",
     )
     serve.add_argument(
         "--cache-dir",

@@ -85,7 +85,7 @@ def add_cluster_routes(
 ) -> None:
     """Put the cluster's ``/v1/ws``, ``/metrics`` and ``/v1/cluster`` before the app's own routes."""
     from chat.server.metrics_text import render_session_metrics
-    from chat.server.session_db import SqliteSessionStore
+    from chat.server.session_backends import DurableSessionStore
     from chat.server.ws import serve_socket
 
     before = len(app.router.routes)
@@ -108,8 +108,8 @@ def add_cluster_routes(
         reports = await remote.reports()
         text = metrics_merge.merge((r.replica, r.metrics_text) for r in reports)
         text += metrics_merge.routing_families(remote.table.snapshot(), remote.lost_turns)
-        if isinstance(store, SqliteSessionStore):  # the sessions database is the ingress's: no replica label
-            text += render_session_metrics(store.writer.stats, store.writer.pending)
+        if isinstance(store, DurableSessionStore):  # the sessions database is the ingresses': no replica label
+            text += render_session_metrics(*store.write_stats())
         return PlainTextResponse(text)
 
     async def cluster() -> JSONResponse:

@@ -77,6 +77,7 @@ TRANSPORT: dict[ErrorCode, Transport] = {
     ErrorCode.NOT_FOUND: Transport(404, "invalid_request_error"),
     ErrorCode.BUSY: Transport(409, "invalid_request_error"),
     ErrorCode.NOT_GENERATING: Transport(409, "invalid_request_error"),
+    ErrorCode.CONFLICT: Transport(409, "invalid_request_error"),
     ErrorCode.CONTEXT_OVERFLOW: _BAD,
     ErrorCode.UNAUTHORIZED: Transport(401, "invalid_request_error", ws_close=POLICY_VIOLATION),
     ErrorCode.ORIGIN_NOT_ALLOWED: Transport(403, "invalid_request_error", ws_close=POLICY_VIOLATION),
