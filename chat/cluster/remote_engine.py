@@ -148,7 +148,7 @@ class RemoteEngine:
         self._claimed.move_to_end(session.id)
         while len(self._claimed) > MAX_CLAIMED:
             self._claimed.popitem(last=False)
-        return SessionRef(session.id, first_turn=not session.messages)
+        return SessionRef(session.id)
 
     # ---------------------------------------------------------------- replicas
 
@@ -177,12 +177,15 @@ class RemoteEngine:
         """The turn's events. Raises the engine's refusal (EngineError) or ReplicaLostError."""
         job.call_id = job.call_id or uuid.uuid4().hex
         digests: tuple[int, ...] = ()
+        opening: int | None = None
         if self.keyer is not None:
-            digests = await asyncio.to_thread(self.keyer.digests, request.messages, request.salt)
+            digests, opening = await asyncio.to_thread(self.keyer.keys, request.messages, request.salt)
         if job.cancelled:  # before any replica was asked: nothing was computed
             yield _ended("cancelled")
             return
-        stream = job.stream = _call(self._stream.run_turn, TurnCall(RouteKey(job.call_id, session, digests), request))
+        stream = job.stream = _call(
+            self._stream.run_turn, TurnCall(RouteKey(job.call_id, session, digests, opening), request)
+        )
         done: Done | None = None
         try:
             async for item in stream:

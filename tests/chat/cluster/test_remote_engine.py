@@ -147,14 +147,14 @@ def test_a_cancel_before_any_replica_was_asked_ends_cancelled_without_a_call():
     assert not [m for m, _ in remote._handle.calls if m == "run_turn"]
 
 
-def test_a_session_turn_is_claimed_once_and_knows_it_is_the_first():
+def test_a_session_turn_is_claimed_once():
     remote, _ = engine(FakeStream([]))
     store = InMemorySessionStore()
     tracker = SessionTracker(store)
     session = tracker.create("tiny-llama")
     assert tracker.bound is session and remote.claim(session) is None  # idle: nothing to claim
     session.create_turn(TurnCreate(type="turn.create", content="hello"))
-    assert remote.claim(session) == SessionRef(session.id, first_turn=True)
+    assert remote.claim(session) == SessionRef(session.id)
     assert remote.claim(session) is None  # a completion.create sent during the turn is stateless
     other_socket = SessionTracker(store)
     assert other_socket.get(session.id) is session and remote.claim(other_socket.bound) is None
@@ -171,7 +171,7 @@ def test_a_socket_engine_tags_only_its_sessions_turns():
     session = tracker.create("tiny-llama")
     session.create_turn(TurnCreate(type="turn.create", content="hello"))
     socket.submit(request, print)
-    assert seen == [None, SessionRef(session.id, first_turn=True)]
+    assert seen == [None, SessionRef(session.id)]
     assert socket.runtime is remote.runtime
 
 
