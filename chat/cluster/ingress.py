@@ -1,4 +1,4 @@
-"""ClusterIngress: the one HTTP/WebSocket front of a cluster, as a Ray Serve deployment.
+"""ClusterIngress: an HTTP/WebSocket front of a cluster (one of ``--ingresses M``), as a Ray Serve deployment.
 
 Its app is the single-process server's (``chat.server.app.create_app``) over a :class:`RemoteEngine`, so the web UI,
 ``/v1/chat/completions``, ``/v1/models``, ``/health``, the auth checks and limits are that code. Three routes are
@@ -12,14 +12,18 @@ the cluster's own, placed before the others:
   flight, pinned sessions, prefix blocks, turns routed by rule).
 
 The protocol state machine and the session store run here, not in the replicas: a replica that dies takes no
-session with it. The store is the server's (``--sessions-db``, SQLite on this node); it is closed (what is pending
-written) when Ray Serve stops the ingress. API keys arrive as a :class:`KeyRing` built where the cluster was started
-(:func:`chat.cluster.launch.build_application`): only their digests travel, and tenants are the single process's.
+session with it. The store is the server's (``--sessions-db``): SQLite on the head node with one ingress, or the
+PostgreSQL database every ingress shares (``chat/server/pg_sessions.py``), so a session opened through one ingress
+resumes through any other, and every ingress routes its turns alike (``chat/cluster/routing.py``). It is closed (what
+is pending written) when Ray Serve stops the ingress. API keys arrive as a :class:`KeyRing` built where the cluster
+was started (:func:`chat.cluster.launch.build_application`): only their digests travel, and tenants are the single
+process's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import ray
 from fastapi import FastAPI, WebSocket
@@ -56,7 +60,9 @@ class ClusterIngress:
         self.table = table_for(table_name(app_name, ENGINE_DEPLOYMENT), self.policy)  # shared with the router
         keyer = PromptKeyer(self.runtime.render, block_tokens) if self.policy.mode == "prefix" else None
         self.remote = RemoteEngine(engines, self.runtime, self.table, keyer)
-        self.node = ray.get_runtime_context().get_node_id()  # where the session store lives
+        self.node = ray.get_runtime_context().get_node_id()  # where this ingress runs
+        self.replica = serve.get_replica_context().replica_id.unique_id  # this ingress's id
+        self.pid = os.getpid()
         self.sessions = None  # the app's session store, once Ray Serve built the app (__serve_build_asgi_app__)
         await self.remote.describe()  # builds this process's router; waits until a replica runs
 
@@ -65,7 +71,8 @@ class ClusterIngress:
         from chat.server.app import create_app
 
         app = create_app(self.remote, self.settings, model_name=self.runtime.name, keys=self.keys)
-        add_cluster_routes(app, self.remote, self.settings, self.keys, self.policy, self.node)
+        me = {"replica": self.replica, "node": self.node, "pid": self.pid}
+        add_cluster_routes(app, self.remote, self.settings, self.keys, self.policy, me)
         self.sessions = app.state.sessions
         return app
 
@@ -81,8 +88,9 @@ class ClusterIngress:
 
 
 def add_cluster_routes(
-    app: FastAPI, remote: RemoteEngine, settings: ServerSettings, keys: KeyRing, policy: RoutingPolicy, node: str
+    app: FastAPI, remote: RemoteEngine, settings: ServerSettings, keys: KeyRing, policy: RoutingPolicy, me: dict
 ) -> None:
+    """``me``: this ingress's Ray Serve replica id, Ray node and process id (``/v1/cluster`` names them)."""
     """Put the cluster's ``/v1/ws``, ``/metrics`` and ``/v1/cluster`` before the app's own routes."""
     from chat.server.metrics_text import render_session_metrics
     from chat.server.session_backends import DurableSessionStore
@@ -117,7 +125,8 @@ def add_cluster_routes(
         return JSONResponse(
             {
                 "model": remote.runtime.name,
-                "ingress_node": node,
+                "ingress_node": me["node"],
+                "ingress": me,  # the ingress that answered (with several, each request may reach another)
                 "router": policy.mode,
                 "route_imbalance": policy.imbalance,
                 "replicas": [{**dataclasses.asdict(v), "node": remote.nodes.get(v.replica)} for v in views],

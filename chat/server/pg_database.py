@@ -15,9 +15,10 @@ Migrations are numbered; each runs once, in its own transaction, under an adviso
 database at once (several ingresses starting) apply each exactly once. A database of a later version is refused.
 
 Liveness: every process holds, on its connection, the session-level advisory lock ``(LOCK_CLASS, holder)`` of its
-own random ``holder`` id. PostgreSQL drops it when the connection goes (the process died or was cut off), so another
-process can tell a turn in progress on a live ingress (the session is busy) from one cut off by a dead one
-(``HOLDER_ALIVE``, used inside the conditional writes).
+own random ``holder`` id (its connection's ``application_name`` names its process id, so an operator can tell which
+process holds a session: ``pg_locks`` joined with ``pg_stat_activity``). PostgreSQL drops it when the connection
+goes (the process died or was cut off), so another process can tell a turn in progress on a live ingress (the
+session is busy) from one cut off by a dead one (``HOLDER_ALIVE``, used inside the conditional writes).
 
 All calls go through :meth:`PgDatabase.run`, which serialises use of the one connection across threads (the event
 loop and the ASGI worker threads). Rows hold conversations in the clear: protect the database like them.
@@ -26,6 +27,7 @@ loop and the ASGI worker threads). Rows hold conversations in the clear: protect
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 from collections.abc import Callable
@@ -38,6 +40,7 @@ T = TypeVar("T")
 
 LOCK_CLASS = 0x74630001  # the advisory lock space of turncache (first key of the two-key form)
 MIGRATION_LOCK = 0  # (LOCK_CLASS, 0): held while migrating
+APPLICATION = "turncache"  # the connection's application_name, then " pid <the process id>" (pg_stat_activity)
 # A row's holder is alive while its advisory lock is held by some connection.
 HOLDER_ALIVE = (
     "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = {cls}::oid "
@@ -121,13 +124,30 @@ class PgDatabase:
         except psycopg.Error as exc:
             raise SessionDbError(f"--sessions-db {redacted(url)}: {exc}") from exc
 
+    def holder_pid(self, holder: int) -> int | None:
+        """The process id of the live process holding ``holder`` (None: nobody holds it), as it named itself."""
+        row = self.run(
+            lambda c: c.execute(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE "
+                "l.locktype = 'advisory' AND l.granted AND l.classid = %s::oid AND l.objid = %s::oid "
+                "AND l.objsubid = 2",
+                (LOCK_CLASS, holder),
+            ).fetchone(),
+            transaction=False,
+        )
+        if row is None or not row[0].startswith(APPLICATION + " pid "):
+            return None
+        return int(row[0].rsplit(" ", 1)[1])
+
     @property
     def holder(self) -> int:
         """This process's current holder id."""
         return self.holders[-1]
 
     def _connect(self):
-        conn = self._psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        conn = self._psycopg.connect(
+            self.url, autocommit=True, connect_timeout=10, application_name=f"{APPLICATION} pid {os.getpid()}"
+        )
         while True:  # a random id whose lock nobody holds
             holder = random.randrange(1, 2**31)
             if conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, holder)).fetchone()[0]:

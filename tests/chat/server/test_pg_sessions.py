@@ -217,3 +217,15 @@ def test_two_servers_on_one_database_alternate_a_conversation_and_refuse_the_sec
     assert (busy["code"], busy["reply_to"]) == ("conflict", "e2") and done["finish_reason"] == "stop"
     users = [m["content"] for m in conv["messages"] if m["role"] == "user"]
     assert users == ["on one", "on two", "stale, on one", "a long one " * 20]
+
+
+def test_a_sessions_holder_names_its_process(postgres_url):
+    import os
+
+    store = PostgresSessionStore(postgres_url)
+    session = store.create("fake")
+    with psycopg.connect(postgres_url) as c:
+        (holder,) = c.execute("SELECT holder FROM sessions WHERE id = %s", (session.id,)).fetchone()
+    assert store.db.holder_pid(holder) == os.getpid()
+    store.close()
+    assert PgDatabase(postgres_url).holder_pid(holder) is None  # its process let go
