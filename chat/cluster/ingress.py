@@ -8,8 +8,10 @@ the cluster's own, placed before the others:
   engine that tags session turns with their session (see :mod:`chat.cluster.remote_engine`);
 - ``/metrics``: every live replica's single-process ``/metrics`` with a ``replica`` label, plus the routing
   families ``turncache_cluster_*``;
-- ``/v1/cluster``: the routing table as JSON (the ingress's Ray node; replicas, their node once known, turns in
-  flight, pinned sessions, prefix blocks, turns routed by rule).
+- ``/v1/cluster``: the routing table as JSON (the answering ingress: its id, Ray node and process; replicas, their
+  node once known, turns in flight, sessions and prefix blocks last routed there, turns routed by rule).
+
+Every response and WebSocket handshake names the ingress that answered in ``x-turncache-ingress``.
 
 The protocol state machine and the session store run here, not in the replicas: a replica that dies takes no
 session with it. The store is the server's (``--sessions-db``): SQLite on the head node with one ingress, or the
@@ -135,8 +137,33 @@ def add_cluster_routes(
             }
         )
 
+    app.add_middleware(IngressHeader, ingress=me["replica"])
     app.add_api_websocket_route("/v1/ws", chat_socket)
     app.add_api_route("/metrics", metrics, methods=["GET"], response_class=PlainTextResponse)
     app.add_api_route("/v1/cluster", cluster, methods=["GET"])
     routes = app.router.routes
     routes[:] = routes[before:] + routes[:before]
+
+
+INGRESS_HEADER = "x-turncache-ingress"  # names the ingress that answered (a response, a WebSocket's handshake)
+
+
+class IngressHeader:
+    """Names this ingress (its Ray Serve replica id) on every response and WebSocket handshake it answers: with
+    several ingresses behind the proxy, the client (and an operator reading logs) sees which one served it."""
+
+    def __init__(self, app, ingress: str) -> None:
+        self.app = app
+        self.header = (INGRESS_HEADER.encode(), ingress.encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+
+        async def named(message) -> None:
+            if message["type"] in ("http.response.start", "websocket.accept"):
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, named)

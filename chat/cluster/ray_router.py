@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ray.exceptions import ActorDiedError
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from chat.cluster.routing import RoutingPolicy, table_for
@@ -46,6 +47,7 @@ class TurncacheRouter(RequestRouter):
         name = table_name(self._deployment_id.app_name, self._deployment_id.name)
         self.table = table_for(name, RoutingPolicy(**(policy or {})))  # shared with the ingress of this process
         self._calls: dict[str, str] = {}  # Ray's internal request id -> our call id, while the turn runs
+        self._dead: set[str] = set()  # replicas whose probe said they died (before Ray Serve stops listing them)
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -63,7 +65,7 @@ class TurncacheRouter(RequestRouter):
             ranked = sorted(by_id, key=lambda r: (self.table.load(r), r))
             return [[by_id[r]] for r in ranked]
         lengths = await self.queue_lengths(candidate_replicas) if self.table.policy.mode == "prefix" else {}
-        decision = self.table.choose(first.route, list(by_id), lengths)
+        decision = self.table.choose(first.route, [r for r in by_id if r not in self._dead], lengths)
         if decision is None:
             return []
         return [[by_id[r]] for r in decision.ranked]
@@ -74,7 +76,10 @@ class TurncacheRouter(RequestRouter):
         async def one(replica: RunningReplica) -> int | None:
             try:
                 return await asyncio.wait_for(replica.get_queue_len(deadline_s=PROBE_DEADLINE_S), PROBE_DEADLINE_S)
-            except Exception:  # slow, unavailable or dead: the table's own count stands in (see the module docstring)
+            except ActorDiedError:  # gone (killed, crashed): never chosen again, its keys go to the next by the hash
+                self.on_replica_actor_died(replica.replica_id)
+                return None
+            except Exception:  # slow or unavailable: the table's own count stands in (see the module docstring)
                 return None
 
         found = await asyncio.gather(*(one(r) for r in replicas))
@@ -97,5 +102,6 @@ class TurncacheRouter(RequestRouter):
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
+        self._dead.add(replica_id.unique_id)
         log.warning("replica %s died; its sessions will be pinned anew", replica_id.unique_id)
         self.table.replica_lost(replica_id.unique_id)

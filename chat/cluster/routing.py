@@ -164,6 +164,12 @@ class RoutingTable:
             self._routed[(assignment.replica, assignment.rule)] -= 1
             self._assign(assignment.key, replica, assignment.rule)
 
+    def assigned(self, call_id: str) -> str | None:
+        """The replica an unfinished turn was routed to."""
+        with self._lock:
+            found = self._assigned.get(call_id)
+            return found.replica if found is not None else None
+
     def finished(self, call_id: str) -> None:
         """The turn is over (done, failed, cancelled, or never sent)."""
         with self._lock:
