@@ -13,6 +13,8 @@ on other machines turncache must be installed at the same version (see docs/clus
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import signal
@@ -85,7 +87,12 @@ def build_application(settings: ServerSettings, cluster: ClusterSettings):
     }
     if cluster.max_replicas_per_node is not None:
         engine_options["max_replicas_per_node"] = cluster.max_replicas_per_node
-    engines = serve.deployment(EngineReplica, **engine_options)
+    # A version of what the replicas are built from: redeploying the app with other ingress settings (another
+    # --ingresses) keeps the running replicas and their caches, where Ray Serve would give every deploy a new random
+    # version and restart them all (an internal option of the pinned Ray Serve 2.60).
+    engines = serve.deployment(EngineReplica, **engine_options).options(
+        version=engine_version(settings, cluster), _internal=True
+    )
     placement = {} if shared else {"resources": {HEAD_NODE: 0.001}}
     ingress = serve.deployment(
         serve.ingress()(ClusterIngress),
@@ -100,6 +107,13 @@ def build_application(settings: ServerSettings, cluster: ClusterSettings):
     )
     threads = max(1, int(cluster.replica_cpus))
     return ingress.bind(engines.bind(settings, threads), settings, keys, policy, cluster.route_block_tokens)
+
+
+def engine_version(settings: ServerSettings, cluster: ClusterSettings) -> str:
+    """A digest of everything the engine replicas are built from (not the ingresses' layout)."""
+    engine = cluster.model_dump(exclude={"ingresses", "proxy_location", "ray_address"})
+    text = json.dumps([settings.model_dump(mode="json"), engine], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def check_layout(settings: ServerSettings, cluster: ClusterSettings) -> None:

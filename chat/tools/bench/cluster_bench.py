@@ -46,6 +46,7 @@ class ClusterTurn:
     cached_tokens: int
     ttft_ms: float | None  # client-side; None when the turn failed
     error: str | None = None
+    completion_tokens: int = 0
 
 
 async def _conversation(url: str, index: int, turns: Sequence[Turn], token: str | None) -> list[ClusterTurn]:
@@ -64,7 +65,9 @@ async def _conversation(url: str, index: int, turns: Sequence[Turn], token: str 
                 reply = stream.reply
                 assert reply is not None
                 ttft = (first - sent) * 1e3 if first is not None else None
-                records.append(ClusterTurn(index, t, reply.prompt_tokens, reply.cached_tokens, ttft))
+                records.append(
+                    ClusterTurn(index, t, reply.prompt_tokens, reply.cached_tokens, ttft, None, reply.completion_tokens)
+                )
                 messages.append({"role": "assistant", "content": reply.text})
     except (ChatError, ClientError) as exc:  # the conversation cannot go on without its reply
         records.append(ClusterTurn(index, len(records), 0, 0, None, f"{type(exc).__name__}: {exc}"))
@@ -153,6 +156,10 @@ TARGETS = {
     "errors": ("==", 0),
     "cached_token_ratio_affine": (">=", 0.55),
     "ratio_gain": (">=", 1.5),
+    "cached_ratio_2_ingresses_vs_1": (">=", 0.97),
+    "ingress_kill_lost_turns": ("==", 0),
+    "cached_ratio_after_vs_before_ingress_kill": (">=", 0.9),
+    "replica_kill_lost_conversations": ("==", 0),
 }
 
 
@@ -164,10 +171,15 @@ def main(
 ) -> int:
     from chat.cluster.launch import free_port, local_ray
     from chat.models import load_model
+    from chat.tools.bench.cluster_failover import run_ingress_phases
+    from chat.tools.pg_local import local_postgres
 
     runtime = load_model(model)  # renders the workload's messages to count their tokens
     cfg = MultiTurnConfig(conversations=conversations)
-    with local_ray():
-        result = run_on_cluster(runtime, cfg, model=model, replicas=replicas, port=free_port())
-    emit(result, TARGETS, as_json)
+    with local_postgres() as db_url, local_ray():
+        port = free_port()
+        result = run_on_cluster(runtime, cfg, model=model, replicas=replicas, port=port)
+        phases = run_ingress_phases(runtime, cfg, model=model, replicas=replicas, port=port, db_url=db_url)
+    result["errors"] += phases.pop("errors_ingress_phases")
+    emit({**result, **phases}, TARGETS, as_json)
     return 0
