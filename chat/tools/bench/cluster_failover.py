@@ -3,7 +3,8 @@ throwaway PostgreSQL), then failover: an ingress killed mid-turn, then a replica
 
 - **ingresses**: the stateless workload of ``cluster_bench`` (fresh conversations of the same shape each time) on one
   app of ``replicas`` engine replicas, first with one ingress, then the same app redeployed with two (Ray Serve keeps
-  the engine replicas: only the ingress deployment changes). ``cached_ratio_by_ingresses`` and
+  the engine replicas: only the ingress deployment changes; before each, short conversations put the workload's system
+  prompt on every replica, so neither phase finds it from the other). ``cached_ratio_by_ingresses`` and
   ``tokens_per_s_by_ingresses`` (prompt and completion tokens over the run's wall time) by ingress count.
 - **ingress kill** (two ingresses): conversations as WebSocket sessions (``turn.create``), all at once. A baseline run
   without a kill, then a run of other conversations of the same shape in which the ingress running the first
@@ -154,6 +155,17 @@ async def _one_more_turn(url: str, session_id: str, expected: list[str], turn: T
     return None if users == [*expected, turn.user] else f"conversation has {len(users)} user messages"
 
 
+async def _warm_system_prompt(url: str, conversations: int = 8) -> None:
+    """Short conversations that open with the workload's system prompt: with their keys spread by the hash, every
+    replica holds it before a phase's workload starts."""
+    from chat.tools.client import AsyncChatClient
+
+    async with AsyncChatClient(url, timeout=600) as client:
+        for i in range(conversations):
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"warm up {i}"}]
+            await client.complete(messages, sampling={"temperature": 0.0, "max_tokens": 1})
+
+
 def holder_pid(db_url: str):
     """session id -> the process id of the ingress holding it (its row's holder, as the database names it)."""
     import psycopg
@@ -197,6 +209,9 @@ def run_ingress_phases(runtime, cfg: MultiTurnConfig, *, model: str, replicas: i
             deploy(settings, ClusterSettings(replicas=replicas, ingresses=m), name=APP, route_prefix="/")
             replica_sets.append(sorted(r["replica"] for r in httpx.get(http + "/v1/cluster").json()["replicas"]))
             asyncio.run(warm_up(url, replicas))
+            asyncio.run(
+                _warm_system_prompt(url)
+            )  # in both phases, as the second would otherwise find it from the first
             workload = make_workload(runtime, replace(cfg, seed=cfg.seed + 100 + m))  # fresh conversations
             records, wall = asyncio.run(run_workload(url, workload))
             errors += sum(r.error is not None for r in records)
