@@ -9,11 +9,13 @@ that names it on another ingress finds it as soon as the response was sent.
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from chat.server.pg_database import PgDatabase
 from chat.server.response_store import DEFAULT_CAPACITY, StoredResponse
 
+log = logging.getLogger("turncache.sessions")
 PRUNE_EVERY = 256  # puts between two trims of the table to its capacity
 
 
@@ -26,15 +28,20 @@ class PostgresResponseStore:
         self._puts = 0
 
     def put(self, response_id: str, stored: StoredResponse) -> None:
-        """Raises psycopg.Error when the database cannot be reached (the request then fails as internal)."""
+        """Keep a response. A database that cannot be reached is logged: the response was sent all the same, and a
+        later ``previous_response_id`` naming it is answered ``not_found`` (the client sends the conversation)."""
         row = (response_id, stored.owner, json.dumps(list(stored.messages)), json.dumps(stored.body), time.time())
-        self.db.run(
-            lambda c: c.execute(
-                "INSERT INTO responses VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET owner = "
-                "EXCLUDED.owner, messages = EXCLUDED.messages, body = EXCLUDED.body, created = EXCLUDED.created",
-                row,
+        try:
+            self.db.run(
+                lambda c: c.execute(
+                    "INSERT INTO responses VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET owner = "
+                    "EXCLUDED.owner, messages = EXCLUDED.messages, body = EXCLUDED.body, created = EXCLUDED.created",
+                    row,
+                )
             )
-        )
+        except self.db._psycopg.Error as exc:
+            log.warning("could not keep response %s (%s)", response_id, exc)
+            return
         self._puts += 1
         if self._puts % PRUNE_EVERY == 0:
             self.db.run(self._prune)

@@ -229,3 +229,18 @@ def test_a_sessions_holder_names_its_process(postgres_url):
     assert store.db.holder_pid(holder) == os.getpid()
     store.close()
     assert PgDatabase(postgres_url).holder_pid(holder) is None  # its process let go
+
+
+def test_stored_responses_are_pruned_to_their_capacity_oldest_first(postgres_url, monkeypatch):
+    from chat.server import pg_responses
+    from chat.server.pg_responses import PostgresResponseStore
+    from chat.server.response_store import StoredResponse
+
+    monkeypatch.setattr(pg_responses, "PRUNE_EVERY", 5)
+    store = PostgresSessionStore(postgres_url)
+    responses = PostgresResponseStore(store.db, capacity=3)
+    for i in range(5):
+        responses.put(f"resp_{i}", StoredResponse("t", (), {"id": f"resp_{i}"}))
+    assert len(responses) == 3
+    assert [responses.get(f"resp_{i}", "t") is not None for i in range(5)] == [False, False, True, True, True]
+    store.close()
