@@ -119,6 +119,7 @@ class PostgresSessionStore(InMemorySessionStore):
         known = self._known.get(session.id)
         snap = Snapshot.of(session)
         ending = known is not None and known.header.turn_id in self._turns and snap.header.turn_id is None
+        starting = snap.header.turn_id is not None and (known is None or known.header.turn_id != snap.header.turn_id)
         try:
             self._write(snap, known)
         except ConflictError:
@@ -128,9 +129,10 @@ class PostgresSessionStore(InMemorySessionStore):
                 self._turns.discard(known.header.turn_id)
                 self._reload_into(session)
                 return
-            if session.turn_id is not None:
+            if starting:
                 session.on_error(session.turn_id, ErrorCode.CONFLICT, "")  # the turn never started: back to idle
-            self._reload_into(session)
+            if session.state is SessionState.IDLE:  # (a turn of ours still running keeps its state until it ends)
+                self._reload_into(session)
             raise ProtocolError(
                 ErrorCode.CONFLICT,
                 f"session {session.id!r} was changed through another connection, or runs a turn there; nothing was "
