@@ -49,11 +49,13 @@ class ClusterTurn:
     completion_tokens: int = 0
 
 
-async def _conversation(url: str, index: int, turns: Sequence[Turn], token: str | None) -> list[ClusterTurn]:
+async def _conversation(
+    url: str, index: int, turns: Sequence[Turn], token: str | None, system: str = SYSTEM
+) -> list[ClusterTurn]:
     from chat.tools.client import AsyncChatClient, ChatError, ClientError
 
     records: list[ClusterTurn] = []
-    messages: list[dict] = [{"role": "system", "content": SYSTEM}]
+    messages: list[dict] = [{"role": "system", "content": system}]
     try:
         async with AsyncChatClient(url, token=token, timeout=600) as client:
             for t, turn in enumerate(turns):
@@ -75,12 +77,13 @@ async def _conversation(url: str, index: int, turns: Sequence[Turn], token: str 
 
 
 async def run_workload(
-    url: str, workload: list[list[Turn]], token: str | None = None
+    url: str, workload: list[list[Turn]], token: str | None = None, system: str = SYSTEM
 ) -> tuple[list[ClusterTurn], float]:
-    """Every conversation at once against the WebSocket ``url`` (with the API key ``token``, if the cluster has keys);
-    returns (records, wall seconds)."""
+    """Every conversation at once against the WebSocket ``url`` (with the API key ``token``, if the cluster has keys),
+    each opening with ``system``; returns (records, wall seconds)."""
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(_conversation(url, i, turns, token) for i, turns in enumerate(workload)))
+    runs = (_conversation(url, i, turns, token, system) for i, turns in enumerate(workload))
+    results = await asyncio.gather(*runs)
     return [r for rs in results for r in rs], time.perf_counter() - t0
 
 

@@ -1,11 +1,13 @@
 """`turncache bench cluster`'s ingress phases: the same replicas behind 1, then 2 ingresses (sessions in a
 throwaway PostgreSQL), then failover: an ingress killed mid-turn, then a replica killed.
 
-- **ingresses**: the stateless workload of ``cluster_bench`` (fresh conversations of the same shape each time) on one
-  app of ``replicas`` engine replicas, first with one ingress, then the same app redeployed with two (Ray Serve keeps
-  the engine replicas: only the ingress deployment changes; before each, short conversations put the workload's system
-  prompt on every replica, so neither phase finds it from the other). ``cached_ratio_by_ingresses`` and
-  ``tokens_per_s_by_ingresses`` (prompt and completion tokens over the run's wall time) by ingress count.
+- **ingresses**: the stateless workload of ``cluster_bench`` (other conversations than the first phases') on one app
+  of ``replicas`` engine replicas, first with one ingress, then the same app redeployed with two (Ray Serve keeps the
+  engine replicas: only the ingress deployment changes). Both phases send the same conversations, each phase with its
+  own system prompt ("Phase 1. ..." / "Phase 2. ...", the same length), so neither finds the other's prefixes cached
+  and their figures compare turn for turn; before each, short conversations put that system prompt on every replica.
+  ``cached_ratio_by_ingresses``, ``tokens_per_s_by_ingresses`` (prompt and completion tokens over the run's wall
+  time), ``ttft_p50_ms_by_ingresses``, ``stayed_share_by_ingresses`` by ingress count.
 - **ingress kill** (two ingresses): conversations as WebSocket sessions (``turn.create``), all at once. A baseline run
   without a kill, then a run of other conversations of the same shape in which the ingress running the first
   session's turn ``KILL_TURN`` is SIGKILLed while that turn streams (its first attempt asks for a long reply, so it
@@ -29,7 +31,7 @@ import signal
 import time
 from dataclasses import dataclass, replace
 
-from chat.tools.bench.cluster_bench import ClusterTurn, run_workload, warm_up
+from chat.tools.bench.cluster_bench import ClusterTurn, _stayed_share, run_workload, warm_up
 from chat.tools.bench.multiturn_bench import SYSTEM, MultiTurnConfig, Turn, make_workload
 
 APP = "bench-cluster-ingresses"
@@ -155,14 +157,14 @@ async def _one_more_turn(url: str, session_id: str, expected: list[str], turn: T
     return None if users == [*expected, turn.user] else f"conversation has {len(users)} user messages"
 
 
-async def _warm_system_prompt(url: str, conversations: int = 8) -> None:
+async def _warm_system_prompt(url: str, system: str, conversations: int = 8) -> None:
     """Short conversations that open with the workload's system prompt: with their keys spread by the hash, every
     replica holds it before a phase's workload starts."""
     from chat.tools.client import AsyncChatClient
 
     async with AsyncChatClient(url, timeout=600) as client:
         for i in range(conversations):
-            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"warm up {i}"}]
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": f"warm up {i}"}]
             await client.complete(messages, sampling={"temperature": 0.0, "max_tokens": 1})
 
 
@@ -201,19 +203,19 @@ def run_ingress_phases(runtime, cfg: MultiTurnConfig, *, model: str, replicas: i
     settings = ServerSettings(model=model, port=port, sessions_db=db_url)
     url, http = f"ws://127.0.0.1:{port}/v1/ws", f"http://127.0.0.1:{port}"
     result: dict = {"ingresses": [1, 2], "cached_ratio_by_ingresses": {}, "tokens_per_s_by_ingresses": {}}
-    result["ttft_p50_ms_by_ingresses"] = {}
+    result["ttft_p50_ms_by_ingresses"], result["stayed_share_by_ingresses"] = {}, {}
+    workload = make_workload(runtime, replace(cfg, seed=cfg.seed + 101))  # other conversations than the first phases
     errors = 0
     replica_sets = []
     try:
         for m in (1, 2):
             deploy(settings, ClusterSettings(replicas=replicas, ingresses=m), name=APP, route_prefix="/")
             replica_sets.append(sorted(r["replica"] for r in httpx.get(http + "/v1/cluster").json()["replicas"]))
+            system = f"Phase {m}. {SYSTEM}"  # the same conversations, none of whose prefixes the other phase cached
             asyncio.run(warm_up(url, replicas))
-            asyncio.run(
-                _warm_system_prompt(url)
-            )  # in both phases, as the second would otherwise find it from the first
-            workload = make_workload(runtime, replace(cfg, seed=cfg.seed + 100 + m))  # fresh conversations
-            records, wall = asyncio.run(run_workload(url, workload))
+            asyncio.run(_warm_system_prompt(url, system))  # every replica holds the system prompt, in both phases
+            records, wall = asyncio.run(run_workload(url, workload, system=system))
+            result["stayed_share_by_ingresses"][str(m)] = _stayed_share([r for r in records if r.error is None])
             errors += sum(r.error is not None for r in records)
             ok = sorted(r.ttft_ms for r in records if r.ttft_ms is not None)
             result["cached_ratio_by_ingresses"][str(m)] = _ratio(records)
