@@ -13,12 +13,12 @@ the cluster's own, placed before the others:
 
 Every response and WebSocket handshake names the ingress that answered in ``x-turncache-ingress``.
 
-The protocol state machine and the session store run here, not in the replicas: a replica that dies takes no
-session with it. The store is the server's (``--sessions-db``): SQLite on the head node with one ingress, or the
-PostgreSQL database every ingress shares (``chat/server/pg_sessions.py``), so a session opened through one ingress
-resumes through any other, and every ingress routes its turns alike (``chat/cluster/routing.py``). It is closed (what
-is pending written) when Ray Serve stops the ingress. API keys arrive as a :class:`KeyRing` built where the cluster
-was started (:func:`chat.cluster.launch.build_application`): only their digests travel, and tenants are the single
+The protocol state machine and the session store run here, not in the replicas: a replica that dies takes no session
+with it. The store is the server's (``--sessions-db``): SQLite on the head node with one ingress, or the PostgreSQL
+database every ingress shares (``chat/server/persistence/pg_sessions.py``), so a session opened through one ingress
+resumes through any other, and every ingress routes its turns alike (``chat/cluster/routing.py``). It is closed (what is
+pending written) when Ray Serve stops the ingress. API keys arrive as a :class:`KeyRing` built where the cluster was
+started (:func:`chat.cluster.launch.build_application`): only their digests travel, and tenants are the single
 process's.
 """
 
@@ -38,8 +38,8 @@ from chat.cluster.ray_router import table_name
 from chat.cluster.remote_engine import RemoteEngine, SessionTracker, SocketEngine
 from chat.cluster.routing import RoutingPolicy, table_for
 from chat.engine.runtime import ChatRenderer
-from chat.server.auth import KeyRing
 from chat.server.settings import ServerSettings
+from chat.server.tenancy.auth import KeyRing
 
 ENGINE_DEPLOYMENT = "EngineReplica"  # the engine deployment's name (the router's table is named after it)
 
@@ -56,7 +56,7 @@ class ClusterIngress:
         self.keys = keys  # API keys -> tenants, for every route
         # The model's chat template renders prompt keys; its modalities check media parts. No weights: the replicas
         # hold those.
-        self.runtime: ChatRenderer = load_renderer(settings.model)
+        self.runtime: ChatRenderer = load_renderer(settings.model, settings.chat_template)
         self.policy = RoutingPolicy(**policy)
         app_name = serve.get_replica_context().app_name
         self.table = table_for(table_name(app_name, ENGINE_DEPLOYMENT), self.policy)  # shared with the router
@@ -95,8 +95,8 @@ def add_cluster_routes(
     """``me``: this ingress's Ray Serve replica id, Ray node and process id (``/v1/cluster`` names them)."""
     """Put the cluster's ``/v1/ws``, ``/metrics`` and ``/v1/cluster`` before the app's own routes."""
     from chat.server.metrics_text import render_session_metrics
-    from chat.server.session_backends import DurableSessionStore
-    from chat.server.ws import serve_socket
+    from chat.server.persistence.session_backends import DurableSessionStore
+    from chat.server.surfaces.ws import serve_socket
 
     before = len(app.router.routes)
     store = app.state.sessions

@@ -34,7 +34,7 @@ from chat.cluster.ingress import ENGINE_DEPLOYMENT, ClusterIngress
 from chat.cluster.replica import EngineReplica
 from chat.cluster.settings import ClusterSettings, without_keys
 from chat.server.app import key_ring
-from chat.server.session_backends import is_postgres
+from chat.server.persistence.session_backends import is_postgres
 from chat.server.settings import ServerSettings
 
 APP_NAME = "turncache"  # the Ray Serve application's name

@@ -172,7 +172,7 @@ def holder_pid(db_url: str):
     """session id -> the process id of the ingress holding it (its row's holder, as the database names it)."""
     import psycopg
 
-    from chat.server.pg_database import PgDatabase
+    from chat.server.persistence.pg_database import PgDatabase
 
     def find(session_id: str) -> int:
         with psycopg.connect(db_url) as c:

@@ -112,7 +112,7 @@ def replicas(live: Live) -> list[str]:
 
 
 def holder_pid(live: Live, session_id: str) -> int:
-    from chat.server.pg_database import PgDatabase
+    from chat.server.persistence.pg_database import PgDatabase
 
     with psycopg.connect(live.db) as c:
         (holder,) = c.execute("SELECT holder FROM sessions WHERE id = %s", (session_id,)).fetchone()

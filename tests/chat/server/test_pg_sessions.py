@@ -16,10 +16,10 @@ from chat.protocol.client_events import SessionUpdate, TurnCreate, TurnEdit
 from chat.protocol.errors import ErrorCode, ProtocolError
 from chat.protocol.server_events import Timings, Usage
 from chat.protocol.session import SessionState
-from chat.server import pg_sessions
-from chat.server.pg_database import SCHEMA_VERSION, PgDatabase
-from chat.server.pg_sessions import PostgresSessionStore
-from chat.server.session_rows import SessionDbError
+from chat.server.persistence import pg_sessions
+from chat.server.persistence.pg_database import SCHEMA_VERSION, PgDatabase
+from chat.server.persistence.pg_sessions import PostgresSessionStore
+from chat.server.persistence.session_rows import SessionDbError
 from tests.chat.server.conftest import make_server
 from tests.chat.server.test_session_rows import one_turn
 from tests.chat.server.test_ws import Client, ws_url
@@ -232,9 +232,9 @@ def test_a_sessions_holder_names_its_process(postgres_url):
 
 
 def test_stored_responses_are_pruned_to_their_capacity_oldest_first(postgres_url, monkeypatch):
-    from chat.server import pg_responses
-    from chat.server.pg_responses import PostgresResponseStore
-    from chat.server.response_store import StoredResponse
+    from chat.server.persistence import pg_responses
+    from chat.server.persistence.pg_responses import PostgresResponseStore
+    from chat.server.persistence.response_store import StoredResponse
 
     monkeypatch.setattr(pg_responses, "PRUNE_EVERY", 5)
     store = PostgresSessionStore(postgres_url)

@@ -16,10 +16,10 @@ from chat.protocol.client_events import TurnCreate, TurnEdit, TurnRegenerate
 from chat.protocol.errors import ErrorCode, ProtocolError
 from chat.protocol.server_events import Timings, Usage
 from chat.protocol.session import SessionState
-from chat.server.pg_sessions import PostgresSessionStore
-from chat.server.response_store import StoredResponse
-from chat.server.session_backends import DurableSessionStore, open_session_store, response_store_for
-from chat.server.session_db import SqliteSessionStore
+from chat.server.persistence.pg_sessions import PostgresSessionStore
+from chat.server.persistence.response_store import StoredResponse
+from chat.server.persistence.session_backends import DurableSessionStore, open_session_store, response_store_for
+from chat.server.persistence.session_db import SqliteSessionStore
 from tests.chat.server.conftest import make_server
 from tests.chat.server.test_session_rows import one_turn, png
 from tests.chat.server.test_ws import Client, ws_url
