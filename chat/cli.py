@@ -88,7 +88,15 @@ BENCH_TEMPLATE_HELP = (
     "to chat)"
 )
 TEMPLATED_BENCHES = ("serve", "load", "multiturn")  # and http: the chat benchmarks that run on the engine alone
-CLUSTER_FLAGS = ("ray_address", "router", "route_imbalance", "replica_cpus", "max_replicas_per_node")
+CLUSTER_FLAGS = (
+    "ingresses",
+    "proxy_location",
+    "ray_address",
+    "router",
+    "route_imbalance",
+    "replica_cpus",
+    "max_replicas_per_node",
+)
 
 
 def _cluster_settings(args: argparse.Namespace):
@@ -471,8 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--sessions-db",
         default=os.environ.get("TURNCACHE_SESSIONS_DB")
         or str(Path(os.environ.get("TURNCACHE_HOME") or "~/.cache/turncache").expanduser() / "sessions.sqlite3"),
-        help="SQLite file where conversations persist across restarts ('' keeps them in memory only; "
-        "default: $TURNCACHE_HOME/sessions.sqlite3, TURNCACHE_HOME defaulting to ~/.cache/turncache)",
+        help="SQLite file where conversations persist across restarts, or a postgresql://USER@HOST:PORT/DB URL (a "
+        "database several processes share: needed by --ingresses above 1; stored /v1/responses are kept there too) "
+        "('' keeps them in memory only; default: $TURNCACHE_HOME/sessions.sqlite3, TURNCACHE_HOME defaulting to "
+        "~/.cache/turncache)",
     )
     serve.add_argument(
         "--cache-dir",
@@ -524,7 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
         "request a hold per connection, not a flood",
     )
     cluster = serve.add_argument_group(
-        "cluster", "Ray Serve: N engine replicas behind one ingress (the extra turncache[cluster]; see docs/cluster.md)"
+        "cluster", "Ray Serve: N engine replicas behind M ingresses (the extra turncache[cluster]; see docs/cluster.md)"
     )
     cluster.add_argument(
         "--replicas",
@@ -533,19 +543,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine replicas (each: the model, its prefix cache); without it: one process",
     )
     cluster.add_argument(
+        "--ingresses",
+        type=int,
+        metavar="M",
+        help="ingress replicas, the HTTP/WebSocket front; Ray Serve's proxy spreads connections over them (1); above "
+        "1 needs --sessions-db postgresql://... (every ingress reads and writes the same sessions)",
+    )
+    cluster.add_argument(
+        "--proxy-location",
+        choices=["HeadOnly", "EveryNode", "Disabled"],
+        help="where Ray Serve runs its HTTP proxy: on the head node (HeadOnly, default) or on every node "
+        "(EveryNode: each listens on --port; put a load balancer in front)",
+    )
+    cluster.add_argument(
         "--ray-address", metavar="ADDR", help="join this running Ray cluster ('auto', HOST:PORT); default: local"
     )
     cluster.add_argument(
         "--router",
         choices=["prefix", "round_robin"],
-        help="prefix: sessions pinned, stateless turns to the replica holding their prefix (default); round_robin",
+        help="prefix: rendezvous hashing of the session, or of the conversation's opening for stateless turns, "
+        "over the live replicas, moved only by load (default); round_robin",
     )
     cluster.add_argument(
         "--route-imbalance",
         type=int,
         metavar="N",
-        help="a stateless turn leaves the replica holding its prefix when that replica runs more than N turns more "
-        "than the least-loaded one (4)",
+        help="a turn leaves its key's replica (for the next one by the hash) when that replica runs more than N "
+        "turns more than the least-loaded one, by the replicas' own queue lengths (4)",
     )
     cluster.add_argument(
         "--replica-cpus", type=float, metavar="X", help="Ray CPUs reserved per replica, also its torch threads (1)"

@@ -29,8 +29,7 @@ from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
 from chat.server.errors import RequestError, describe, validation_error
 from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics
-from chat.server.persistence.response_store import ResponseStore
-from chat.server.persistence.session_db import SqliteSessionStore
+from chat.server.persistence.session_backends import DurableSessionStore, open_session_store, response_store_for
 from chat.server.reply.admission import Admission
 from chat.server.reply.turns import SamplingFieldError, chats, require_chat
 from chat.server.settings import MiB, ServerSettings
@@ -93,10 +92,9 @@ def key_store(settings: ServerSettings) -> KeyStore:
 
 
 def session_store(settings: ServerSettings, quota=None) -> InMemorySessionStore:
-    """In memory, or written through to SQLite with ``sessions_db``; ``quota(owner)``: its open sessions."""
-    if settings.sessions_db:
-        return SqliteSessionStore(settings.sessions_db, max_sessions=settings.max_sessions, quota=quota)
-    return InMemorySessionStore(max_sessions=settings.max_sessions, quota=quota)
+    """In memory, or kept in ``sessions_db`` (an SQLite file, or a PostgreSQL URL:
+    ``chat/server/persistence/session_backends.py``); ``quota(owner)``: its open sessions."""
+    return open_session_store(settings.sessions_db, settings.max_sessions, quota=quota)
 
 
 def media_url_policy(settings: ServerSettings) -> MediaURLPolicy:
@@ -190,7 +188,7 @@ def create_app(
     app.state.gate = gate
     store = session_store(settings, quota=gate.open_sessions)
     app.state.sessions = store
-    response_store = ResponseStore()  # /v1/responses kept for previous_response_id, per tenant
+    response_store = response_store_for(store)  # /v1/responses kept for previous_response_id, per tenant
     app.state.responses = response_store
 
     if settings.media_url_hosts:  # inside the guard (added first): only requests with a valid key fetch anything
@@ -252,8 +250,8 @@ def create_app(
             own = {tenant.id: gate.figures_of(tenant.id)}
             return render_tenant_metrics(own, {tenant.id: gate.active(tenant.id)})
         text = render_metrics(engine.metrics, engine.cache_stats())
-        if isinstance(store, SqliteSessionStore):
-            text += render_session_metrics(store.writer.stats, store.writer.pending)
+        if isinstance(store, DurableSessionStore):
+            text += render_session_metrics(*store.write_stats())
         tenants = set(gate.figures) | set(keys.ring.tenants())
         figures = {t: gate.figures_of(t) for t in tenants}
         return text + render_tenant_metrics(figures, {t: gate.active(t) for t in tenants})

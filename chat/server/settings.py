@@ -162,5 +162,8 @@ class ServerSettings(BaseSettings):
         "grows to net.ipv4.tcp_wmem's maximum): bounds what a client that stops reading holds in the kernel",
     )
     sessions_db: str | None = Field(
-        None, description="SQLite file where sessions persist across restarts (None or '': memory only)"
+        None,
+        description="where sessions persist across restarts: an SQLite file, or a postgresql:// URL (a database "
+        "several processes share, e.g. a cluster's ingresses; stored responses are kept there too); None or '': memory "
+        "only",
     )
