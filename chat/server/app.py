@@ -5,7 +5,9 @@ Routes: ``/`` (the web UI), ``GET /health``, ``GET /metrics`` (Prometheus text),
 ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``, Anthropic's ``POST /v1/messages`` and
 ``/v1/messages/count_tokens``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's), and the chat WebSocket ``/v1/ws``
 (see docs/protocol.md, docs/openai.md, docs/anthropic.md). Every route that generates goes through the one reply
-pipeline (``chat.server.reply``).
+pipeline (``chat.server.reply``). A base model (no chat template) serves completions, ``/tokenize`` of a prompt
+and ``/detokenize``; its chat routes, ``/v1/responses``, ``/v1/messages``, ``/tokenize`` of messages and WebSocket
+turns answer ``no_chat_template`` (``/v1/models`` lists it with ``"chat": false``).
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
 from chat.server.errors import RequestError, describe, validation_error
 from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics, tenant_pins
-from chat.server.persistence.response_store import ResponseStore
-from chat.server.persistence.session_db import SqliteSessionStore
+from chat.server.persistence.session_backends import DurableSessionStore, open_session_store, response_store_for
 from chat.server.reply.admission import Admission
-from chat.server.reply.turns import SamplingFieldError
+from chat.server.reply.turns import SamplingFieldError, chats, require_chat
 from chat.server.settings import MiB, ServerSettings
 from chat.server.surfaces import (
     anthropic_api,
+    anthropic_convert,
     anthropic_types,
     completions_api,
     openai_api,
@@ -90,10 +92,9 @@ def key_store(settings: ServerSettings) -> KeyStore:
 
 
 def session_store(settings: ServerSettings, quota=None) -> InMemorySessionStore:
-    """In memory, or written through to SQLite with ``sessions_db``; ``quota(owner)``: its open sessions."""
-    if settings.sessions_db:
-        return SqliteSessionStore(settings.sessions_db, max_sessions=settings.max_sessions, quota=quota)
-    return InMemorySessionStore(max_sessions=settings.max_sessions, quota=quota)
+    """In memory, or kept in ``sessions_db`` (an SQLite file, or a PostgreSQL URL:
+    ``chat/server/persistence/session_backends.py``); ``quota(owner)``: its open sessions."""
+    return open_session_store(settings.sessions_db, settings.max_sessions, quota=quota)
 
 
 def media_url_policy(settings: ServerSettings) -> MediaURLPolicy:
@@ -187,7 +188,7 @@ def create_app(
     app.state.gate = gate
     store = session_store(settings, quota=gate.open_sessions)
     app.state.sessions = store
-    response_store = ResponseStore()  # /v1/responses kept for previous_response_id, per tenant
+    response_store = response_store_for(store)  # /v1/responses kept for previous_response_id, per tenant
     app.state.responses = response_store
 
     if settings.media_url_hosts:  # inside the guard (added first): only requests with a valid key fetch anything
@@ -251,8 +252,8 @@ def create_app(
             pins = tenant_pins(stats, {tenant.id: tenant.salt})
             return render_tenant_metrics(own, {tenant.id: gate.active(tenant.id)}, pins)
         text = render_metrics(engine.metrics, stats)
-        if isinstance(store, SqliteSessionStore):
-            text += render_session_metrics(store.writer.stats, store.writer.pending)
+        if isinstance(store, DurableSessionStore):
+            text += render_session_metrics(*store.write_stats())
         tenants = set(gate.figures) | set(keys.ring.tenants())
         figures = {t: gate.figures_of(t) for t in tenants}
         pins = tenant_pins(stats, {t: cache_salt(t) for t in tenants})
@@ -260,7 +261,9 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "local"}]}
+        listed = {"id": model_name, "object": "model", "created": 0, "owned_by": "local"}
+        # extension: whether the model has a chat template (false: a base model, completions only)
+        return {"object": "list", "data": [{**listed, "chat": chats(engine.runtime)}]}
 
     admission = Admission(engine, gate, model_name)
     app.state.admission = admission
@@ -270,6 +273,7 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
         check_model(body.model)
+        require_chat(engine.runtime)
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
         prepared = openai_api.prepare(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
@@ -296,6 +300,7 @@ def create_app(
     @app.post("/v1/responses")
     async def responses(body: responses_api.ResponsesRequest, request: Request):
         check_model(body.model)
+        require_chat(engine.runtime)
         body.check()
         tenant: Tenant = request.state.tenant
         history: tuple = ()
@@ -319,16 +324,17 @@ def create_app(
     async def messages(body: anthropic_types.MessagesRequest, request: Request):
         """Anthropic's Messages API (``?beta=true`` accepted: the query is not read)."""
         check_model(body.model)
-        anthropic_api.check(body)
+        require_chat(engine.runtime)
+        anthropic_convert.check(body)
         tenant: Tenant = request.state.tenant
         runtime = engine.runtime
-        converted = anthropic_api.to_chat(body, runtime)
-        prepared = anthropic_api.prepare(converted, tenant.salt, runtime)
+        converted = anthropic_convert.to_chat(body, runtime)
+        prepared = anthropic_convert.prepare(converted, tenant.salt, runtime)
         volatile = getattr(engine, "volatile", None)  # measured on the prompt the engine renders
         breakpoints = await asyncio.to_thread(
-            anthropic_api.breakpoint_tokens, converted, prepared.turns[0], tenant.salt, runtime, volatile
+            anthropic_convert.breakpoint_tokens, converted, prepared.turns[0], tenant.salt, runtime, volatile
         )
-        prepared = replace(prepared, turns=anthropic_api.replace_breakpoints(prepared.turns, breakpoints))
+        prepared = replace(prepared, turns=anthropic_convert.with_breakpoints(prepared.turns, breakpoints))
         tenant_engine = await admission.admit(tenant, prepared)
         reply = anthropic_api.Reply(body.model, converted, breakpoints, runtime, tuple(body.stop_sequences or ()))
         if body.stream:
@@ -338,10 +344,11 @@ def create_app(
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: anthropic_types.CountTokensRequest, request: Request) -> dict:
         check_model(body.model)
-        anthropic_api.check(body)
+        require_chat(engine.runtime)
+        anthropic_convert.check(body)
         tenant: Tenant = request.state.tenant
         volatile = getattr(engine, "volatile", None)
-        return await asyncio.to_thread(anthropic_api.count_tokens, body, tenant.salt, engine.runtime, volatile)
+        return await asyncio.to_thread(anthropic_convert.count_tokens, body, tenant.salt, engine.runtime, volatile)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> dict:

@@ -27,7 +27,9 @@ def build_engine(settings: ServerSettings) -> Engine:
     from chat.models import load_model
 
     return Engine.load(
-        lambda: load_model(settings.model, settings.dtype, settings.weights, settings.kv_dtype),
+        lambda: load_model(
+            settings.model, settings.dtype, settings.weights, settings.kv_dtype, chat_template=settings.chat_template
+        ),
         cache=build_cache(settings),
         batch=batch_settings(settings),
         threads=settings.threads,
@@ -85,7 +87,11 @@ def serve(settings: ServerSettings) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = key_store(settings)  # a malformed keys file is refused before the model loads
+    from chat.models.chat_template import read_template
     from chat.models.registry import parse_kv_dtype, parse_weights
+
+    if settings.chat_template is not None:
+        read_template(settings.chat_template)  # a template that does not compile is refused before the model loads
 
     weights = parse_weights(settings.weights, settings.dtype, settings.model)  # the model's default when not given
     kv_dtype = parse_kv_dtype(settings.kv_dtype, settings.dtype, weights)

@@ -24,20 +24,26 @@ class ServerSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
     model: str = Field(
-        "smollm2", description="model: 'smollm2', 'tiny-<name>', a local Hugging Face directory or a GGUF file"
+        "smollm2",
+        description="model: 'smollm2', 'gemma3-270m', 'tiny-<name>', a local Hugging Face directory or a GGUF file",
     )
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$", description="the dtype the model computes in")
     weights: str | None = Field(
         None,
         pattern="^(float32|bfloat16|int8|gguf|gguf-q8|gguf-q16)$",
         description="format of the linear layers' weights; gguf, gguf-q16, gguf-q8: a GGUF file's own blocks "
-        "(default: int8 for the built-in model, gguf for another GGUF file, else the dtype)",
+        "(default: gguf-q16 for a GGUF file, the built-in model too; else the dtype; int8: the throughput choice)",
     )
     kv_dtype: str | None = Field(
         None,
         pattern="^(float32|float16|bfloat16)$",
         description="what attention K/V are stored in (default: float16 with int8 or block-format weights where the "
         "native kernels run, else the dtype)",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a chat template file, or the template text (Jinja, rendered sandboxed), instead of the model's "
+        "own; a model without one (a base model) serves completions only",
     )
     max_batch: int = Field(32, ge=1, le=256, description="most turns in one batched forward")
     threads: int = Field(
@@ -172,5 +178,8 @@ class ServerSettings(BaseSettings):
         "grows to net.ipv4.tcp_wmem's maximum): bounds what a client that stops reading holds in the kernel",
     )
     sessions_db: str | None = Field(
-        None, description="SQLite file where sessions persist across restarts (None or '': memory only)"
+        None,
+        description="where sessions persist across restarts: an SQLite file, or a postgresql:// URL (a database "
+        "several processes share, e.g. a cluster's ingresses; stored responses are kept there too); None or '': memory "
+        "only",
     )

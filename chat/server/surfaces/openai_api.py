@@ -388,7 +388,7 @@ async def _sse(runtime, replies, turns: Sequence[TurnRequest], model: str) -> As
             out: list[bytes] = []  # this batch's chunks, written at once
             for i, event in batch:
                 if isinstance(event, TextOut):
-                    if wants_logprobs[i] and (event.text or event.logprobs):
+                    if wants_logprobs[i] and (event.logprobs or event.token_ids):  # not text held back by a splitter
                         out.append(
                             chunk(
                                 i, {"content": event.text}, logprobs={"content": chat_logprobs(runtime, event.logprobs)}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from chat.engine.reasoning import Markers
-from chat.server.surfaces import anthropic_api, anthropic_types
+from chat.server.surfaces import anthropic_api, anthropic_convert, anthropic_types
 from tests.chat.engine.fakes import FakeRuntime
 from tests.chat.server.conftest import make_server
 
@@ -135,8 +135,11 @@ def test_a_tool_loop_calls_then_answers_and_the_second_step_reads_the_first_from
     ]
     second = client.messages.create(model="fake", max_tokens=200, tools=TOOLS, messages=messages)
     assert second.stop_reason == "end_turn" and second.content[0].text == "It is sunny in Oslo."
+    # the history up to the result is read from the cache, the call too (settled as the next step renders it): the
+    # reuse stops where the cache ends, not where the history differs from it (a call re-serialized otherwise would)
     prompt_before = first.usage.input_tokens + first.usage.cache_read_input_tokens
-    assert second.usage.cache_read_input_tokens > prompt_before  # the call too (settled), not just the prompt
+    assert second.usage.cache_read_input_tokens > prompt_before
+    assert second.usage.turncache["cache_miss_reason"] == "end_of_cache"
 
 
 def test_a_streamed_tool_call_is_a_tool_use_block_with_its_input_as_json(fake):
@@ -266,9 +269,9 @@ def test_a_breakpoint_is_carried_on_the_turn_in_tokens_and_counts_as_cache_creat
         {"model": "fake", "max_tokens": 5, "system": system, "messages": USER}
     )
     runtime = FakeRuntime()
-    converted = anthropic_api.to_chat(body, runtime)
-    (turn,) = anthropic_api.prepare(converted, "", runtime).turns
-    (mark,) = anthropic_api.breakpoint_tokens(converted, turn, "", runtime)
+    converted = anthropic_convert.to_chat(body, runtime)
+    (turn,) = anthropic_convert.prepare(converted, "", runtime).turns
+    (mark,) = anthropic_convert.breakpoint_tokens(converted, turn, "", runtime)
     assert mark.tokens == 1 + len("Rules one. ") and mark.ttl_s == 3600 and mark.where == "system.0"
     first = client.messages.create(model="fake", max_tokens=5, system=system, messages=USER)
     created = mark.tokens - first.usage.cache_read_input_tokens  # the system's role marker may be cached already
