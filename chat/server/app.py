@@ -6,7 +6,10 @@ Routes: ``/`` (the web UI), ``GET /health``, ``GET /metrics`` (Prometheus text),
 ``/v1/messages/count_tokens``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's), and the chat WebSocket ``/v1/ws``
 (see docs/protocol.md, docs/openai.md, docs/anthropic.md), each registered by its module of ``chat.server.routes``.
 Every route that generates goes through the one reply pipeline (``chat.server.reply``). Here: the app's state (keys,
-tenants, stores), the guard in front of it, and the list of route modules.
+tenants, stores), the guard in front of it, and the list of route modules. A base model (no chat template) serves
+completions, ``/tokenize`` of a prompt and ``/detokenize``; its chat routes, ``/v1/responses``, ``/v1/messages``,
+``/tokenize`` of messages and WebSocket turns answer ``no_chat_template`` (``/v1/models`` lists it with
+``"chat": false``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,7 @@ from fastapi import FastAPI
 
 from chat.engine.engine import Engine
 from chat.protocol.store import InMemorySessionStore
-from chat.server.persistence.response_store import ResponseStore
-from chat.server.persistence.session_db import SqliteSessionStore
+from chat.server.persistence.session_backends import open_session_store, response_store_for
 from chat.server.reply.admission import Admission
 from chat.server.routes import anthropic, chat_socket, errors, openai, ops, tokens, web
 from chat.server.routes.errors import refusal
@@ -67,10 +69,9 @@ def key_store(settings: ServerSettings) -> KeyStore:
 
 
 def session_store(settings: ServerSettings, quota=None) -> InMemorySessionStore:
-    """In memory, or written through to SQLite with ``sessions_db``; ``quota(owner)``: its open sessions."""
-    if settings.sessions_db:
-        return SqliteSessionStore(settings.sessions_db, max_sessions=settings.max_sessions, quota=quota)
-    return InMemorySessionStore(max_sessions=settings.max_sessions, quota=quota)
+    """In memory, or kept in ``sessions_db`` (an SQLite file, or a PostgreSQL URL:
+    ``chat/server/persistence/session_backends.py``); ``quota(owner)``: its open sessions."""
+    return open_session_store(settings.sessions_db, settings.max_sessions, quota=quota)
 
 
 def media_url_policy(settings: ServerSettings) -> MediaURLPolicy:
@@ -132,7 +133,7 @@ def create_app(
     app.state.gate = gate
     store = session_store(settings, quota=gate.open_sessions)
     app.state.sessions = store
-    response_store = ResponseStore()  # /v1/responses kept for previous_response_id, per tenant
+    response_store = response_store_for(store)  # /v1/responses kept for previous_response_id, per tenant
     app.state.responses = response_store
 
     if settings.media_url_hosts:  # inside the guard (added first): only requests with a valid key fetch anything

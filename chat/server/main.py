@@ -11,6 +11,7 @@ import uvicorn
 from cache import PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.scheduler import BatchSettings
+from chat.engine.volatile_lines import VolatileLines
 from chat.server.app import create_app, key_store
 from chat.server.settings import MiB, ServerSettings
 from chat.server.transport.backpressure import uvicorn_http_options
@@ -26,11 +27,19 @@ def build_engine(settings: ServerSettings) -> Engine:
     from chat.models import load_model
 
     return Engine.load(
-        lambda: load_model(settings.model, settings.dtype, settings.weights, settings.kv_dtype),
+        lambda: load_model(
+            settings.model, settings.dtype, settings.weights, settings.kv_dtype, chat_template=settings.chat_template
+        ),
         cache=build_cache(settings),
         batch=batch_settings(settings),
         threads=settings.threads,
+        volatile=volatile_lines(settings),
     )
+
+
+def volatile_lines(settings: ServerSettings) -> VolatileLines:
+    """The volatile line patterns (``--volatile-line``), dropped unless ``--keep-volatile-lines``."""
+    return VolatileLines(settings.volatile_lines, drop=not settings.keep_volatile_lines)
 
 
 def batch_settings(settings: ServerSettings) -> BatchSettings:
@@ -78,7 +87,11 @@ def serve(settings: ServerSettings) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = key_store(settings)  # a malformed keys file is refused before the model loads
+    from chat.models.chat_template import read_template
     from chat.models.registry import parse_kv_dtype, parse_weights
+
+    if settings.chat_template is not None:
+        read_template(settings.chat_template)  # a template that does not compile is refused before the model loads
 
     weights = parse_weights(settings.weights, settings.dtype, settings.model)  # the model's default when not given
     kv_dtype = parse_kv_dtype(settings.kv_dtype, settings.dtype, weights)

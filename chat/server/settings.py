@@ -7,6 +7,7 @@ import os
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from chat.engine.volatile_lines import DEFAULT_PATTERNS, VolatileLines
 from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_PRIORITY, MAX_REPLY_TOKENS
 from chat.server.transport.url_fetch import check_hosts
 
@@ -23,20 +24,26 @@ class ServerSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
     model: str = Field(
-        "smollm2", description="model: 'smollm2', 'tiny-<name>', a local Hugging Face directory or a GGUF file"
+        "smollm2",
+        description="model: 'smollm2', 'gemma3-270m', 'tiny-<name>', a local Hugging Face directory or a GGUF file",
     )
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$", description="the dtype the model computes in")
     weights: str | None = Field(
         None,
         pattern="^(float32|bfloat16|int8|gguf|gguf-q8|gguf-q16)$",
         description="format of the linear layers' weights; gguf, gguf-q16, gguf-q8: a GGUF file's own blocks "
-        "(default: int8 for the built-in model, gguf for another GGUF file, else the dtype)",
+        "(default: gguf-q16 for a GGUF file, the built-in model too; else the dtype; int8: the throughput choice)",
     )
     kv_dtype: str | None = Field(
         None,
         pattern="^(float32|float16|bfloat16)$",
         description="what attention K/V are stored in (default: float16 with int8 or block-format weights where the "
         "native kernels run, else the dtype)",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a chat template file, or the template text (Jinja, rendered sandboxed), instead of the model's "
+        "own; a model without one (a base model) serves completions only",
     )
     max_batch: int = Field(32, ge=1, le=256, description="most turns in one batched forward")
     threads: int = Field(
@@ -64,6 +71,15 @@ class ServerSettings(BaseSettings):
         gt=0,
         le=1,
         description="most of each prefix cache tier one tenant keeps while another tenant needs room (None: no limit)",
+    )
+    volatile_lines: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PATTERNS),
+        description="regular expressions of prompt lines that carry per-request noise and no meaning for a local model "
+        "(default: Claude Code's billing line); a match from a line's start is dropped from the rendered prompt, never "
+        "from what a session stores, so that such lines do not split the prefix cache",
+    )
+    keep_volatile_lines: bool = Field(
+        False, description="keep volatile lines in the prompt (a miss they cause is then named volatile_line)"
     )
     tenant_concurrent_turns: int | None = Field(
         None, ge=1, description="turns one tenant may run at once, unless its keys file entry says (None: no limit)"
@@ -125,6 +141,12 @@ class ServerSettings(BaseSettings):
                 raise ValueError(f"{alias!r} would accept any model name: give a prefix, e.g. 'claude-*'")
         return aliases
 
+    @field_validator("volatile_lines")
+    @classmethod
+    def _volatile_lines(cls, patterns: list[str]) -> list[str]:
+        VolatileLines(patterns)  # raises ValueError naming a pattern that does not compile
+        return patterns
+
     @field_validator("media_url_hosts")
     @classmethod
     def _media_hosts(cls, hosts: list[str]) -> list[str]:
@@ -171,5 +193,8 @@ class ServerSettings(BaseSettings):
         "grows to net.ipv4.tcp_wmem's maximum): bounds what a client that stops reading holds in the kernel",
     )
     sessions_db: str | None = Field(
-        None, description="SQLite file where sessions persist across restarts (None or '': memory only)"
+        None,
+        description="where sessions persist across restarts: an SQLite file, or a postgresql:// URL (a database "
+        "several processes share, e.g. a cluster's ingresses; stored responses are kept there too); None or '': memory "
+        "only",
     )

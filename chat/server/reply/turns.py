@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from chat.engine.constraints import GrammarSpec, canonical_json
-from chat.engine.errors import UnsupportedMediaError
+from chat.engine.errors import NoChatTemplateError, UnsupportedMediaError
 from chat.engine.events import Done, TurnRequest
 from chat.engine.runtime import ChatRenderer
 from chat.engine.sampling import SamplingParams
@@ -47,6 +47,19 @@ class SamplingFieldError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+def chats(runtime) -> bool:
+    """Whether ``runtime`` renders chat turns: it has a chat template (a base model has none; a runtime that does not
+    say, a test's fake, is taken to)."""
+    return bool(getattr(runtime, "chats", True))
+
+
+def require_chat(runtime) -> None:
+    """Raises NoChatTemplateError (400 ``no_chat_template``, naming ``--chat-template``) for a base model: every chat
+    route checks this before anything else of the request is looked at."""
+    if not chats(runtime):
+        raise NoChatTemplateError(getattr(runtime, "name", "?"))
 
 
 def turn_request(

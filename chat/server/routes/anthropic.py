@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from fastapi import FastAPI, Request
 
+from chat.server.reply.turns import require_chat
 from chat.server.routes.parts import ServerParts
 from chat.server.surfaces import anthropic_api, anthropic_convert, anthropic_types
 from chat.server.tenancy.auth import Tenant
@@ -20,13 +21,15 @@ def register(app: FastAPI, parts: ServerParts) -> None:
     async def messages(body: anthropic_types.MessagesRequest, request: Request):
         """Anthropic's Messages API (``?beta=true`` accepted: the query is not read)."""
         check_model(body.model)
+        require_chat(engine.runtime)
         anthropic_convert.check(body)
         tenant: Tenant = request.state.tenant
         runtime = engine.runtime
         converted = anthropic_convert.to_chat(body, runtime)
         prepared = anthropic_convert.prepare(converted, tenant.salt, runtime)
+        volatile = getattr(engine, "volatile", None)  # measured on the prompt the engine renders
         breakpoints = await asyncio.to_thread(
-            anthropic_convert.breakpoint_tokens, converted, prepared.turns[0], tenant.salt, runtime
+            anthropic_convert.breakpoint_tokens, converted, prepared.turns[0], tenant.salt, runtime, volatile
         )
         prepared = replace(prepared, turns=anthropic_convert.with_breakpoints(prepared.turns, breakpoints))
         tenant_engine = await admission.admit(tenant, prepared)
@@ -38,6 +41,8 @@ def register(app: FastAPI, parts: ServerParts) -> None:
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: anthropic_types.CountTokensRequest, request: Request) -> dict:
         check_model(body.model)
+        require_chat(engine.runtime)
         anthropic_convert.check(body)
         tenant: Tenant = request.state.tenant
-        return await asyncio.to_thread(anthropic_convert.count_tokens, body, tenant.salt, engine.runtime)
+        volatile = getattr(engine, "volatile", None)
+        return await asyncio.to_thread(anthropic_convert.count_tokens, body, tenant.salt, engine.runtime, volatile)

@@ -7,6 +7,7 @@ from fastapi import FastAPI, Request
 
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
+from chat.server.reply.turns import require_chat
 from chat.server.routes.parts import ServerParts
 from chat.server.surfaces import completions_api, openai_api, responses_api
 from chat.server.tenancy.auth import Tenant
@@ -20,6 +21,7 @@ def register(app: FastAPI, parts: ServerParts) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
         check_model(body.model)
+        require_chat(engine.runtime)
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
         prepared = openai_api.prepare(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
@@ -46,6 +48,7 @@ def register(app: FastAPI, parts: ServerParts) -> None:
     @app.post("/v1/responses")
     async def responses(body: responses_api.ResponsesRequest, request: Request):
         check_model(body.model)
+        require_chat(engine.runtime)
         body.check()
         tenant: Tenant = request.state.tenant
         history: tuple = ()

@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 
-from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics
-from chat.server.persistence.session_db import SqliteSessionStore
+from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics, tenant_pins
+from chat.server.persistence.session_backends import DurableSessionStore
+from chat.server.reply.turns import chats
 from chat.server.routes.parts import ServerParts
-from chat.server.tenancy.auth import Tenant
+from chat.server.tenancy.auth import Tenant, cache_salt
 
 
 def register(app: FastAPI, parts: ServerParts) -> None:
@@ -23,16 +24,21 @@ def register(app: FastAPI, parts: ServerParts) -> None:
         """An admin key (``--auth-token``'s, one flagged in the keys file, anyone on an open server): the server's
         metrics and every tenant's figures; any other key: its own tenant's figures only."""
         tenant: Tenant = request.state.tenant
+        stats = engine.cache_stats()
         if not tenant.admin:
             own = {tenant.id: gate.figures_of(tenant.id)}
-            return render_tenant_metrics(own, {tenant.id: gate.active(tenant.id)})
-        text = render_metrics(engine.metrics, engine.cache_stats())
-        if isinstance(store, SqliteSessionStore):
-            text += render_session_metrics(store.writer.stats, store.writer.pending)
+            pins = tenant_pins(stats, {tenant.id: tenant.salt})
+            return render_tenant_metrics(own, {tenant.id: gate.active(tenant.id)}, pins)
+        text = render_metrics(engine.metrics, stats)
+        if isinstance(store, DurableSessionStore):
+            text += render_session_metrics(*store.write_stats())
         tenants = set(gate.figures) | set(keys.ring.tenants())
         figures = {t: gate.figures_of(t) for t in tenants}
-        return text + render_tenant_metrics(figures, {t: gate.active(t) for t in tenants})
+        pins = tenant_pins(stats, {t: cache_salt(t) for t in tenants})
+        return text + render_tenant_metrics(figures, {t: gate.active(t) for t in tenants}, pins)
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "local"}]}
+        listed = {"id": model_name, "object": "model", "created": 0, "owned_by": "local"}
+        # extension: whether the model has a chat template (false: a base model, completions only)
+        return {"object": "list", "data": [{**listed, "chat": chats(engine.runtime)}]}

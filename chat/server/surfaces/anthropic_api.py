@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from chat.engine.events import CacheBreakpoint, Usage
+from chat.engine.events import CacheBreakpoint, PinOutcome, Usage
 from chat.engine.tool_calls import ToolCall
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import describe
@@ -94,11 +94,17 @@ def is_anthropic(path: str) -> bool:
 # --- reply -----------------------------------------------------------------------------------------------------
 
 
-def usage(used: Usage | None, breakpoints: Sequence[CacheBreakpoint], converted: Converted, window: int | None):
+def usage(
+    used: Usage | None,
+    breakpoints: Sequence[CacheBreakpoint],
+    converted: Converted,
+    window: int | None,
+    pins: Sequence[PinOutcome] = (),
+):
     """Usage as Anthropic counts it: ``cache_read_input_tokens`` read from the cache, ``cache_creation_input_tokens``
     computed this request before the last breakpoint (each written to the cache), ``input_tokens`` the rest of the
     prompt; our extra figures in ``turncache``. ``used``: the engine's (a Done's, or the prompt's alone before the
-    reply: output 0); None: nothing known (zeros)."""
+    reply: output 0); None: nothing known (zeros). ``pins``: what became of each breakpoint (a Done's)."""
     if used is None:
         prompt = cached = output = 0
         reason = at = None
@@ -118,6 +124,12 @@ def usage(used: Usage | None, breakpoints: Sequence[CacheBreakpoint], converted:
         longest = max(b.ttl_s for b in breakpoints if b.tokens > cached)
         per_ttl["ephemeral_1h_input_tokens" if longest >= 3600 else "ephemeral_5m_input_tokens"] = created
     cap = converted.max_tokens if not prompt or window is None else min(converted.max_tokens, window - prompt)
+    pins_out = [
+        wire.PinOut(
+            where=p.breakpoint.where, tokens=p.length, ttl_s=p.breakpoint.ttl_s, pinned=p.pinned, reason=p.reason
+        )
+        for p in pins
+    ] or None
     extra = wire.TurncacheUsage(
         cache_miss_reason=reason,
         cache_miss_at=at,
@@ -125,6 +137,7 @@ def usage(used: Usage | None, breakpoints: Sequence[CacheBreakpoint], converted:
         thinking=converted.thinking,
         thinking_budget_tokens=converted.thinking_budget,
         effort="not_applied" if converted.effort else None,
+        breakpoints=pins_out,
     )
     return wire.Usage(
         input_tokens=prompt - cached - created,
@@ -197,7 +210,7 @@ async def complete(engine, prepared: Prepared, reply: Reply) -> dict:
         content=content,
         stop_reason=stop,  # type: ignore[arg-type]
         stop_sequence=sequence,
-        usage=usage(finished.done.usage, reply.breakpoints, reply.converted, reply.window),
+        usage=usage(finished.done.usage, reply.breakpoints, reply.converted, reply.window, finished.done.pins),
     )
     return message.model_dump(exclude_none=True)
 
@@ -325,7 +338,9 @@ async def _sse(replies, reply: Reply) -> AsyncIterator[bytes]:
                         out += blocks.close()
                         stop, sequence = _stop(event, reply.stops, reply.runtime)
                         body = wire.MessageDeltaBody(stop_reason=stop, stop_sequence=sequence)  # type: ignore[arg-type]
-                        used = usage(event.done.usage, reply.breakpoints, reply.converted, reply.window)
+                        used = usage(
+                            event.done.usage, reply.breakpoints, reply.converted, reply.window, event.done.pins
+                        )
                         out.append(_event(wire.MessageDelta(delta=body, usage=used)))
                         out.append(_event(wire.MessageStop()))
                     else:

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from chat.engine.events import CacheBreakpoint, TurnRequest
+from chat.engine.volatile_lines import VolatileLines
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_REPLY_TOKENS
 from chat.server.errors import RequestError, validation_error
@@ -358,14 +359,17 @@ def _truncated(chat: openai_api.ChatCompletionRequest, mark: Mark) -> openai_api
     return chat.model_copy(update={"messages": messages or chat.messages[:0]})
 
 
-def _render(runtime, turn: TurnRequest) -> list[int] | None:
+def _render(runtime, turn: TurnRequest, volatile: VolatileLines | None = None) -> list[int] | None:
+    """The turn's prompt as the engine renders it (``volatile``: the engine's volatile lines, dropped as it drops
+    them), or None where this process cannot render."""
     render = getattr(runtime, "render_prompt", None)
     if render is None:  # a cluster's ingress: its replicas render
         return None
     extra: dict = {"tools": turn.tools} if turn.tools else {}
     if turn.template_kwargs:
         extra["template_kwargs"] = turn.template_kwargs
-    return list(render(turn.messages, **extra).tokens)
+    messages = turn.messages if volatile is None else volatile.prompt_messages(turn.messages)
+    return list(render(messages, **extra).tokens)
 
 
 def _shared(a: Sequence[int], b: Sequence[int]) -> int:
@@ -377,17 +381,19 @@ def _shared(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def breakpoint_tokens(converted: Converted, turn: TurnRequest, salt: str, runtime) -> tuple[CacheBreakpoint, ...]:
+def breakpoint_tokens(
+    converted: Converted, turn: TurnRequest, salt: str, runtime, volatile: VolatileLines | None = None
+) -> tuple[CacheBreakpoint, ...]:
     """The request's breakpoints in tokens of its rendered prompt: for each, the tokens the whole prompt shares with
-    the prompt rendered up to the marked block (the same tools, template and settings). Empty when this process
-    cannot render (a cluster's ingress).
+    the prompt rendered up to the marked block (the same tools, template and settings, and the engine's volatile
+    lines dropped as the engine drops them). Empty when this process cannot render (a cluster's ingress).
 
     Raises:
         whatever rendering raises (media errors): the engine would raise the same.
     """
     if not converted.marks:
         return ()
-    full = _render(runtime, turn)
+    full = _render(runtime, turn, volatile)
     if full is None:
         return ()
     out = []
@@ -397,20 +403,21 @@ def breakpoint_tokens(converted: Converted, turn: TurnRequest, salt: str, runtim
         else:
             cut = _truncated(converted.chat, mark)
             (head,) = openai_api.prepare(cut, salt, runtime).turns
-            tokens = _shared(full, _render(runtime, head) or [])
+            tokens = _shared(full, _render(runtime, head, volatile) or [])
         out.append(CacheBreakpoint(tokens, mark.ttl_s, mark.where))
     return tuple(sorted(out, key=lambda b: b.tokens))
 
 
-def count_tokens(body: wire.CountTokensRequest, salt: str, runtime) -> dict:
-    """``{"input_tokens": N}``: the tokens of the prompt the request would render (tools and template included).
+def count_tokens(body: wire.CountTokensRequest, salt: str, runtime, volatile: VolatileLines | None = None) -> dict:
+    """``{"input_tokens": N}``: the tokens of the prompt the request would render (tools and template included,
+    volatile lines dropped as the engine drops them).
 
     Raises:
         RequestError, UnsupportedMediaError, SamplingFieldError; media errors.
     """
     converted = to_chat(body, runtime)
     (turn,) = prepare(converted, salt, runtime).turns
-    tokens = _render(runtime, turn)
+    tokens = _render(runtime, turn, volatile)
     if tokens is None:
         raise RequestError(ErrorCode.INVALID_REQUEST, "count_tokens needs the model's tokenizer in this process")
     return wire.CountTokensResponse(input_tokens=len(tokens)).model_dump()

@@ -264,8 +264,19 @@ class CountTokensRequest(Wire):
 # --- reply -----------------------------------------------------------------------------------------------------
 
 
+class PinOut(BaseModel):
+    """What became of one ``cache_control`` breakpoint (``usage.turncache.breakpoints``, in prompt order)."""
+
+    where: str  # the marked block ("system.2", "messages.0.content.3")
+    tokens: int  # the prompt prefix it stands for
+    ttl_s: int  # 300 or 3600
+    pinned: bool  # held in the cache for ttl_s after its last use
+    reason: str | None = None  # why not: not_cached, over_share, not_reached, cache_off (docs/anthropic.md)
+
+
 class TurncacheUsage(BaseModel):
-    """Our extra usage figures (``usage.turncache``): why the cache's reuse stopped early, and what was capped."""
+    """Our extra usage figures (``usage.turncache``): why the cache's reuse stopped early, what was capped, and what
+    became of each breakpoint."""
 
     cache_miss_reason: str | None = None  # see docs/openai.md (the same reasons)
     cache_miss_at: int | None = None  # the prompt position it names
@@ -273,6 +284,7 @@ class TurncacheUsage(BaseModel):
     thinking: Literal["template", "unsupported", "off"] | None = None  # how a `thinking` request was honoured
     thinking_budget_tokens: int | None = None  # the thinking budget as applied (capped to the context)
     effort: Literal["not_applied"] | None = None  # output_config.effort was given: accepted, not applied
+    breakpoints: list[PinOut] | None = None  # one per cache_control breakpoint, once the prompt is stored
 
 
 class Usage(BaseModel):

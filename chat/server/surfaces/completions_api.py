@@ -1,10 +1,11 @@
 """OpenAI's legacy completions: ``POST /v1/completions``, what eval harnesses score with (lm-eval's
 ``local-completions``).
 
-A prompt is a string (tokenized without special tokens: send token ids for exact control), a list of token ids, or
-a list of either (one choice per prompt and ``n``: choice ``i * n + j`` is the ``j``-th reply to prompt ``i``).
-``echo`` puts the prompt before the reply's text; with ``logprobs: N`` the prompt's tokens come with their
-log-probabilities too (the first token has none: ``null``), then the reply's, each with its ``N`` most likely
+A prompt is a string (tokenized with the special tokens the model's tokenizer adds to any text, e.g. Gemma's
+``<bos>``, and no others; most chat models' tokenizers add none: send token ids for exact control), a list of
+token ids, or a list of either (one choice per prompt and ``n``: choice ``i * n + j`` is the ``j``-th reply to
+prompt ``i``). ``echo`` puts the prompt before the reply's text; with ``logprobs: N`` the prompt's tokens come
+with their log-probabilities too (the first token has none: ``null``), then the reply's, each with its ``N`` most likely
 alternatives (and itself) in ``top_logprobs``. ``max_tokens: 0`` computes the prompt only (with ``echo`` and
 ``logprobs``: its log-likelihood). A request that asks for prompt log-probabilities takes nothing from the prefix
 cache (``chat.engine.turn``): every position's logits are computed, and the prompt is stored for later turns.
@@ -108,9 +109,16 @@ class CompletionRequest(BaseModel):
         return listed
 
 
+def prompt_ids(runtime, text: str) -> list[int]:
+    """A prompt string's ids: with the special tokens the tokenizer adds to any text (Gemma's ``<bos>``), as vLLM
+    and llama.cpp tokenize one (a runtime without ``encode_prompt``, a test's fake: its plain ``encode``)."""
+    encode = getattr(runtime, "encode_prompt", None) or runtime.encode
+    return list(encode(text))
+
+
 def _tokens(runtime, prompt: str | TokenIds) -> list[int]:
     """Raises RequestError: a token id outside the vocabulary, or a prompt that fills the context window."""
-    ids = runtime.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    ids = prompt_ids(runtime, prompt) if isinstance(prompt, str) else list(prompt)
     vocab = getattr(runtime, "vocab_size", None) or 2**31  # a cluster's ingress: its replicas check
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:

@@ -1,8 +1,9 @@
 """``POST /tokenize`` and ``POST /detokenize``, as vLLM's, for clients that count tokens before they send.
 
-``/tokenize`` takes a ``prompt`` (encoded as ``/v1/completions`` encodes a string: no special tokens) or chat
-``messages`` (rendered through the model's chat template, with the generation prompt unless
-``add_generation_prompt`` is false; text only) and answers ``{"count", "max_model_len", "tokens"}``.
+``/tokenize`` takes a ``prompt`` (encoded as ``/v1/completions`` encodes a string: the tokenizer's own BOS, if
+any) or chat ``messages`` (rendered through the model's chat template, with the generation prompt unless
+``add_generation_prompt`` is false; text only; a base model answers ``no_chat_template``) and answers
+``{"count", "max_model_len", "tokens"}``.
 ``/detokenize`` takes ``tokens`` and answers ``{"prompt"}``.
 """
 
@@ -14,6 +15,8 @@ from chat.protocol.client_events import ModelName
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_MESSAGES, MAX_TEXT_CHARS
 from chat.server.errors import RequestError
+from chat.server.reply.turns import require_chat
+from chat.server.surfaces.completions_api import prompt_ids
 
 MAX_DETOKENIZE = 1_000_000  # token ids in one /detokenize request
 
@@ -49,8 +52,9 @@ class DetokenizeRequest(BaseModel):
 
 def tokenize(req: TokenizeRequest, runtime) -> dict:
     if req.prompt is not None:
-        ids = list(runtime.encode(req.prompt))
+        ids = prompt_ids(runtime, req.prompt)
     else:
+        require_chat(runtime)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content} for m in req.messages]
         ids = list(runtime.render(messages, add_generation_prompt=req.add_generation_prompt))
     return {"count": len(ids), "max_model_len": runtime.context_window, "tokens": ids}

@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 from fastapi import WebSocket, WebSocketDisconnect
 
 from chat.engine.engine import Engine, JobHandle
+from chat.engine.errors import NoChatTemplateError
 from chat.engine.events import Delta, Done, TurnRequest
 from chat.protocol.client_events import CompletionCreate, ToolResults, TurnCreate, TurnEdit, TurnRegenerate
 from chat.protocol.connection import Connection, Step
@@ -47,11 +48,11 @@ from chat.protocol.server_events import ErrorEvent, ReplyDone, SessionCreated, S
 from chat.protocol.session import TurnPlan
 from chat.protocol.store import SessionStore
 from chat.protocol.tools import AssistantToolCall
-from chat.server.errors import TRANSPORT, RequestError, describe
+from chat.server.errors import TRANSPORT, RequestError, code_of, describe
 from chat.server.reply import reasoning_api, tools_api
 from chat.server.reply.choices import chat_logprobs
 from chat.server.reply.reader import CallsOut, Failed, Finished, ReplyEvent, ReplyReader, TextOut
-from chat.server.reply.turns import turn_request, wire_timings, wire_usage
+from chat.server.reply.turns import chats, turn_request, wire_timings, wire_usage
 from chat.server.tenancy.auth import KeyRing, Tenant, bearer_of
 from chat.server.tenancy.key_store import KeyStore
 from chat.server.tenancy.tenant_gate import TenantGate
@@ -277,6 +278,9 @@ class ChatSocket:
         connection: a refused one changes nothing (no ``turn.started``, the session as it was)."""
         try:
             event = parse_client_event(frame)
+            if isinstance(event, STARTS_A_TURN) and not chats(self.engine.runtime):  # a base model: refused
+                exc = NoChatTemplateError(self.engine.runtime.name)  # before anything else, the session unchanged
+                return Step(send=(ErrorEvent(reply_to=event.event_id, code=code_of(exc), message=str(exc)),))
             if isinstance(event, OFFERS_TOOLS):
                 check_tools(event, self.engine.runtime)
             if isinstance(event, STARTS_A_TURN):

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from chat.cluster.routing import rendezvous
 from tests.chat.server.test_tenants import (
     KEY_A,
     KEY_A2,
@@ -231,7 +232,9 @@ def test_websocket_sessions_stay_on_one_replica_and_hit_the_cache(live):
         replicas[entry["session_id"]].add(entry["replica"])
     assert sorted(replicas) == sorted(sid for sid, _ in results)
     assert all(len(used) == 1 for used in replicas.values()), replicas  # each session on one replica
-    assert len(set().union(*replicas.values())) == 2  # and the sessions spread over both
+    ids = sorted(replicas_of(live))
+    for sid, used in replicas.items():  # its home by rendezvous hashing of its id (loads here are far below 4)
+        assert used == {rendezvous("session:" + sid, ids)[0]}
     for _, replies in results:
         for reply in replies[1:]:
             assert reply.cached_tokens / reply.prompt_tokens >= 0.8, reply.usage
@@ -364,7 +367,11 @@ def test_a_replica_killed_mid_turn_ends_that_turn_typed_and_the_next_turn_runs_e
         time.sleep(1)
     assert len(replicas) == 2 and home not in replicas
     (fresh,) = replicas - {routing_log(live.affine)[-1]["replica"]}
-    sid, _ = asyncio.run(session_conversation(live.ws, 0, 1))  # a new session goes to the emptier, new replica
+    sid = session  # the new replica takes its share of the keys: here, the sessions whose home it is
+    for index in range(2, 40):
+        sid, _ = asyncio.run(session_conversation(live.ws, index, 1))
+        if rendezvous("session:" + sid, sorted(replicas))[0] == fresh:
+            break
     assert [e["replica"] for e in routing_log(live.affine) if e["session_id"] == sid] == [fresh]
 
 
