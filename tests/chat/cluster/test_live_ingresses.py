@@ -20,7 +20,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-pytestmark = pytest.mark.slow
+# slow; and on one xdist worker with the other file that starts a Ray cluster (two clusters at once on 2 cores
+# starve each other's raylets)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 ray = pytest.importorskip("ray", reason="the cluster extra (turncache[cluster]) is not installed")
 
