@@ -26,7 +26,7 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

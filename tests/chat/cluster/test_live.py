@@ -34,9 +34,7 @@ from tests.chat.server.test_tenants import (
     resumed_system,
 )
 
-# slow; and on one xdist worker with the other file that starts a Ray cluster (two clusters at once on 2 cores
-# starve each other's raylets)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = pytest.mark.slow  # and on one xdist worker with the other Ray file (tests/conftest.py: ONE_WORKER_FILES)
 
 ray = pytest.importorskip("ray", reason="the cluster extra (turncache[cluster]) is not installed")
 

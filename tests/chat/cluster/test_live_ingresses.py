@@ -20,9 +20,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-# slow; and on one xdist worker with the other file that starts a Ray cluster (two clusters at once on 2 cores
-# starve each other's raylets)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+pytestmark = pytest.mark.slow  # and on one xdist worker with the other Ray file (tests/conftest.py: ONE_WORKER_FILES)
 
 ray = pytest.importorskip("ray", reason="the cluster extra (turncache[cluster]) is not installed")
 
