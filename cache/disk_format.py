@@ -54,9 +54,13 @@ class DiskFormatError(Exception):
 
 
 def namespace_digest(namespace: Namespace) -> str:
-    """A one-way digest of (model fingerprint, dtype, salt): what files store instead of the namespace."""
-    text = f"turncache-namespace\0{namespace.model}\0{namespace.dtype}\0{namespace.salt}".encode()
-    return hashlib.blake2b(text, digest_size=16).hexdigest()
+    """A one-way digest of (model fingerprint, dtype, salt, tagged components): what files store instead of the
+    namespace. The components go in as JSON ``[[tag, value], ...]`` after the rest (a namespace without any has
+    the digest it had before components existed)."""
+    text = f"turncache-namespace\0{namespace.model}\0{namespace.dtype}\0{namespace.salt}"
+    if namespace.components:
+        text += "\0" + json.dumps([list(pair) for pair in namespace.components])
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def layout_digest(layers: Sequence[LayerState]) -> str:

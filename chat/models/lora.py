@@ -1,0 +1,311 @@
+"""LoRA adapters on turncache's own decoder: loaded by name, known by what they are, computed together.
+
+**Identity.** A :class:`LoraAdapter` is known to the cache by :attr:`LoraAdapter.identity`: a digest of every
+module's name, shapes, scaling (the adapter's ``lora_alpha`` rule times the scale it was loaded with) and the bytes
+of its ``A`` and ``B`` weights. Its name never enters the cache: the turn's namespace gets the tagged component
+``("lora", identity)`` (:data:`NAMESPACE_TAG`, see cache/DESIGN.md), so two names for the same weights share
+prefixes, and a name loaded again with other weights starts a new namespace.
+
+**Batched forward** (S-LoRA / Punica style). :class:`AdapterBank` wraps each decoder layer's four products (q/k/v,
+o, gate/up, down) once; the base products run as before over all ``T`` tokens of the step, then, for each adapter
+present in the step, its rows are gathered, multiplied by ``A`` (the q/k/v or gate/up parts' ``A`` stacked into one
+product) and by each part's ``B`` (its scaling folded in), and added back into those rows (``index_add_``). Rows of
+the base model get nothing added. One forward serves any mix of adapters and the base.
+
+**Numbers.** Float32 and bfloat16 weights: the low-rank products run in float32 (a turn under an adapter equals the
+model with the adapter merged into its weights within float32 rounding). int8 and the GGUF block formats, whose
+cache hits are bit for bit the turn computed without the cache, run them as int8 products too
+(:class:`chat.models.matrices.Int8Matrix`: each token's result depends on that token alone, whatever the batch or the
+prefill chunk), on the smoothed activations of an int8 model (``A``'s columns take the smoothing factors, ``up``'s
+``B`` rows their inverse, as the base weights did).
+
+**Residency.** Up to ``max_loras`` adapters are kept in their computing form (moved to the model's device,
+quantized for int8); the others stay as read (host memory) and are swapped in when a step needs them, the least
+recently used one going out. A step with more adapters than that is split by the runtime into forwards of at most
+``max_loras`` adapters each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from chat.models.errors import AdapterMismatchError, UnknownAdapterError
+from chat.models.lora_files import LoraModule, LoraWeights, read_adapter
+
+NAMESPACE_TAG = "lora"  # the tag of an adapter's component in a cache namespace: ("lora", identity)
+DEFAULT_MAX_LORAS = 4  # adapters kept in computing form at once (`--max-loras`)
+GROUPS = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}  # wrapped product ->
+# the adapter modules it takes, in output order
+
+
+@dataclass(frozen=True, eq=False)
+class LoraAdapter:
+    """One loaded adapter: the name it was loaded under, where from, its weights as read (host memory) and its
+    identity. Immutable: loading a name again makes a new one (turns in flight keep the one they began with)."""
+
+    name: str
+    source: str  # the path it was read from
+    scale: float  # the scale it was loaded with (already folded into each module's scaling)
+    modules: dict[str, LoraModule] = field(repr=False)  # "layers.{i}.{q,k,v,o,gate,up,down}" -> update
+    identity: str = ""  # digest of weights and scalings: the cache namespace component
+
+    @property
+    def namespace_component(self) -> tuple[str, str]:
+        """What a turn under this adapter adds to its cache namespace."""
+        return (NAMESPACE_TAG, self.identity)
+
+    @property
+    def rank(self) -> int:
+        return max(m.a.shape[0] for m in self.modules.values())
+
+
+def adapter_identity(modules: dict[str, LoraModule]) -> str:
+    """A digest of every module's name, shapes, scaling and weights (float32 bytes): equal for equal updates."""
+    h = hashlib.blake2b(b"turncache-lora-1\0", digest_size=20)
+    for name in sorted(modules):
+        m = modules[name]
+        h.update(name.encode() + b"\0")
+        h.update(struct.pack("<4qd", *m.a.shape, *m.b.shape, float(m.scaling)))
+        h.update(m.a.float().contiguous().numpy().tobytes())
+        h.update(m.b.float().contiguous().numpy().tobytes())
+    return "lora-blake2b:" + h.hexdigest()
+
+
+def make_adapter(name: str, weights: LoraWeights, scale: float = 1.0) -> LoraAdapter:
+    """A :class:`LoraAdapter` of weights read with ``scale`` already applied (:func:`read_adapter`)."""
+    return LoraAdapter(name, weights.source, scale, dict(weights.modules), adapter_identity(weights.modules))
+
+
+def check_fits(modules: dict[str, LoraModule], args: Any) -> None:
+    """Refuse an adapter that does not fit a decoder of ``args`` (:class:`chat.models.decoder.DecoderArgs`).
+
+    Raises:
+        AdapterMismatchError: naming the first module whose layer is not there or whose shapes differ.
+    """
+    q, kv, _ = args.qkv_sizes
+    shapes = {  # (out, in) of each target
+        "q": (q, args.hidden),
+        "k": (kv, args.hidden),
+        "v": (kv, args.hidden),
+        "o": (args.hidden, q),
+        "gate": (args.intermediate, args.hidden),
+        "up": (args.intermediate, args.hidden),
+        "down": (args.hidden, args.intermediate),
+    }
+    for name in sorted(modules):
+        m = modules[name]
+        _, index, target = name.split(".")
+        if int(index) >= args.layers:
+            raise AdapterMismatchError(name, f"the base model has {args.layers} layers (0..{args.layers - 1})")
+        out, inp = shapes[target]
+        if m.a.shape[1] != inp or m.b.shape[0] != out or m.a.shape[0] != m.b.shape[1]:
+            raise AdapterMismatchError(
+                name,
+                f"lora_A {tuple(m.a.shape)} and lora_B {tuple(m.b.shape)} do not fit the base model's "
+                f"[{out}, {inp}] weight (want A [r, {inp}], B [{out}, r])",
+            )
+
+
+# ==================================================================== computing form
+
+
+Product = Callable[[torch.Tensor], torch.Tensor]  # x [n, in] -> [n, out]
+
+
+class _Prepared:
+    """An adapter in computing form: per wrapped product of each layer, the stacked ``A`` product and each part's
+    ``B`` product (scaling folded in), on the model's device."""
+
+    def __init__(self, adapter: LoraAdapter, device: torch.device, int8: bool, smoothing: dict[str, torch.Tensor]):
+        self.identity = adapter.identity
+        self.groups: dict[str, tuple[Product, list[tuple[int, int, int, Product]]]] = {}  # "layers.i.qkv" ->
+        # (A product, [(part index, lo, hi, B product)]): part j's delta is B(xa[:, lo:hi])
+        layers = {int(name.split(".")[1]) for name in adapter.modules}
+        for i in sorted(layers):
+            for group, parts in GROUPS.items():
+                key = f"layers.{i}.{group}"
+                s_in = smoothing.get(key)  # the group's inputs were divided by this (int8 smoothing)
+                s_down = smoothing.get(f"layers.{i}.down") if group == "gate_up" else None  # up's rows too
+                stacked, outs, lo = [], [], 0
+                for j, part in enumerate(parts):
+                    m = adapter.modules.get(f"layers.{i}.{part}")
+                    if m is None:
+                        continue
+                    a = m.a if s_in is None else m.a * s_in.to(m.a.device)
+                    b = m.b * m.scaling
+                    if part == "up" and s_down is not None:
+                        b = b / s_down.to(b.device).unsqueeze(1)
+                    stacked.append(a)
+                    outs.append((j, lo, lo + a.shape[0], _product(b, device, int8)))
+                    lo += a.shape[0]
+                if stacked:
+                    self.groups[key] = (_product(torch.cat(stacked), device, int8), outs)
+
+
+def _product(weight: torch.Tensor, device: torch.device, int8: bool) -> Product:
+    if int8:
+        from chat.models.matrices import Int8Matrix
+
+        return Int8Matrix(weight.float(), None)
+    w = weight.float().to(device).contiguous()
+    return lambda x: torch.mm(x, w.t())
+
+
+class LoraStep:
+    """The adapters of the forward now running: ``(prepared, rows)`` per adapter, ``rows`` its token rows of the
+    step ([n] int64 on the device). Empty: no adapter in this step."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[_Prepared, torch.Tensor]] = []
+
+
+class _Wrapped:
+    """One of a decoder layer's products (a matrix, or a :class:`chat.models.decoder.Fused` group) with the
+    adapters of the step added to their rows of its output."""
+
+    def __init__(self, base: Any, key: str, fused: bool, step: LoraStep) -> None:
+        self.base = base  # the product as it was: Fused (-> list of parts) or a matrix (-> tensor)
+        self.key = key  # "layers.{i}.{qkv,o,gate_up,down}"
+        self.fused = fused
+        self.step = step
+
+    def __call__(self, x: torch.Tensor) -> Any:
+        out = self.base(x)
+        if not self.step.groups:
+            return out
+        parts = out if self.fused else [out]
+        for prepared, rows in self.step.groups:
+            group = prepared.groups.get(self.key)
+            if group is None:
+                continue
+            a, bs = group
+            xa = a(x.index_select(0, rows))  # [n, r total]
+            for j, lo, hi, b in bs:
+                parts[j].index_add_(0, rows, b(xa[:, lo:hi].contiguous()))
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped object's other attributes (matrix.fuse_rows, ...)
+        return getattr(self.base, name)
+
+
+# ==================================================================== the bank
+
+
+class AdapterBank:
+    """The adapters of one model by name, and their computing forms (see the module docstring). Names are added
+    and removed from any thread (:meth:`add`, :meth:`remove`); the forward's side (:meth:`begin`, :meth:`end`) runs
+    on the engine's worker only."""
+
+    def __init__(self, decoder: Any, device: torch.device, *, int8: bool, max_loras: int = DEFAULT_MAX_LORAS) -> None:
+        self._decoder = decoder
+        self.device = device
+        self.int8 = int8  # low-rank products as int8 products (int8 and block weight formats)
+        self.max_loras = max_loras
+        self._lock = threading.Lock()
+        self._named: dict[str, LoraAdapter] = {}
+        self._resident: OrderedDict[str, _Prepared] = OrderedDict()  # identity -> computing form, LRU first
+        self.step = LoraStep()
+        self._attached = False
+        self.swaps_in = 0  # adapters put into computing form (first use, or again after going out)
+        self.swaps_out = 0  # computing forms dropped for room
+
+    # ---------------------------------------------------------------- names (any thread)
+
+    def read(self, name: str, path: str, scale: float = 1.0) -> LoraAdapter:
+        """Read and check the adapter at ``path`` (not yet added).
+
+        Raises:
+            AdapterFileError: unreadable, corrupt, or not served.
+            AdapterMismatchError: its modules do not fit the base model.
+        """
+        weights = read_adapter(path, scale, base_config=getattr(self._decoder, "config", None))
+        check_fits(weights.modules, self._decoder.args)
+        return make_adapter(name, weights, scale)
+
+    def add(self, adapter: LoraAdapter, *, replace: bool = False) -> LoraAdapter | None:
+        """Serve ``adapter`` under its name; returns the one it replaced (None). Raises ValueError when the name is
+        taken and not ``replace``."""
+        check_fits(adapter.modules, self._decoder.args)
+        with self._lock:
+            old = self._named.get(adapter.name)
+            if old is not None and not replace:
+                raise ValueError(f"a LoRA adapter named {adapter.name!r} is already loaded")
+            self._attach()
+            self._named[adapter.name] = adapter
+            return old
+
+    def remove(self, name: str) -> LoraAdapter:
+        """Stop serving ``name`` (turns in flight under it finish with it). Raises UnknownAdapterError."""
+        with self._lock:
+            if name not in self._named:
+                raise UnknownAdapterError(name)
+            return self._named.pop(name)
+
+    def get(self, name: str) -> LoraAdapter:
+        """Raises UnknownAdapterError."""
+        with self._lock:
+            found = self._named.get(name)
+        if found is None:
+            raise UnknownAdapterError(name)
+        return found
+
+    def find(self, name: str) -> LoraAdapter | None:
+        with self._lock:
+            return self._named.get(name)
+
+    def adapters(self) -> list[LoraAdapter]:
+        with self._lock:
+            return list(self._named.values())
+
+    # ---------------------------------------------------------------- the forward (worker thread)
+
+    def begin(self, groups: Sequence[tuple[LoraAdapter, torch.Tensor]]) -> None:
+        """Make the step's adapters resident and set their rows for the forward about to run (at most
+        ``max_loras`` adapters)."""
+        if len(groups) > self.max_loras:
+            raise ValueError(f"{len(groups)} adapters in one forward; at most {self.max_loras} are resident")
+        wanted = {adapter.identity for adapter, _ in groups}
+        out: list[tuple[_Prepared, torch.Tensor]] = []
+        for adapter, rows in groups:
+            prepared = self._resident.get(adapter.identity)
+            if prepared is None:
+                while len(self._resident) >= self.max_loras:
+                    victim = next((k for k in self._resident if k not in wanted), None)
+                    if victim is None:
+                        break
+                    del self._resident[victim]
+                    self.swaps_out += 1
+                prepared = _Prepared(adapter, self.device, self.int8, getattr(self._decoder, "smoothing", {}) or {})
+                self._resident[adapter.identity] = prepared
+                self.swaps_in += 1
+            self._resident.move_to_end(adapter.identity)
+            out.append((prepared, rows))
+        self.step.groups = out
+
+    def end(self) -> None:
+        self.step.groups = []
+
+    @property
+    def resident(self) -> list[str]:
+        """Identities of the adapters in computing form, least recently used first."""
+        return list(self._resident)
+
+    def _attach(self) -> None:
+        """Wrap each layer's products, once (the first adapter added)."""
+        if self._attached:
+            return
+        for i, block in enumerate(self._decoder.layers):
+            for group in GROUPS:
+                base = getattr(block, group)
+                wrapped = _Wrapped(base, f"layers.{i}.{group}", group in ("qkv", "gate_up"), self.step)
+                block._modules.pop(group, None)  # a matrix that is a module: a plain attribute from now on
+                object.__setattr__(block, group, wrapped)
+        self._attached = True
