@@ -238,7 +238,6 @@ class AdapterBank:
             old = self._named.get(adapter.name)
             if old is not None and not replace:
                 raise ValueError(f"a LoRA adapter named {adapter.name!r} is already loaded")
-            self._attach()
             self._named[adapter.name] = adapter
             return old
 
@@ -272,6 +271,8 @@ class AdapterBank:
         ``max_loras`` adapters)."""
         if len(groups) > self.max_loras:
             raise ValueError(f"{len(groups)} adapters in one forward; at most {self.max_loras} are resident")
+        if groups:
+            self._attach()
         wanted = {adapter.identity for adapter, _ in groups}
         out: list[tuple[_Prepared, torch.Tensor]] = []
         for adapter, rows in groups:
@@ -299,7 +300,8 @@ class AdapterBank:
         return list(self._resident)
 
     def _attach(self) -> None:
-        """Wrap each layer's products, once (the first adapter added)."""
+        """Wrap each layer's products, once (by the first forward with an adapter: a model never asked for one
+        keeps its products unwrapped)."""
         if self._attached:
             return
         for i, block in enumerate(self._decoder.layers):
