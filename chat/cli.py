@@ -24,6 +24,8 @@ def _settings(args: argparse.Namespace):
         "dtype": args.dtype,
         "weights": args.weights,
         "kv_dtype": args.kv_dtype,
+        "lora": args.lora or None,
+        "max_loras": args.max_loras,
         "max_batch": args.max_batch,
         "threads": args.threads,
         "token_budget": args.token_budget,
@@ -67,7 +69,11 @@ def _settings(args: argparse.Namespace):
         raise SystemExit(f"turncache: --{flag}: {first['msg']}") from exc
 
 
-REPEATED_FLAGS = {"allowed_origins": "allowed-origin", "media_url_hosts": "media-url-host"}  # list settings' flags
+REPEATED_FLAGS = {
+    "allowed_origins": "allowed-origin",
+    "media_url_hosts": "media-url-host",
+    "lora": "lora",
+}  # list settings' flags
 
 
 def _load(args: argparse.Namespace):
@@ -358,6 +364,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (8000)")
     _model_flags(serve, defaults=False)
+    adapters = serve.add_argument_group(
+        "LoRA adapters",
+        "fine-tunes of the model served beside it: a request's model: NAME selects one (docs/openai.md); admin keys "
+        "load and unload them at run time with POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's)",
+    )
+    adapters.add_argument(
+        "--lora",
+        action="append",
+        metavar="NAME=PATH[:SCALE]",
+        help="load an adapter at start (repeat): a PEFT adapter directory (adapter_config.json + "
+        "adapter_model.safetensors) or a llama.cpp GGUF LoRA file; SCALE multiplies its update (1)",
+    )
+    adapters.add_argument(
+        "--max-loras",
+        type=int,
+        metavar="N",
+        help="adapters kept in computing form at once; more wait on the host and are swapped in (4)",
+    )
     serve.add_argument("--max-batch", type=int, help="most turns in one batched forward (32)")
     serve.add_argument("--threads", type=int, help="torch threads of the engine (the number of CPU cores)")
     serve.add_argument("--token-budget", type=int, help="most tokens in one batched forward (256)")

@@ -2,8 +2,9 @@
 results and errors back into wire responses; every decision about content lives in the engine and the protocol.
 
 Routes: ``/`` (the web UI), ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /v1/models``,
-``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's), and the
-chat WebSocket ``/v1/ws`` (see docs/protocol.md, docs/openai.md).
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's),
+``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (as vLLM's; ``lora_api.py``), and the chat WebSocket
+``/v1/ws`` (see docs/protocol.md, docs/openai.md). A request's ``model`` may name a loaded LoRA adapter.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from chat.engine.engine import Engine
 from chat.engine.errors import EngineError
 from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
-from chat.server import completions_api, openai_api, responses_api, tokenize_api
+from chat.server import completions_api, lora_api, openai_api, responses_api, tokenize_api
 from chat.server.auth import KeyRing, Tenant
 from chat.server.backpressure import TimedStreamingResponse
 from chat.server.choices import with_seeds
@@ -157,6 +158,9 @@ def create_app(
     app.state.sessions = store
     response_store = ResponseStore()  # /v1/responses kept for previous_response_id, per tenant
     app.state.responses = response_store
+    adapters = lora_api.AdapterSelector(engine.runtime, model_name)  # `model` -> a LoRA adapter (or the base)
+    app.state.adapters = adapters
+    lora_api.install_routes(app, adapters)
 
     if settings.media_url_hosts:  # inside the guard (added first): only requests with a valid key fetch anything
         app.add_middleware(
@@ -225,12 +229,11 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "local"}]}
+        base = {"id": model_name, "object": "model", "created": 0, "owned_by": "local"}
+        return {"object": "list", "data": [base, *adapters.cards()]}
 
     def check_model(name: str | None) -> None:
-        if name not in (None, model_name):
-            message = f"unknown model {name!r}; this server runs {model_name!r}"
-            raise RequestError(ErrorCode.MODEL_NOT_FOUND, message, param="model")
+        adapters.select(name)  # the model or one of its adapters, else model_not_found
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
@@ -240,6 +243,7 @@ def create_app(
         turn, tools, thinking = openai_api.build_turn(
             body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens
         )
+        turn = adapters.apply(turn, body.model)
         await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(body))
         turns = with_seeds(turn, body.n or 1)
         gate.admit(tenant.id, len(turns))
@@ -257,6 +261,7 @@ def create_app(
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
         turns = completions_api.build_turns(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
+        turns = [adapters.apply(t, body.model) for t in turns]
         await openai_api.check_grammar(engine, turns[0].params.grammar, openai_api.grammar_field(body))
         gate.admit(tenant.id, len(turns))
         tenant_engine = gate.engine_for(engine, tenant.id)
@@ -284,6 +289,7 @@ def create_app(
         turn, tools, thinking = openai_api.build_turn(
             chat, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens
         )
+        turn = adapters.apply(turn, body.model)
         await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(chat))
         gate.admit(tenant.id)
         tenant_engine = gate.engine_for(engine, tenant.id)
@@ -328,6 +334,7 @@ def create_app(
             reply_cap=settings.max_reply_tokens,
             max_pending=settings.stream_buffer_events,
             send_timeout_s=settings.send_timeout_s,
+            adapters=adapters,
         )
 
     if (WEB_DIR / "index.html").is_file():

@@ -38,6 +38,17 @@ class ServerSettings(BaseSettings):
         description="what attention K/V are stored in (default: float16 with int8 or block-format weights where the "
         "native kernels run, else the dtype)",
     )
+    lora: list[str] = Field(
+        default_factory=list,
+        description="LoRA adapters loaded at start, NAME=PATH[:SCALE] each (a PEFT adapter directory or a GGUF LoRA "
+        "file); a request selects one with model: NAME",
+    )
+    max_loras: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="LoRA adapters kept in computing form at once (others wait on the host and are swapped in)",
+    )
     max_batch: int = Field(32, ge=1, le=256, description="most turns in one batched forward")
     threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1, ge=1, le=256, description="torch threads of the engine"
@@ -109,6 +120,16 @@ class ServerSettings(BaseSettings):
         if 0 < value < YIELD_BUDGET_LEAST:
             raise ValueError(f"must be 0 (off) or at least {YIELD_BUDGET_LEAST}")
         return value
+
+    @field_validator("lora")
+    @classmethod
+    def _lora(cls, specs: list[str]) -> list[str]:
+        from chat.server.lora_api import parse_lora_spec
+
+        names = [parse_lora_spec(spec)[0] for spec in specs]
+        if len(set(names)) != len(names):
+            raise ValueError("an adapter name is given twice")
+        return specs
 
     @field_validator("media_url_hosts")
     @classmethod

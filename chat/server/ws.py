@@ -53,6 +53,7 @@ from chat.server.backpressure import Pacer
 from chat.server.choices import chat_logprobs
 from chat.server.errors import TRANSPORT, RequestError, describe
 from chat.server.key_store import KeyStore
+from chat.server.lora_api import AdapterSelector, LiveModels
 from chat.server.relay import relay_for
 from chat.server.tenant_gate import TenantGate
 from chat.server.turns import turn_request, wire_timings, wire_usage
@@ -99,6 +100,7 @@ class ChatSocket:
         credential: str | None = None,
         max_pending: int | None = None,
         send_timeout_s: float | None = None,
+        adapters: AdapterSelector | None = None,
     ) -> None:
         self.ws = ws
         self.engine = gate.engine_for(engine, tenant.id)  # the tenant's view: default priority, turn accounting
@@ -107,6 +109,9 @@ class ChatSocket:
         self.credential = credential  # the key it presented: checked again when the keys are reloaded
         self.store = store  # where sessions live
         self.conn = Connection(store, models=[model_name], tenant=tenant.id)
+        self.adapters = adapters  # a session's `model` may name a LoRA adapter loaded now (lora_api)
+        if adapters is not None:
+            self.conn.models = LiveModels(adapters)
         self.salt = tenant.salt  # the tenant's cache namespace salt
         self.reply_cap = reply_cap  # reply length of a turn without max_tokens (None: the context's room)
         self.loop = asyncio.get_running_loop()
@@ -294,6 +299,8 @@ class ChatSocket:
             self.turn_sessions[plan.turn_id] = plan.session_id
         try:
             request, reader = build_turn(plan, self.salt, self.engine.runtime, self.reply_cap)
+            if self.adapters is not None:
+                request = self.adapters.apply(request, plan.model)
             self.readers[plan.turn_id] = reader
             relay, turn_id = self.relay, plan.turn_id
             self.jobs[turn_id] = self.engine.submit(request, lambda event: relay.call(self._on_event, turn_id, event))
@@ -421,6 +428,7 @@ async def serve_socket(
     reply_cap: int | None = None,
     max_pending: int | None = None,
     send_timeout_s: float | None = None,
+    adapters: AdapterSelector | None = None,
 ) -> None:
     if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), allowed_origins):
         await ws.close(code=TRANSPORT[ErrorCode.ORIGIN_NOT_ALLOWED].ws_close, reason="origin not allowed")
@@ -431,7 +439,9 @@ async def serve_socket(
         await ws.close(code=TRANSPORT[ErrorCode.UNAUTHORIZED].ws_close, reason="missing or wrong token")
         return
     await ws.accept()
-    socket = ChatSocket(ws, engine, store, model_name, tenant, gate, reply_cap, credential, max_pending, send_timeout_s)
+    socket = ChatSocket(
+        ws, engine, store, model_name, tenant, gate, reply_cap, credential, max_pending, send_timeout_s, adapters
+    )
     stop = keys.subscribe(socket.on_keys)
     try:
         await socket.run()
