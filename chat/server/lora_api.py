@@ -25,6 +25,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chat.engine.events import TurnRequest
+from chat.models.errors import AdapterFileError, AdapterMismatchError, UnknownAdapterError
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
 
@@ -214,16 +215,25 @@ def install_routes(app: FastAPI, selector: AdapterSelector) -> None:
     async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> str:
         bank = bank_of(request)
         if body.lora_name == selector.model_name:
-            raise RequestError(ErrorCode.INVALID_REQUEST, "an adapter cannot take the base model's name", "lora_name")
+            raise RequestError(
+                ErrorCode.INVALID_REQUEST, "an adapter cannot take the base model's name", param="lora_name"
+            )
         if bank.find(body.lora_name) is not None and not body.load_inplace:
             message = f"The lora adapter '{body.lora_name}' has already been loaded (load_inplace replaces it)."
             raise RequestError(ErrorCode.INVALID_REQUEST, message, param="lora_name")
-        adapter = await asyncio.to_thread(bank.read, body.lora_name, body.lora_path, body.scale)
+        try:
+            adapter = await asyncio.to_thread(bank.read, body.lora_name, body.lora_path, body.scale)
+        except (AdapterFileError, AdapterMismatchError) as exc:
+            raise RequestError(ErrorCode.INVALID_REQUEST, str(exc), param="lora_path") from None
         bank.add(adapter, replace=body.load_inplace)
         return f"Success: LoRA adapter '{body.lora_name}' added successfully."
 
     @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
     async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> str:
         bank = bank_of(request)
-        bank.remove(body.lora_name)
+        try:
+            bank.remove(body.lora_name)
+        except UnknownAdapterError:
+            message = f"The lora adapter '{body.lora_name}' cannot be found."
+            raise RequestError(ErrorCode.NOT_FOUND, message, param="lora_name") from None
         return f"Success: LoRA adapter '{body.lora_name}' removed successfully."
