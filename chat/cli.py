@@ -342,6 +342,12 @@ def _bench_tenants(args: argparse.Namespace) -> int:
     )
 
 
+def _bench_lora(args: argparse.Namespace) -> int:
+    from chat.tools.bench.lora_bench import main
+
+    return main(as_json=args.json, model=args.model, sessions=args.sessions, rounds=args.rounds)
+
+
 def _bench_all(args: argparse.Namespace) -> int:
     from chat.tools.bench.suite import main
 
@@ -709,6 +715,17 @@ def build_parser() -> argparse.ArgumentParser:
         "and the engine) instead of a process of their own",
     )
     http.set_defaults(run=_bench_http)
+    lora = bench_sub.add_parser(
+        "lora",
+        help="8 multi-turn chat sessions spread over 4 LoRA adapters (made with peft for the model's config) and the "
+        "base in one engine, against the same sessions on the base alone: tokens/s ratio, cached ratio per adapter, "
+        "cross-adapter cache hits",
+    )
+    lora.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    lora.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    lora.add_argument("--sessions", type=_positive_int, default=None, help="concurrent sessions (8)")
+    lora.add_argument("--rounds", type=_positive_int, default=None, help="rounds of both phases, alternating (2)")
+    lora.set_defaults(run=_bench_lora)
     restart = bench_sub.add_parser(
         "restart",
         help="a conversation resumed after a server restart: cached tokens and time to first token with the disk "
