@@ -18,7 +18,7 @@ from chat.models.adapter import DEFAULT_ROTATING_MARGIN, ModelAdapter, RunState
 from chat.models.decoder import Decoder
 from chat.models.errors import RunStateError
 from chat.models.kv_rows import AttentionRows, drop_last_of_run
-from chat.models.lora import AdapterBank, LoraAdapter
+from chat.models.lora import AdapterBank, LoraAdapter, Rows
 
 _log = logging.getLogger(__name__)
 
@@ -248,4 +248,4 @@ class DecoderAdapter(ModelAdapter):
         for (_, run, _, _), seq in zip(items, step.seqs, strict=True):
             if run.lora is not None:
                 rows.setdefault(run.lora.identity, (run.lora, []))[1].extend(range(seq.start, seq.end))
-        return [(adapter, torch.tensor(at, dtype=torch.int64, device=self.device)) for adapter, at in rows.values()]
+        return [(adapter, Rows.of(at, self.device)) for adapter, at in rows.values()]

@@ -121,33 +121,40 @@ Product = Callable[[torch.Tensor], torch.Tensor]  # x [n, in] -> [n, out]
 
 
 class _Prepared:
-    """An adapter in computing form: per wrapped product of each layer, the stacked ``A`` product and each part's
-    ``B`` product (scaling folded in), on the model's device."""
+    """An adapter in computing form: per wrapped product of each layer (``layers.{i}.qkv``, ...), its parts' ``A``
+    stacked into one product ``[r total, in]`` and their ``B`` laid block-diagonally into one product
+    ``[group out, r total]`` (scaling folded in; zero rows for parts it does not change), on the model's device: the
+    update of a whole group is two products."""
 
-    def __init__(self, adapter: LoraAdapter, device: torch.device, int8: bool, smoothing: dict[str, torch.Tensor]):
+    def __init__(
+        self, adapter: LoraAdapter, device: torch.device, int8: bool, smoothing: dict[str, torch.Tensor], sizes: dict
+    ):
         self.identity = adapter.identity
-        self.groups: dict[str, tuple[Product, list[tuple[int, int, int, Product]]]] = {}  # "layers.i.qkv" ->
-        # (A product, [(part index, lo, hi, B product)]): part j's delta is B(xa[:, lo:hi])
+        self.groups: dict[str, tuple[Product, Product]] = {}  # "layers.i.qkv" -> (A product, B product)
         layers = {int(name.split(".")[1]) for name in adapter.modules}
         for i in sorted(layers):
             for group, parts in GROUPS.items():
                 key = f"layers.{i}.{group}"
                 s_in = smoothing.get(key)  # the group's inputs were divided by this (int8 smoothing)
                 s_down = smoothing.get(f"layers.{i}.down") if group == "gate_up" else None  # up's rows too
-                stacked, outs, lo = [], [], 0
-                for j, part in enumerate(parts):
-                    m = adapter.modules.get(f"layers.{i}.{part}")
-                    if m is None:
-                        continue
+                found = [(j, adapter.modules.get(f"layers.{i}.{part}")) for j, part in enumerate(parts)]
+                found = [(j, m) for j, m in found if m is not None]
+                if not found:
+                    continue
+                outs = [sizes[part] for part in parts]
+                rank = sum(m.a.shape[0] for _, m in found)
+                b_all = torch.zeros(sum(outs), rank)
+                stacked, col = [], 0
+                for j, m in found:
                     a = m.a if s_in is None else m.a * s_in.to(m.a.device)
                     b = m.b * m.scaling
-                    if part == "up" and s_down is not None:
+                    if parts[j] == "up" and s_down is not None:
                         b = b / s_down.to(b.device).unsqueeze(1)
+                    row = sum(outs[:j])
+                    b_all[row : row + outs[j], col : col + a.shape[0]] = b
                     stacked.append(a)
-                    outs.append((j, lo, lo + a.shape[0], _product(b, device, int8)))
-                    lo += a.shape[0]
-                if stacked:
-                    self.groups[key] = (_product(torch.cat(stacked), device, int8), outs)
+                    col += a.shape[0]
+                self.groups[key] = (_product(torch.cat(stacked), device, int8), _product(b_all, device, int8))
 
 
 def _product(weight: torch.Tensor, device: torch.device, int8: bool) -> Product:
@@ -159,17 +166,32 @@ def _product(weight: torch.Tensor, device: torch.device, int8: bool) -> Product:
     return lambda x: torch.mm(x, w.t())
 
 
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """An adapter's token rows in a step: ``index`` ([n] int64 on the device), or ``span`` when they are one run
+    ``[lo, hi)`` (then gathered and scattered as a view)."""
+
+    index: torch.Tensor
+    span: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, at: list[int], device: torch.device) -> Rows:
+        lo, hi = at[0], at[-1] + 1
+        span = (lo, hi) if hi - lo == len(at) else None
+        return cls(torch.tensor(at, dtype=torch.int64, device=device), span)
+
+
 class LoraStep:
-    """The adapters of the forward now running: ``(prepared, rows)`` per adapter, ``rows`` its token rows of the
-    step ([n] int64 on the device). Empty: no adapter in this step."""
+    """The adapters of the forward now running: ``(prepared, rows)`` per adapter. Empty: no adapter in this step."""
 
     def __init__(self) -> None:
-        self.groups: list[tuple[_Prepared, torch.Tensor]] = []
+        self.groups: list[tuple[_Prepared, Rows]] = []
 
 
 class _Wrapped:
     """One of a decoder layer's products (a matrix, or a :class:`chat.models.decoder.Fused` group) with the
-    adapters of the step added to their rows of its output."""
+    adapters of the step added to their rows of its output: per adapter, its rows of the input gathered, times the
+    stacked ``A``, times the block-diagonal ``B``, added back into its rows of the group's output."""
 
     def __init__(self, base: Any, key: str, fused: bool, step: LoraStep) -> None:
         self.base = base  # the product as it was: Fused (-> list of parts) or a matrix (-> tensor)
@@ -178,22 +200,43 @@ class _Wrapped:
         self.step = step
 
     def __call__(self, x: torch.Tensor) -> Any:
-        out = self.base(x)
-        if not self.step.groups:
-            return out
-        parts = out if self.fused else [out]
-        for prepared, rows in self.step.groups:
-            group = prepared.groups.get(self.key)
-            if group is None:
-                continue
-            a, bs = group
-            xa = a(x.index_select(0, rows))  # [n, r total]
-            for j, lo, hi, b in bs:
-                parts[j].index_add_(0, rows, b(xa[:, lo:hi].contiguous()))
-        return out
+        updates = [(p.groups[self.key], rows) for p, rows in self.step.groups if self.key in p.groups]
+        if not updates:
+            return self.base(x)
+        if not self.fused:
+            y = self.base(x)
+            _add(y, x, updates)
+            return y
+        fused = self.base  # as Fused computes it: whole up to its matrix's fuse_rows, by parts above
+        if x.shape[0] <= fused.matrix.fuse_rows:
+            y = fused.matrix(x)
+            _add(y, x, updates)
+            return [y[:, a:b] for a, b in fused.bounds]
+        parts = [part(x) for part in fused.parts]
+        for (a, b), rows in updates:
+            delta = b(a(_gather(x, rows)))
+            for (lo, hi), part in zip(fused.bounds, parts, strict=True):
+                _scatter(part, rows, delta[:, lo:hi])
+        return parts
 
     def __getattr__(self, name: str) -> Any:  # the wrapped object's other attributes (matrix.fuse_rows, ...)
         return getattr(self.base, name)
+
+
+def _add(y: torch.Tensor, x: torch.Tensor, updates: list) -> None:
+    for (a, b), rows in updates:
+        _scatter(y, rows, b(a(_gather(x, rows))))
+
+
+def _gather(x: torch.Tensor, rows: Rows) -> torch.Tensor:
+    return x[rows.span[0] : rows.span[1]] if rows.span is not None else x.index_select(0, rows.index)
+
+
+def _scatter(y: torch.Tensor, rows: Rows, delta: torch.Tensor) -> None:
+    if rows.span is not None:
+        y[rows.span[0] : rows.span[1]] += delta
+    else:
+        y.index_add_(0, rows.index, delta)
 
 
 # ==================================================================== the bank
@@ -214,6 +257,10 @@ class AdapterBank:
         self._resident: OrderedDict[str, _Prepared] = OrderedDict()  # identity -> computing form, LRU first
         self.step = LoraStep()
         self._attached = False
+        q, kv, _ = decoder.args.qkv_sizes
+        width = decoder.args.intermediate
+        self._sizes = {"q": q, "k": kv, "v": kv, "o": decoder.args.hidden, "gate": width, "up": width}
+        self._sizes["down"] = decoder.args.hidden
         self.swaps_in = 0  # adapters put into computing form (first use, or again after going out)
         self.swaps_out = 0  # computing forms dropped for room
 
@@ -266,7 +313,7 @@ class AdapterBank:
 
     # ---------------------------------------------------------------- the forward (worker thread)
 
-    def begin(self, groups: Sequence[tuple[LoraAdapter, torch.Tensor]]) -> None:
+    def begin(self, groups: Sequence[tuple[LoraAdapter, Rows]]) -> None:
         """Make the step's adapters resident and set their rows for the forward about to run (at most
         ``max_loras`` adapters)."""
         if len(groups) > self.max_loras:
@@ -284,7 +331,8 @@ class AdapterBank:
                         break
                     del self._resident[victim]
                     self.swaps_out += 1
-                prepared = _Prepared(adapter, self.device, self.int8, getattr(self._decoder, "smoothing", {}) or {})
+                smoothing = getattr(self._decoder, "smoothing", {}) or {}
+                prepared = _Prepared(adapter, self.device, self.int8, smoothing, self._sizes)
                 self._resident[adapter.identity] = prepared
                 self.swaps_in += 1
             self._resident.move_to_end(adapter.identity)
