@@ -6,7 +6,9 @@ config with random weights takes them, ranks 4, 8, 8 and 16 on q/k/v/o/gate/up/d
 so that replies stay word-like), written as PEFT directories and loaded by path, as ``--lora`` would.
 
 Phases, each on a fresh engine and prefix cache, the same workload (``sessions`` concurrent chats x ``turns`` turns,
-user messages of random words, greedy replies of at most ``reply_tokens``):
+user messages of random words; each reply greedy and exactly ``reply_tokens`` long, its end-of-reply tokens banned, so
+that every phase generates the same number of tokens; the history's assistant messages are scripted, the same under
+every adapter, so that a session's prompts are the same tokens whatever model answers it):
 
 - ``lora``: session ``i`` under adapter ``i % 5`` (the fifth: the base model), all in the same steps;
 - ``base``: every session on the base model.
@@ -20,7 +22,8 @@ Keys: ``model``, ``sessions``, ``turns``, ``adapters`` (names and ranks), ``roun
 ``tokens_per_s_lora`` / ``tokens_per_s_base`` (reply tokens / phase wall time, medians over rounds) and
 ``lora_tokens_per_s_ratio`` (median of the rounds' lora / base; target >= 0.8); ``cached_ratio`` (per adapter and
 ``base``: cached / prompt tokens over turns 2.. of its sessions in the lora phase), ``cached_ratio_base_alone`` (the
-same over the base phase) and ``cached_ratio_max_gap`` (the largest difference between them; target <= 0.02);
+same sessions' ratio in the base phase) and ``cached_ratio_max_gap`` (the largest difference between the two;
+target <= 0.02);
 ``cross_adapter_hits`` (target 0) and ``own_adapter_probe_hits`` (of ``probes_own``); ``errors`` (target 0);
 ``swaps_in`` (adapters put into computing form over the run).
 """
@@ -98,14 +101,18 @@ def make_adapters(config: Any, where: Path, seed: int = 0) -> list[tuple[str, Pa
 # ---------------------------------------------------------------- the workload
 
 
-def make_workload(cfg: LoraBenchConfig) -> list[list[str]]:
+def make_workload(cfg: LoraBenchConfig) -> list[list[tuple[str, str]]]:
+    """Per session, per turn: (user message, the scripted assistant message the history keeps)."""
     rng = random.Random(cfg.seed)
 
-    def message() -> str:
-        words = rng.randint(cfg.min_user_words, cfg.max_user_words)
-        return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 7))) for _ in range(words))
+    def words(low: int, high: int) -> str:
+        n = rng.randint(low, high)
+        return " ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 7))) for _ in range(n))
 
-    return [[message() for _ in range(cfg.turns)] for _ in range(cfg.sessions)]
+    return [
+        [(words(cfg.min_user_words, cfg.max_user_words), words(6, 12)) for _ in range(cfg.turns)]
+        for _ in range(cfg.sessions)
+    ]
 
 
 async def _done(engine, request):
@@ -123,11 +130,11 @@ async def _session(engine, index, messages_in, adapter, name, cfg) -> tuple[list
 
     records: list[Record] = []
     messages: list[dict] = [{"role": "system", "content": SYSTEM}]
-    for t, text in enumerate(messages_in):
+    no_end = tuple((int(e), -100.0) for e in sorted(engine.runtime.eos_token_ids))  # every reply runs its length
+    for t, (text, scripted) in enumerate(messages_in):
         messages.append({"role": "user", "content": text})
-        request = TurnRequest(
-            list(messages), SamplingParams(max_tokens=cfg.reply_tokens, temperature=0.0), adapter=adapter
-        )
+        params = SamplingParams(max_tokens=cfg.reply_tokens, temperature=0.0, logit_bias=no_end)
+        request = TurnRequest(list(messages), params, adapter=adapter)
         try:
             done = await _done(engine, request)
         except Exception as exc:
@@ -138,7 +145,7 @@ async def _session(engine, index, messages_in, adapter, name, cfg) -> tuple[list
         records.append(Record(index, t, name, u.prompt_tokens, u.cached_tokens, u.completion_tokens, error))
         if error is not None:
             break
-        messages.append({"role": "assistant", "content": done.text})
+        messages.append({"role": "assistant", "content": scripted})
     return records, messages
 
 
@@ -267,8 +274,9 @@ def run_on(runtime, cfg: LoraBenchConfig | None = None, adapter_dir: Path | None
         tps_base.append(walls["base"])
         ratios.append(walls["lora"] / walls["base"] if walls["base"] else 0.0)
     names = ["base", *(a.name for a in adapters)]
+    sessions_of = {n: {r.session for r in lora_records if r.adapter == n} for n in names}
     by_adapter = {n: _cached_ratio([r for r in lora_records if r.adapter == n]) for n in names}
-    base_alone = _cached_ratio(base_records)
+    base_alone = {n: _cached_ratio([r for r in base_records if r.session in sessions_of[n]]) for n in names}
     return {
         "model": runtime.name,
         "sessions": cfg.sessions,
@@ -281,7 +289,7 @@ def run_on(runtime, cfg: LoraBenchConfig | None = None, adapter_dir: Path | None
         "lora_tokens_per_s_ratio_rounds": ratios,
         "cached_ratio": by_adapter,
         "cached_ratio_base_alone": base_alone,
-        "cached_ratio_max_gap": max(abs(v - base_alone) for v in by_adapter.values()),
+        "cached_ratio_max_gap": max(abs(by_adapter[n] - base_alone[n]) for n in names),
         "cross_adapter_hits": cross,
         "probes_cross": cross_n,
         "own_adapter_probe_hits": own,
