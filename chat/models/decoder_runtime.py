@@ -18,7 +18,7 @@ from chat.models.adapter import DEFAULT_ROTATING_MARGIN, ModelAdapter, RunState
 from chat.models.decoder import Decoder
 from chat.models.errors import RunStateError
 from chat.models.kv_rows import AttentionRows, drop_last_of_run
-from chat.models.lora import AdapterBank, LoraAdapter, Rows
+from chat.models.lora import AdapterBank, LoraAdapter
 
 _log = logging.getLogger(__name__)
 
@@ -243,9 +243,8 @@ class DecoderAdapter(ModelAdapter):
         return out
 
     def _lora_rows(self, items: Sequence[tuple[int, RunState, list[int], int]], step: Any) -> list:
-        """Per adapter among the items' runs: ``(adapter, its token rows of the step)`` (none for base runs)."""
-        rows: dict[str, tuple[LoraAdapter, list[int]]] = {}
+        """The adapter of each token row of the step (None: the base model)."""
+        rows: list[LoraAdapter | None] = []
         for (_, run, _, _), seq in zip(items, step.seqs, strict=True):
-            if run.lora is not None:
-                rows.setdefault(run.lora.identity, (run.lora, []))[1].extend(range(seq.start, seq.end))
-        return [(adapter, Rows.of(at, self.device)) for adapter, at in rows.values()]
+            rows.extend([run.lora] * (seq.end - seq.start))
+        return rows

@@ -120,30 +120,26 @@ def check_fits(modules: dict[str, LoraModule], args: Any) -> None:
 Product = Callable[[torch.Tensor], torch.Tensor]  # x [n, in] -> [n, out]
 
 
-class _Prepared:
-    """An adapter in computing form: per wrapped product of each layer (``layers.{i}.qkv``, ...), its parts' ``A``
-    stacked into one product ``[r total, in]`` and their ``B`` laid block-diagonally into one product
-    ``[group out, r total]`` (scaling folded in; zero rows for parts it does not change), on the model's device: the
-    update of a whole group is two products."""
+class _Blocks:
+    """One adapter's update of each wrapped group (``layers.{i}.qkv``, ...), ready to stack (host memory, float32):
+    its parts' ``A`` one under the other ``[r, in]`` and their ``B`` laid block-diagonally ``[group out, r]`` (zero
+    rows for parts it does not change), with its scaling and the model's int8 smoothing folded in."""
 
-    def __init__(
-        self, adapter: LoraAdapter, device: torch.device, int8: bool, smoothing: dict[str, torch.Tensor], sizes: dict
-    ):
+    def __init__(self, adapter: LoraAdapter, smoothing: dict[str, torch.Tensor], sizes: dict[str, int]) -> None:
         self.identity = adapter.identity
-        self.groups: dict[str, tuple[Product, Product]] = {}  # "layers.i.qkv" -> (A product, B product)
+        self.groups: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         layers = {int(name.split(".")[1]) for name in adapter.modules}
         for i in sorted(layers):
             for group, parts in GROUPS.items():
                 key = f"layers.{i}.{group}"
-                s_in = smoothing.get(key)  # the group's inputs were divided by this (int8 smoothing)
-                s_down = smoothing.get(f"layers.{i}.down") if group == "gate_up" else None  # up's rows too
                 found = [(j, adapter.modules.get(f"layers.{i}.{part}")) for j, part in enumerate(parts)]
                 found = [(j, m) for j, m in found if m is not None]
                 if not found:
                     continue
+                s_in = smoothing.get(key)  # the group's inputs were divided by this (int8 smoothing)
+                s_down = smoothing.get(f"layers.{i}.down") if group == "gate_up" else None  # and up's rows by this
                 outs = [sizes[part] for part in parts]
-                rank = sum(m.a.shape[0] for _, m in found)
-                b_all = torch.zeros(sum(outs), rank)
+                b_all = torch.zeros(sum(outs), sum(m.a.shape[0] for _, m in found))
                 stacked, col = [], 0
                 for j, m in found:
                     a = m.a if s_in is None else m.a * s_in.to(m.a.device)
@@ -152,9 +148,48 @@ class _Prepared:
                         b = b / s_down.to(b.device).unsqueeze(1)
                     row = sum(outs[:j])
                     b_all[row : row + outs[j], col : col + a.shape[0]] = b
-                    stacked.append(a)
+                    stacked.append(a.float())
                     col += a.shape[0]
-                self.groups[key] = (_product(torch.cat(stacked), device, int8), _product(b_all, device, int8))
+                self.groups[key] = (torch.cat(stacked), b_all)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """The resident adapters' updates of one wrapped group, stacked: ``a`` takes the input to every adapter's
+    columns ``[n, W]``; ``b`` (block-diagonal over adapters) gives every adapter's update ``[n, slots * out]``."""
+
+    a: Product
+    b: Product
+    out: int  # the group's output width
+    slots: int  # adapters stacked (resident)
+    layout: tuple[int, ...]  # columns per slot (which slot each of the W columns belongs to)
+    column_slot: torch.Tensor  # [W] int64: the slot of each column
+
+
+class _Stack:
+    """Every resident adapter in computing form, in slots: per wrapped group one ``A`` product over all their
+    columns and one block-diagonal ``B`` product (quantized per output row, so that each adapter's numbers never
+    depend on which others are stacked)."""
+
+    def __init__(self, blocks: list[_Blocks], device: torch.device, int8: bool, outs: dict[str, int]) -> None:
+        self.slots = {b.identity: i for i, b in enumerate(blocks)}
+        self.groups: dict[str, _Group] = {}
+        keys = sorted({key for b in blocks for key in b.groups})
+        n = len(blocks)
+        for key in keys:
+            out = outs[key.rsplit(".", 1)[1]]
+            widths = [b.groups[key][0].shape[0] if key in b.groups else 0 for b in blocks]
+            a_all = torch.cat([b.groups[key][0] for b in blocks if key in b.groups])
+            b_big = torch.zeros(n * out, sum(widths))
+            col = 0
+            for slot, (b, width) in enumerate(zip(blocks, widths, strict=True)):
+                if width:
+                    b_big[slot * out : (slot + 1) * out, col : col + width] = b.groups[key][1]
+                    col += width
+            column_slot = torch.repeat_interleave(torch.arange(n), torch.tensor(widths)).to(device)
+            self.groups[key] = _Group(
+                _product(a_all, device, int8), _product(b_big, device, int8), out, n, tuple(widths), column_slot
+            )
 
 
 def _product(weight: torch.Tensor, device: torch.device, int8: bool) -> Product:
@@ -166,32 +201,37 @@ def _product(weight: torch.Tensor, device: torch.device, int8: bool) -> Product:
     return lambda x: torch.mm(x, w.t())
 
 
-@dataclass(frozen=True, slots=True)
-class Rows:
-    """An adapter's token rows in a step: ``index`` ([n] int64 on the device), or ``span`` when they are one run
-    ``[lo, hi)`` (then gathered and scattered as a view)."""
-
-    index: torch.Tensor
-    span: tuple[int, int] | None = None
-
-    @classmethod
-    def of(cls, at: list[int], device: torch.device) -> Rows:
-        lo, hi = at[0], at[-1] + 1
-        span = (lo, hi) if hi - lo == len(at) else None
-        return cls(torch.tensor(at, dtype=torch.int64, device=device), span)
-
-
 class LoraStep:
-    """The adapters of the forward now running: ``(prepared, rows)`` per adapter. Empty: no adapter in this step."""
+    """The forward now running: the stack, each token row's slot (``-1``: the base model) and, per column layout,
+    the mask that keeps each row's own adapter's columns. ``stack`` None: no adapter in this step."""
 
     def __init__(self) -> None:
-        self.groups: list[tuple[_Prepared, Rows]] = []
+        self.stack: _Stack | None = None
+        self.row_slot: torch.Tensor | None = None  # [T] int64
+        self._pick: tuple[torch.Tensor, torch.Tensor] | None = None  # (row numbers, slot or 0) for the gather
+        self._masks: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def set(self, stack: _Stack | None, row_slot: torch.Tensor | None) -> None:
+        self.stack, self.row_slot, self._masks = stack, row_slot, {}
+        if row_slot is not None:
+            self._pick = (torch.arange(row_slot.shape[0], device=row_slot.device), row_slot.clamp(min=0))
+
+    def delta(self, group: _Group, x: torch.Tensor) -> torch.Tensor:
+        """``[T, out]``: each row's own adapter's update of this group (exact zeros for base rows)."""
+        assert self.row_slot is not None and self._pick is not None
+        mask = self._masks.get(group.layout)
+        if mask is None:
+            mask = (group.column_slot.unsqueeze(0) == self.row_slot.unsqueeze(1)).to(x.dtype)  # [T, W]
+            self._masks[group.layout] = mask
+        xa = group.a(x) * mask  # every adapter's columns, then only the row's own: its numbers alone count
+        every = group.b(xa).view(x.shape[0], group.slots, group.out)  # [T, slots, out]
+        rows, slots = self._pick
+        return every[rows, slots]
 
 
 class _Wrapped:
-    """One of a decoder layer's products (a matrix, or a :class:`chat.models.decoder.Fused` group) with the
-    adapters of the step added to their rows of its output: per adapter, its rows of the input gathered, times the
-    stacked ``A``, times the block-diagonal ``B``, added back into its rows of the group's output."""
+    """One of a decoder layer's products (a matrix, or a :class:`chat.models.decoder.Fused` group) with each row's
+    adapter update added to its output."""
 
     def __init__(self, base: Any, key: str, fused: bool, step: LoraStep) -> None:
         self.base = base  # the product as it was: Fused (-> list of parts) or a matrix (-> tensor)
@@ -200,43 +240,26 @@ class _Wrapped:
         self.step = step
 
     def __call__(self, x: torch.Tensor) -> Any:
-        updates = [(p.groups[self.key], rows) for p, rows in self.step.groups if self.key in p.groups]
-        if not updates:
+        stack = self.step.stack
+        group = stack.groups.get(self.key) if stack is not None else None
+        if group is None:
             return self.base(x)
         if not self.fused:
             y = self.base(x)
-            _add(y, x, updates)
-            return y
+            return y.add_(self.step.delta(group, x))
         fused = self.base  # as Fused computes it: whole up to its matrix's fuse_rows, by parts above
         if x.shape[0] <= fused.matrix.fuse_rows:
             y = fused.matrix(x)
-            _add(y, x, updates)
+            y.add_(self.step.delta(group, x))
             return [y[:, a:b] for a, b in fused.bounds]
         parts = [part(x) for part in fused.parts]
-        for (a, b), rows in updates:
-            delta = b(a(_gather(x, rows)))
-            for (lo, hi), part in zip(fused.bounds, parts, strict=True):
-                _scatter(part, rows, delta[:, lo:hi])
+        delta = self.step.delta(group, x)
+        for (lo, hi), part in zip(fused.bounds, parts, strict=True):
+            part.add_(delta[:, lo:hi])
         return parts
 
     def __getattr__(self, name: str) -> Any:  # the wrapped object's other attributes (matrix.fuse_rows, ...)
         return getattr(self.base, name)
-
-
-def _add(y: torch.Tensor, x: torch.Tensor, updates: list) -> None:
-    for (a, b), rows in updates:
-        _scatter(y, rows, b(a(_gather(x, rows))))
-
-
-def _gather(x: torch.Tensor, rows: Rows) -> torch.Tensor:
-    return x[rows.span[0] : rows.span[1]] if rows.span is not None else x.index_select(0, rows.index)
-
-
-def _scatter(y: torch.Tensor, rows: Rows, delta: torch.Tensor) -> None:
-    if rows.span is not None:
-        y[rows.span[0] : rows.span[1]] += delta
-    else:
-        y.index_add_(0, rows.index, delta)
 
 
 # ==================================================================== the bank
@@ -254,13 +277,15 @@ class AdapterBank:
         self.max_loras = max_loras
         self._lock = threading.Lock()
         self._named: dict[str, LoraAdapter] = {}
-        self._resident: OrderedDict[str, _Prepared] = OrderedDict()  # identity -> computing form, LRU first
+        self._resident: OrderedDict[str, _Blocks] = OrderedDict()  # identity -> its blocks, least recently used first
+        self._stack: _Stack | None = None  # the resident adapters in computing form
         self.step = LoraStep()
         self._attached = False
         q, kv, _ = decoder.args.qkv_sizes
         width = decoder.args.intermediate
         self._sizes = {"q": q, "k": kv, "v": kv, "o": decoder.args.hidden, "gate": width, "up": width}
         self._sizes["down"] = decoder.args.hidden
+        self._outs = {"qkv": q + 2 * kv, "o": decoder.args.hidden, "gate_up": 2 * width, "down": decoder.args.hidden}
         self.swaps_in = 0  # adapters put into computing form (first use, or again after going out)
         self.swaps_out = 0  # computing forms dropped for room
 
@@ -313,34 +338,39 @@ class AdapterBank:
 
     # ---------------------------------------------------------------- the forward (worker thread)
 
-    def begin(self, groups: Sequence[tuple[LoraAdapter, Rows]]) -> None:
-        """Make the step's adapters resident and set their rows for the forward about to run (at most
-        ``max_loras`` adapters)."""
-        if len(groups) > self.max_loras:
-            raise ValueError(f"{len(groups)} adapters in one forward; at most {self.max_loras} are resident")
-        if groups:
-            self._attach()
-        wanted = {adapter.identity for adapter, _ in groups}
-        out: list[tuple[_Prepared, torch.Tensor]] = []
-        for adapter, rows in groups:
-            prepared = self._resident.get(adapter.identity)
-            if prepared is None:
+    def begin(self, rows: Sequence[LoraAdapter | None]) -> None:
+        """Set the adapter of each token row of the forward about to run (None: the base), making the adapters
+        resident first (at most ``max_loras`` distinct ones)."""
+        present: dict[str, LoraAdapter] = {}
+        for adapter in rows:
+            if adapter is not None:
+                present.setdefault(adapter.identity, adapter)
+        if not present:
+            self.step.set(None, None)
+            return
+        if len(present) > self.max_loras:
+            raise ValueError(f"{len(present)} adapters in one forward; at most {self.max_loras} are resident")
+        self._attach()
+        changed = False
+        for identity, adapter in present.items():
+            if identity not in self._resident:
                 while len(self._resident) >= self.max_loras:
-                    victim = next((k for k in self._resident if k not in wanted), None)
-                    if victim is None:
-                        break
+                    victim = next(k for k in self._resident if k not in present)
                     del self._resident[victim]
                     self.swaps_out += 1
                 smoothing = getattr(self._decoder, "smoothing", {}) or {}
-                prepared = _Prepared(adapter, self.device, self.int8, smoothing, self._sizes)
-                self._resident[adapter.identity] = prepared
+                self._resident[identity] = _Blocks(adapter, smoothing, self._sizes)
                 self.swaps_in += 1
-            self._resident.move_to_end(adapter.identity)
-            out.append((prepared, rows))
-        self.step.groups = out
+                changed = True
+            self._resident.move_to_end(identity)
+        if changed or self._stack is None or set(self._stack.slots) != set(self._resident):
+            self._stack = _Stack(list(self._resident.values()), self.device, self.int8, self._outs)
+        slots = self._stack.slots
+        row_slot = [-1 if a is None else slots[a.identity] for a in rows]
+        self.step.set(self._stack, torch.tensor(row_slot, dtype=torch.int64, device=self.device))
 
     def end(self) -> None:
-        self.step.groups = []
+        self.step.set(None, None)
 
     @property
     def resident(self) -> list[str]:
