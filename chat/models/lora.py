@@ -42,6 +42,7 @@ from chat.models.lora_files import LoraModule, LoraWeights, read_adapter
 
 NAMESPACE_TAG = "lora"  # the tag of an adapter's component in a cache namespace: ("lora", identity)
 DEFAULT_MAX_LORAS = 4  # adapters kept in computing form at once (`--max-loras`)
+STACKED_ROWS = 32  # steps of at most this many token rows compute every adapter stacked; longer ones per adapter
 GROUPS = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down": ("down",)}  # wrapped product ->
 # the adapter modules it takes, in output order
 
@@ -169,11 +170,14 @@ class _Group:
 class _Stack:
     """Every resident adapter in computing form, in slots: per wrapped group one ``A`` product over all their
     columns and one block-diagonal ``B`` product (quantized per output row, so that each adapter's numbers never
-    depend on which others are stacked)."""
+    depend on which others are stacked), and each adapter's own two products (:attr:`alone`). Both give the same
+    numbers for a row (int8: the same bits: the same rows of weights, and a row's activations hold only its own
+    adapter's columns either way)."""
 
     def __init__(self, blocks: list[_Blocks], device: torch.device, int8: bool, outs: dict[str, int]) -> None:
         self.slots = {b.identity: i for i, b in enumerate(blocks)}
         self.groups: dict[str, _Group] = {}
+        self.alone: dict[str, dict[int, tuple[Product, Product]]] = {}  # key -> slot -> its own (A, B) products
         keys = sorted({key for b in blocks for key in b.groups})
         n = len(blocks)
         for key in keys:
@@ -190,6 +194,11 @@ class _Stack:
             self.groups[key] = _Group(
                 _product(a_all, device, int8), _product(b_big, device, int8), out, n, tuple(widths), column_slot
             )
+            self.alone[key] = {
+                slot: (_product(b.groups[key][0], device, int8), _product(b.groups[key][1], device, int8))
+                for slot, b in enumerate(blocks)
+                if key in b.groups
+            }
 
 
 def _product(weight: torch.Tensor, device: torch.device, int8: bool) -> Product:
@@ -202,21 +211,69 @@ def _product(weight: torch.Tensor, device: torch.device, int8: bool) -> Product:
 
 
 class LoraStep:
-    """The forward now running: the stack, each token row's slot (``-1``: the base model) and, per column layout,
-    the mask that keeps each row's own adapter's columns. ``stack`` None: no adapter in this step."""
+    """The forward now running: the stack, each token row's slot (``-1``: the base model), and how the update is
+    computed: stacked (a few rows, a decode step: the same few products whatever the number of adapters), or per
+    adapter on its gathered rows (many rows: a prefill chunk, where the stacked ``B`` would compute every adapter's
+    update for every row). ``stack`` None: no adapter in this step."""
 
     def __init__(self) -> None:
         self.stack: _Stack | None = None
         self.row_slot: torch.Tensor | None = None  # [T] int64
+        self.stacked = True
         self._pick: tuple[torch.Tensor, torch.Tensor] | None = None  # (row numbers, slot or 0) for the gather
         self._masks: dict[tuple[int, ...], torch.Tensor] = {}
+        self._rows: list[tuple[int, torch.Tensor, tuple[int, int] | None]] = []  # per slot present: its rows
 
-    def set(self, stack: _Stack | None, row_slot: torch.Tensor | None) -> None:
-        self.stack, self.row_slot, self._masks = stack, row_slot, {}
-        if row_slot is not None:
-            self._pick = (torch.arange(row_slot.shape[0], device=row_slot.device), row_slot.clamp(min=0))
+    def set(self, stack: _Stack | None, slots: list[int] | None, device: torch.device | None = None) -> None:
+        self.stack, self._masks, self._rows, self.row_slot, self._pick = stack, {}, [], None, None
+        if stack is None or slots is None:
+            return
+        self.stacked = len(slots) <= STACKED_ROWS
+        if self.stacked:
+            self.row_slot = torch.tensor(slots, dtype=torch.int64, device=device)
+            self._pick = (torch.arange(len(slots), device=device), self.row_slot.clamp(min=0))
+            return
+        by_slot: dict[int, list[int]] = {}
+        for row, slot in enumerate(slots):
+            if slot >= 0:
+                by_slot.setdefault(slot, []).append(row)
+        for slot, at in by_slot.items():
+            span = (at[0], at[-1] + 1) if at[-1] + 1 - at[0] == len(at) else None
+            self._rows.append((slot, torch.tensor(at, dtype=torch.int64, device=device), span))
 
-    def delta(self, group: _Group, x: torch.Tensor) -> torch.Tensor:
+    def add(self, key: str, x: torch.Tensor, y: torch.Tensor, bounds: Sequence[tuple[int, int]] | None = None) -> None:
+        """Add each row's own adapter's update of group ``key`` to ``y`` (``[T, out]``, or the group's parts:
+        ``y`` a list and ``bounds`` their columns)."""
+        assert self.stack is not None
+        if self.stacked:
+            group = self.stack.groups[key]
+            delta = self._stacked(group, x)
+            if bounds is None:
+                y.add_(delta)
+            else:
+                for (lo, hi), part in zip(bounds, y, strict=True):
+                    part.add_(delta[:, lo:hi])
+            return
+        own = self.stack.alone[key]
+        for slot, index, span in self._rows:
+            products = own.get(slot)
+            if products is None:
+                continue
+            a, b = products
+            xs = x[span[0] : span[1]] if span is not None else x.index_select(0, index)
+            delta = b(a(xs))
+            targets = (
+                [(y, 0, delta.shape[1])]
+                if bounds is None
+                else [(p, lo, hi) for (lo, hi), p in zip(bounds, y, strict=True)]
+            )
+            for target, lo, hi in targets:
+                if span is not None:
+                    target[span[0] : span[1]] += delta[:, lo:hi]
+                else:
+                    target.index_add_(0, index, delta[:, lo:hi])
+
+    def _stacked(self, group: _Group, x: torch.Tensor) -> torch.Tensor:
         """``[T, out]``: each row's own adapter's update of this group (exact zeros for base rows)."""
         assert self.row_slot is not None and self._pick is not None
         mask = self._masks.get(group.layout)
@@ -241,21 +298,19 @@ class _Wrapped:
 
     def __call__(self, x: torch.Tensor) -> Any:
         stack = self.step.stack
-        group = stack.groups.get(self.key) if stack is not None else None
-        if group is None:
+        if stack is None or self.key not in stack.groups:
             return self.base(x)
         if not self.fused:
             y = self.base(x)
-            return y.add_(self.step.delta(group, x))
+            self.step.add(self.key, x, y)
+            return y
         fused = self.base  # as Fused computes it: whole up to its matrix's fuse_rows, by parts above
         if x.shape[0] <= fused.matrix.fuse_rows:
             y = fused.matrix(x)
-            y.add_(self.step.delta(group, x))
+            self.step.add(self.key, x, y)
             return [y[:, a:b] for a, b in fused.bounds]
         parts = [part(x) for part in fused.parts]
-        delta = self.step.delta(group, x)
-        for (lo, hi), part in zip(fused.bounds, parts, strict=True):
-            part.add_(delta[:, lo:hi])
+        self.step.add(self.key, x, parts, fused.bounds)
         return parts
 
     def __getattr__(self, name: str) -> Any:  # the wrapped object's other attributes (matrix.fuse_rows, ...)
@@ -366,8 +421,7 @@ class AdapterBank:
         if changed or self._stack is None or set(self._stack.slots) != set(self._resident):
             self._stack = _Stack(list(self._resident.values()), self.device, self.int8, self._outs)
         slots = self._stack.slots
-        row_slot = [-1 if a is None else slots[a.identity] for a in rows]
-        self.step.set(self._stack, torch.tensor(row_slot, dtype=torch.int64, device=self.device))
+        self.step.set(self._stack, [-1 if a is None else slots[a.identity] for a in rows], self.device)
 
     def end(self) -> None:
         self.step.set(None, None)

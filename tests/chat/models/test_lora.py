@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from chat.engine.runtime import Feed
 from chat.models import load_model
 from chat.models.errors import AdapterFileError, AdapterMismatchError, UnknownAdapterError
-from chat.models.lora import adapter_identity
+from chat.models.lora import STACKED_ROWS, adapter_identity
 from tests.chat.models.lora_helpers import logits_of, make_peft_adapter, tiny_hf, write_gguf_lora
 
 pytest.importorskip("peft")
@@ -180,17 +180,21 @@ def test_identity_is_weights_and_scale_not_name(runtime, adapters):
 
 def test_int8_batched_and_chunked_adapter_rows_are_bit_for_bit(tmp_path, adapters):
     """int8: an adapter's low-rank products are int8 products too, exact per token: a sequence computed in a batch
-    beside others, or its prompt cut into other chunks, gives the same bits as alone."""
+    beside others, its prompt cut into other chunks, stacked with other adapters (short steps) or alone on its
+    gathered rows (long steps), gives the same bits as alone."""
     rt = load_model("tiny-llama", weights="int8")
     path, merged = adapters["one"]
     a1 = loaded(rt, "one", path)
     a2 = loaded(rt, "two", adapters["two"][0])
-    (alone,) = forward(rt, [(rt.new_run(adapter=a1), IDS)])
+    ids = IDS * 3  # 42 tokens: one step of them computes per adapter, shorter steps stacked
+    assert len(ids) > STACKED_ROWS >= 5 + 4 + 3 + 8
+    (alone,) = forward(rt, [(rt.new_run(adapter=a1), ids)])
     chunked = rt.new_run(adapter=a1)
-    first = forward(rt, [(chunked, IDS[:5])])[0]
-    second = forward(rt, [(chunked, IDS[5:]), (rt.new_run(adapter=a2), IDS), (rt.new_run(), IDS[:3])])[0]
-    assert torch.equal(torch.cat([first, second]), alone)
-    close = (alone - logits_of(merged, IDS)).abs().max().item()
+    first = forward(rt, [(chunked, ids[:5]), (rt.new_run(adapter=a2), IDS[:4]), (rt.new_run(), IDS[:3])])[0]
+    middle = forward(rt, [(chunked, ids[5:13])])[0]
+    rest = forward(rt, [(chunked, ids[13:]), (rt.new_run(adapter=a2), ids), (rt.new_run(), IDS[:3])])[0]
+    assert torch.equal(torch.cat([first, middle, rest]), alone)
+    close = (alone[: len(IDS)] - logits_of(merged, IDS)).abs().max().item()
     base = (logits_of(tiny_hf("llama"), IDS) - logits_of(merged, IDS)).abs().max().item()
     assert close < base / 4  # int8 follows the adapter, not the base
 
