@@ -7,16 +7,27 @@ of its ``A`` and ``B`` weights. Its name never enters the cache: the turn's name
 prefixes, and a name loaded again with other weights starts a new namespace.
 
 **Batched forward** (S-LoRA / Punica style). :class:`AdapterBank` wraps each decoder layer's four products (q/k/v,
-o, gate/up, down) once; the base products run as before over all ``T`` tokens of the step, then, for each adapter
-present in the step, its rows are gathered, multiplied by ``A`` (the q/k/v or gate/up parts' ``A`` stacked into one
-product) and by each part's ``B`` (its scaling folded in), and added back into those rows (``index_add_``). Rows of
-the base model get nothing added. One forward serves any mix of adapters and the base.
+o, gate/up, down) once, on the first forward that holds an adapter; the base products run as before over all ``T``
+tokens of the step, and each row's own adapter's update ``scale * (x A^T) B^T`` is added to its output (rows of the
+base model get nothing added). An adapter's parts of a group are one product each way: their ``A`` stacked
+``[r total, in]``, their ``B`` block-diagonal ``[group out, r total]``, scaling folded in. The step's row adapter
+index picks the work:
+
+- a long step (more than :data:`STACKED_ROWS` rows: prefill chunks): for each adapter present, its rows are gathered
+  (a view when they are one run), multiplied by its ``A`` and ``B``, and added back (``index_add_``);
+- a short step (decode: a few rows of many adapters): every resident adapter at once, so that its cost does not grow
+  with the number of adapters: one ``A`` product over all their columns, masked to each row's own adapter's columns,
+  one ``B`` product block-diagonal over the adapters (``[T, slots, out]``), each row's own block picked.
+
+Both give a row the same numbers (below), so how a prompt is cut into steps never shows in its logits. One forward
+serves any mix of adapters and the base.
 
 **Numbers.** Float32 and bfloat16 weights: the low-rank products run in float32 (a turn under an adapter equals the
 model with the adapter merged into its weights within float32 rounding). int8 and the GGUF block formats, whose
 cache hits are bit for bit the turn computed without the cache, run them as int8 products too
 (:class:`chat.models.matrices.Int8Matrix`: each token's result depends on that token alone, whatever the batch or the
-prefill chunk), on the smoothed activations of an int8 model (``A``'s columns take the smoothing factors, ``up``'s
+prefill chunk; weights quantized per output row, so stacking adapters changes no adapter's numbers; the mask keeps
+another adapter's columns out of a row's activation scale), on the smoothed activations of an int8 model (``A``'s columns take the smoothing factors, ``up``'s
 ``B`` rows their inverse, as the base weights did).
 
 **Residency.** Up to ``max_loras`` adapters are kept in their computing form (moved to the model's device,
