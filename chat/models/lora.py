@@ -27,8 +27,8 @@ model with the adapter merged into its weights within float32 rounding). int8 an
 cache hits are bit for bit the turn computed without the cache, run them as int8 products too
 (:class:`chat.models.matrices.Int8Matrix`: each token's result depends on that token alone, whatever the batch or the
 prefill chunk; weights quantized per output row, so stacking adapters changes no adapter's numbers; the mask keeps
-another adapter's columns out of a row's activation scale), on the smoothed activations of an int8 model (``A``'s columns take the smoothing factors, ``up``'s
-``B`` rows their inverse, as the base weights did).
+another adapter's columns out of a row's activation scale), on the smoothed activations of an int8 model (``A``'s
+columns take the smoothing factors, ``up``'s ``B`` rows their inverse, as the base weights did).
 
 **Residency.** Up to ``max_loras`` adapters are kept in their computing form (moved to the model's device,
 quantized for int8); the others stay as read (host memory) and are swapped in when a step needs them, the least
