@@ -318,3 +318,53 @@ def _copy_adapter(src, dst):
 
     shutil.copytree(src, dst)
     return dst
+
+
+# ==================================================================== a GGUF base in its own blocks
+
+
+@pytest.fixture(scope="module")
+def gguf_base(tmp_path_factory):
+    """A tiny wide llama written as a Q8_0 GGUF file, a PEFT adapter of it and the same adapter as a GGUF LoRA."""
+    from chat.models import block_matrices
+    from tests.chat.models.gguf_helpers import reference_wide_llama, write_tiny_gguf
+
+    if block_matrices.kernels() is None:
+        pytest.skip("no native block kernels on this machine")
+    folder = tmp_path_factory.mktemp("gguf-lora")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TURNCACHE_HOME", str(folder / "home"))
+        reference = reference_wide_llama()
+        model_file = write_tiny_gguf(folder / "wide.gguf", reference, qtype="Q8_0")
+        peft_dir, merged = make_peft_adapter_on(reference, folder / "peft")
+        lora_file = write_gguf_lora(peft_dir, folder / "lora.gguf", reference.config)
+        yield model_file, peft_dir, lora_file, merged
+
+
+def make_peft_adapter_on(model, where):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(9)
+    config = LoraConfig(r=8, lora_alpha=16, init_lora_weights=False, target_modules=["q_proj", "k_proj", "up_proj"])
+    peft_model = get_peft_model(model, config)
+    peft_model.save_pretrained(str(where))
+    return where, peft_model.merge_and_unload().eval()
+
+
+@pytest.mark.parametrize("weights", ["gguf", "gguf-q8"])
+def test_block_formats_with_an_adapter_are_bit_for_bit_across_chunks_and_batches(gguf_base, weights):
+    model_file, peft_dir, lora_file, merged = gguf_base
+    rt = load_model(str(model_file), weights=weights)
+    from_peft, from_gguf = rt.adapters.read("p", str(peft_dir)), rt.adapters.read("g", str(lora_file))
+    assert from_peft.identity == from_gguf.identity  # llama.cpp's q/k row order put back: the same update
+    ids = (IDS * 4)[:50]
+    (whole,) = forward(rt, [(rt.new_run(adapter=from_peft), ids)])
+    run = rt.new_run(adapter=from_gguf)
+    pieces = [forward(rt, [(run, ids[:7]), (rt.new_run(), ids[:5])])[0]]
+    pieces += [forward(rt, [(run, [t]), (rt.new_run(adapter=from_peft), ids[:3])])[0] for t in ids[7:12]]
+    pieces.append(forward(rt, [(run, ids[12:])])[0])
+    assert torch.equal(torch.cat(pieces), whole)
+    base = rt.new_run()
+    (plain,) = forward(rt, [(base, ids)])
+    tolerance = (plain - logits_of(merged, ids)).abs().max().item()
+    assert (whole - logits_of(merged, ids)).abs().max().item() < tolerance  # nearer the merged model than the base
