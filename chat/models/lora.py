@@ -213,10 +213,22 @@ class _Stack:
 
 
 def _product(weight: torch.Tensor, device: torch.device, int8: bool) -> Product:
+    """``x -> x @ weight.T``: float32, or an int8 product (:class:`~chat.models.matrices.Int8Matrix`, its native
+    kernel called straight for the float32 rows the wrapped products hand it: a decode step makes ~240 of these)."""
     if int8:
         from chat.models.matrices import Int8Matrix
 
-        return Int8Matrix(weight.float(), None)
+        matrix = Int8Matrix(weight.float(), None)
+        kernels, packed, wsum, step = matrix.kernels, matrix.packed, matrix.wsum, matrix._step
+        if kernels is None or packed is None or wsum is None:
+            return matrix
+
+        def int8(x: torch.Tensor) -> torch.Tensor:
+            if x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1:
+                return kernels.int8_linear(x, packed, wsum, step, None)
+            return matrix(x)
+
+        return int8
     w = weight.float().to(device).contiguous()
     return lambda x: torch.mm(x, w.t())
 
@@ -231,7 +243,7 @@ class LoraStep:
         self.stack: _Stack | None = None
         self.row_slot: torch.Tensor | None = None  # [T] int64
         self.stacked = True
-        self._pick: tuple[torch.Tensor, torch.Tensor] | None = None  # (row numbers, slot or 0) for the gather
+        self._pick: torch.Tensor | None = None  # [T]: row t's own block in the [T * slots, out] stacked update
         self._masks: dict[tuple[int, ...], torch.Tensor] = {}
         self._rows: list[tuple[int, torch.Tensor, tuple[int, int] | None]] = []  # per slot present: its rows
 
@@ -242,7 +254,8 @@ class LoraStep:
         self.stacked = len(slots) <= STACKED_ROWS
         if self.stacked:
             self.row_slot = torch.tensor(slots, dtype=torch.int64, device=device)
-            self._pick = (torch.arange(len(slots), device=device), self.row_slot.clamp(min=0))
+            n = len(stack.slots)
+            self._pick = torch.tensor([t * n + max(slot, 0) for t, slot in enumerate(slots)], device=device)
             return
         by_slot: dict[int, list[int]] = {}
         for row, slot in enumerate(slots):
@@ -291,10 +304,9 @@ class LoraStep:
         if mask is None:
             mask = (group.column_slot.unsqueeze(0) == self.row_slot.unsqueeze(1)).to(x.dtype)  # [T, W]
             self._masks[group.layout] = mask
-        xa = group.a(x) * mask  # every adapter's columns, then only the row's own: its numbers alone count
-        every = group.b(xa).view(x.shape[0], group.slots, group.out)  # [T, slots, out]
-        rows, slots = self._pick
-        return every[rows, slots]
+        xa = group.a(x).mul_(mask)  # every adapter's columns, then only the row's own: its numbers alone count
+        every = group.b(xa).view(x.shape[0] * group.slots, group.out)  # [T * slots, out]
+        return every.index_select(0, self._pick)
 
 
 class _Wrapped:
