@@ -9,6 +9,17 @@ Who does what:
   each write ended; the cache collects those reports at its next call (:meth:`DiskTier.completions`). Nothing else
   is shared between the two threads.
 
+**Written behind the engine, not through it.** A write is not started as soon as it is queued: it waits
+``write_delay_s`` (1 s) after being queued, then, while the engine computes (:meth:`DiskTier.defer`, which the
+engine calls as it starts and stops having turns to step), until the engine has been idle for ``quiet_s`` (0.25 s),
+but never longer than ``defer_s`` (30 s) past its due time. A record deleted meanwhile (its entry superseded by the
+conversation's next turn, or dropped) is never written. So a chat's intermediate entries are not written at all, the
+entry a conversation ends with is written once the engine has a moment, and a busy engine is not slowed by the disk
+(a write that must go ahead under load runs on a thread at the lowest scheduling priority, ``nice`` 19, which the
+operating system gives a core only when the engine's threads leave it). Jobs stay in their order: a write waits
+behind the one before it. :meth:`DiskTier.flush` (and so ``close``) waits for none of this: it writes everything
+queued at once.
+
 A record whose write is still queued keeps the tensors it will write; :meth:`DiskTier.load` serves those. At startup
 the directory is scanned: every entry file's header is read (no tensors) and becomes a *dormant* record of its
 namespace digest, which the cache adopts when that namespace is first used (:meth:`DiskTier.adopt`). Files that are
@@ -62,6 +73,11 @@ from cache.media import MediaSpan
 
 log = logging.getLogger("turncache.cache.disk")
 
+WRITE_DELAY_S = 1.0  # a queued write waits this long first: a chat's next turn supersedes its entry within it
+DEFER_S = 30.0  # then at most this long past that while the engine computes
+QUIET_S = 0.25  # the engine counts as idle after computing nothing for this long (not in the gap between two turns)
+WRITER_NICE = 19  # the writer thread's scheduling priority (Linux: per thread; the lowest)
+
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -79,6 +95,7 @@ class DiskRecord:
     cancelled: bool = False  # deleted before the writer got to it: the writer skips it
     mtime: float = 0.0  # last write or read (orders dormant records, oldest first)
     eid: int | None = None  # the cache entry that holds this record (set by the cache)
+    queued_at: float = 0.0  # time.monotonic() when its write was queued
 
     @property
     def nbytes(self) -> int:
@@ -89,8 +106,24 @@ class DiskTier:
     """Files of one cache directory. Only :meth:`pending`, the counters and :attr:`healthy` may be read from other
     threads; every other method belongs to the thread that drives the cache."""
 
-    def __init__(self, path: str | os.PathLike, budget_bytes: int, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        budget_bytes: int,
+        *,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        write_delay_s: float = WRITE_DELAY_S,
+        defer_s: float = DEFER_S,
+        quiet_s: float = QUIET_S,
+    ) -> None:
         self.root = Path(path).expanduser() / "v1"  # files of format version 1 live here
+        self.write_delay_s = write_delay_s  # a write waits this long after it was queued (its entry may go meanwhile)
+        self.defer_s = defer_s  # then at most this long while the engine computes
+        self.quiet_s = quiet_s  # the engine counts as idle once it has computed nothing for this long
+        self._gate = threading.Condition()  # guards the three fields below; the writer waits on it
+        self._busy = False  # the engine is computing (defer())
+        self._idle_since = time.monotonic()  # when it last stopped
+        self._hurry = 0  # flushes waiting: write everything queued at once
         self.budget = budget_bytes  # bytes of tensor data the files may hold
         self.chunk_tokens = chunk_tokens  # rows per chunk file
         self._entries_dir = self.root / "entries"
@@ -165,6 +198,7 @@ class DiskTier:
         if not self.writable:
             return
         record.layers = tuple(layers)
+        record.queued_at = time.monotonic()
         for digest in record.header.chunks:
             self._refs[digest] = self._refs.get(digest, 0) + 1
         with self._lock:
@@ -172,7 +206,8 @@ class DiskTier:
         self._jobs.put(("write", record))
 
     def delete(self, record: DiskRecord) -> None:
-        """Queue the removal of ``record``'s file and of the chunk files no other record uses."""
+        """Queue the removal of ``record``'s file and of the chunk files no other record uses. A write of it that has
+        not started is skipped."""
         record.cancelled = True
         paths = [self._entry_path(record.name)]
         for digest in record.header.chunks:
@@ -183,7 +218,7 @@ class DiskTier:
                 self._refs.pop(digest, None)
                 paths.append(self._chunk_path(digest))
         if self.usable and not self._closed:
-            self._jobs.put(("delete", paths))
+            self._jobs.put(("delete", paths))  # a writer waiting for this record's turn skips it when it wakes
 
     def load(self, record: DiskRecord) -> tuple[LayerState, ...]:
         """The layer states of ``record`` (CPU tensors), verified against its files; or the tensors still queued.
@@ -261,6 +296,18 @@ class DiskTier:
 
     # ================================================================ any thread
 
+    def defer(self, busy: bool) -> None:
+        """Tell the writer whether the engine is computing (``busy``): due writes then wait, at most ``defer_s``
+        past their due time, until it has been idle for ``quiet_s``. Any thread; cheap: only the engine's stop
+        wakes the writer (one waiting for the engine to be quiet sees it busy again when it wakes)."""
+        with self._gate:
+            if busy == self._busy:
+                return
+            self._busy = busy
+            if not busy:
+                self._idle_since = time.monotonic()
+                self._gate.notify_all()
+
     @property
     def pending(self) -> int:
         """Writes queued or running."""
@@ -276,6 +323,9 @@ class DiskTier:
         if not self.usable or self._closed:
             return self.pending == 0
         done = threading.Event()
+        with self._gate:
+            self._hurry += 1  # the writer stops waiting for due times and idle engines
+            self._gate.notify_all()
         self._jobs.put(("barrier", done))
         return done.wait(timeout)
 
@@ -289,6 +339,8 @@ class DiskTier:
         flushed = self.flush(timeout)
         left = self.pending
         self._closed = True
+        with self._gate:
+            self._gate.notify_all()
         self._jobs.put(None)
         self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if not self._thread.is_alive():  # else a write is under way: the lock goes when the process does
@@ -300,17 +352,47 @@ class DiskTier:
     # ================================================================ the writer thread
 
     def _run(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # not on every OS: then it competes at normal priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
         while True:
             job = self._jobs.get()
             if job is None:
                 return
             kind, arg = job
             if kind == "write":
+                self._wait_for_turn(arg)
                 self._write(arg)
             elif kind == "delete":
                 self._delete(arg)
             else:
+                with self._gate:
+                    self._hurry -= 1
                 arg.set()
+
+    def _wait_for_turn(self, record: DiskRecord) -> None:
+        """Wait until ``record`` may be written: ``write_delay_s`` after it was queued, then until the engine has
+        been idle for ``quiet_s`` or ``defer_s`` more have passed; at once when it was deleted meanwhile, when a
+        flush waits, or once the tier is closed. While the engine computes the writer sleeps through (no wake-up at
+        the due time, none for a deletion: a thread at the lowest priority that takes the interpreter lock while the
+        engine's threads hold both cores can keep the engine waiting for it); it wakes when the engine stops, when
+        ``defer_s`` has run out, or for a flush."""
+        due = record.queued_at + self.write_delay_s
+        latest = due + self.defer_s
+        with self._gate:
+            while not (record.cancelled or self._hurry or self._closed):
+                now = time.monotonic()
+                if now >= latest:
+                    return
+                if self._busy:
+                    wait = latest - now
+                elif now < due:
+                    wait = due - now
+                else:
+                    quiet = self._idle_since + self.quiet_s
+                    if now >= quiet:
+                        return
+                    wait = quiet - now
+                self._gate.wait(wait)  # woken by defer(False), flush() and close()
 
     def _write(self, record: DiskRecord) -> None:
         error: BaseException | None = None

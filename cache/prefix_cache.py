@@ -26,10 +26,13 @@ their tenant's entries in use; then any; each group least recently used first ac
 from a tier while another is over its share there with an idle entry. With one tenant, or shares off, this is the
 plain order above. :meth:`PrefixCache.stats` reports bytes per tenant and tier.
 
-Disk tier (``disk_dir`` and ``disk_budget_bytes > 0``): every new entry is written in the background soon after it is
-stored (so a killed process loses only the writes still queued), a hit on an entry that is only on disk reads it
-back, and a new cache on the same directory finds the entries of earlier runs (see :mod:`cache.disk`). Call
-:meth:`PrefixCache.close` at shutdown to wait, for a bounded time, until the files are written.
+Disk tier (``disk_dir`` and ``disk_budget_bytes > 0``): every new entry is queued for writing when it is stored and
+written behind the model, not through it: ``disk_write_delay_s`` later (an entry superseded meanwhile, as a chat's
+next turn supersedes its last, is never written), and while the model computes (:meth:`PrefixCache.defer_disk_writes`)
+at most ``disk_write_defer_s`` later than that; a killed process loses the writes still queued. A hit on an entry
+that is only on disk reads it back, and a new cache on the same directory finds the entries of earlier runs (see
+:mod:`cache.disk`). Call :meth:`PrefixCache.close` at shutdown to wait, for a bounded time, until the files are
+written (a flush writes everything queued at once).
 
 Supersession: when a new entry serves every length that an older entry on its own path serves, the older entry is
 dropped (or, if in use, at its last release), but only while the new entry is still held in some tier: an insert
@@ -51,7 +54,7 @@ from typing import Any
 
 import torch
 
-from cache.disk import DiskRecord, DiskTier
+from cache.disk import DEFER_S, WRITE_DELAY_S, DiskRecord, DiskTier
 from cache.disk_format import DEFAULT_CHUNK_TOKENS, DiskFormatError, namespace_digest, signatures_digest
 from cache.entry_rules import Extras, check_extras, exact_media_cut, extra_at, servable, servable_limits
 from cache.errors import CacheError, LayoutError, LeaseError, LengthError, NamespaceError
@@ -116,10 +119,15 @@ class PrefixCache:
         disk_dir: str | os.PathLike | None = None,
         disk_budget_bytes: int = 0,
         disk_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        disk_write_delay_s: float = WRITE_DELAY_S,
+        disk_write_defer_s: float = DEFER_S,
         tenant_share: float | None = None,
     ) -> None:
         """``disk_dir`` with ``disk_budget_bytes > 0`` turns the disk tier on: entries of earlier runs found there
         are served (their tensors read on first use). ``disk_chunk_tokens``: rows per shared chunk file.
+        ``disk_write_delay_s`` / ``disk_write_defer_s``: a queued file is written no sooner than this after its
+        entry was stored, and waits at most that much longer while :meth:`defer_disk_writes` says the model
+        computes (see :mod:`cache.disk`).
         ``tenant_share`` (in (0, 1]; None: off): the fraction of each tier's budget that one tenant (namespace salt)
         keeps while another tenant holds bytes in that tier (see the module docstring).
 
@@ -136,6 +144,9 @@ class PrefixCache:
             raise LengthError(f"disk_budget_bytes must be a non-negative integer, got {disk_budget_bytes!r}")
         if not isinstance(disk_chunk_tokens, int) or disk_chunk_tokens < 1:
             raise LengthError(f"disk_chunk_tokens must be a positive integer, got {disk_chunk_tokens!r}")
+        for name, value in (("disk_write_delay_s", disk_write_delay_s), ("disk_write_defer_s", disk_write_defer_s)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+                raise LengthError(f"{name} must be a finite non-negative number, got {value!r}")
         if tenant_share is not None and (
             isinstance(tenant_share, bool) or not isinstance(tenant_share, int | float) or not 0 < tenant_share <= 1
         ):
@@ -144,7 +155,13 @@ class PrefixCache:
         self._device = torch.device(device)  # where device-tier tensors live
         self._disk: DiskTier | None = None  # the disk tier; None when off
         if disk_dir is not None and disk_budget_bytes > 0:
-            self._disk = DiskTier(disk_dir, disk_budget_bytes, chunk_tokens=disk_chunk_tokens)
+            self._disk = DiskTier(
+                disk_dir,
+                disk_budget_bytes,
+                chunk_tokens=disk_chunk_tokens,
+                write_delay_s=disk_write_delay_s,
+                defer_s=disk_write_defer_s,
+            )
         self._budgets: dict[str, int | None] = {
             DEVICE: device_budget_bytes,
             HOST: host_budget_bytes,
@@ -420,6 +437,13 @@ class PrefixCache:
             self._evict(entry)
             dropped += 1
         return dropped
+
+    def defer_disk_writes(self, busy: bool) -> None:
+        """Say whether the model is computing (``busy``): the disk tier's writes wait while it is, at most
+        ``disk_write_defer_s`` past their due time, and go on once it has been idle a moment. Unlike every other
+        method, safe from any thread (it only signals the writer); cheap. No-op without a disk tier."""
+        if self._disk is not None and self._disk.usable:
+            self._disk.defer(busy)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Queue a file for every entry held in memory that has none (most recently used first), then wait at most

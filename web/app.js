@@ -43,7 +43,9 @@ const ui = {
   empty: $("empty"), messages: $("messages"), notice: $("notice"), noticeText: $("notice-text"),
   noticeClose: $("notice-close"), composer: $("composer"), attachments: $("attachments"), attach: $("attach"),
   fileInput: $("file-input"), message: $("message"), send: $("send"), stop: $("stop"), dropOverlay: $("drop-overlay"),
+  noChat: $("no-chat"),
 };
+const MESSAGE_PLACEHOLDER = ui.message.placeholder;
 
 const store = new LocalStore();
 const connection = new Connection(socketUrl());
@@ -56,6 +58,7 @@ const view = {
   streamingEl: null, // the <article> of the reply being generated
   frame: 0, // requestAnimationFrame handle of a pending streaming render
   tokenRefused: false, // the server answered 401: it needs an access token (or a different one)
+  chats: new Map(), // model id -> whether it chats (GET /v1/models' "chat": false for a base model)
 };
 window.turncache = { controller, connection, store }; // for debugging and the UI's tests
 
@@ -160,7 +163,9 @@ async function loadModels() {
     showStatus(connection.state);
     if (!res.ok) throw new Error(`HTTP ${res.status}`);
     const body = await res.json();
-    ids = (body.data || []).map((m) => m.id).filter((id) => typeof id === "string");
+    const listed = (body.data || []).filter((m) => typeof m.id === "string");
+    ids = listed.map((m) => m.id);
+    view.chats = new Map(listed.map((m) => [m.id, m.chat !== false]));
   } catch {
     // the list stays as it is; session.create without a model gets the server's default
   }
@@ -170,6 +175,26 @@ async function loadModels() {
   const saved = store.settings().model;
   ui.model.replaceChildren(...[...new Set(ids)].map((id) => new Option(id, id)));
   ui.model.value = inSession ?? (ids.includes(saved) ? saved : ids[0]);
+  renderChatAbility();
+}
+
+// A base model (no chat template) serves completions, not chat: say so and keep the composer closed, rather
+// than let the first message fail.
+function chats() {
+  return view.chats.get(ui.model.value) !== false;
+}
+
+function renderChatAbility() {
+  const able = chats();
+  ui.noChat.hidden = able;
+  ui.noChat.textContent = able
+    ? ""
+    : `${ui.model.value} is a base model: it has no chat template, so it cannot chat. It serves completions ` +
+      "(POST /v1/completions). To chat with it, start the server with --chat-template FILE.";
+  ui.message.disabled = !able;
+  ui.attach.disabled = !able;
+  ui.message.placeholder = able ? MESSAGE_PLACEHOLDER : "This model does not chat: it has no chat template";
+  renderComposerState();
 }
 
 // ---------------------------------------------------------------- messages
@@ -270,7 +295,7 @@ function renderComposerState() {
   ui.send.hidden = generating;
   ui.stop.hidden = !generating;
   ui.stop.disabled = Boolean(controller.turn?.stopping);
-  ui.send.disabled = controller.loading || !connection.isOpen;
+  ui.send.disabled = controller.loading || !connection.isOpen || !chats();
 }
 
 async function addFiles(files) {
@@ -315,7 +340,7 @@ function renderAttachments() {
 
 function submitMessage() {
   const text = ui.message.value;
-  if (controller.generating || (!text.trim() && !view.attachments.length)) return;
+  if (!chats() || controller.generating || (!text.trim() && !view.attachments.length)) return;
   if (text.length > MAX_TEXT_CHARS) {
     showNotice(`The message is too long (${formatNumber(text.length)} characters; the limit is ` +
       `${formatNumber(MAX_TEXT_CHARS)}).`);
@@ -510,6 +535,7 @@ function start() {
   $("tools").addEventListener("change", saveSettings);
   $("tool_choice").addEventListener("change", saveSettings);
   ui.model.addEventListener("change", () => {
+    renderChatAbility();
     saveSettings();
     if (controller.session?.model !== ui.model.value) controller.newChat();
   });

@@ -32,8 +32,8 @@ from chat.cluster.ray_router import table_name
 from chat.cluster.remote_engine import RemoteEngine, SessionTracker, SocketEngine
 from chat.cluster.routing import RoutingPolicy, table_for
 from chat.engine.runtime import ChatRenderer
-from chat.server.auth import KeyRing
 from chat.server.settings import ServerSettings
+from chat.server.tenancy.auth import KeyRing
 
 ENGINE_DEPLOYMENT = "EngineReplica"  # the engine deployment's name (the router's table is named after it)
 
@@ -50,7 +50,7 @@ class ClusterIngress:
         self.keys = keys  # API keys -> tenants, for every route
         # The model's chat template renders prompt keys; its modalities check media parts. No weights: the replicas
         # hold those.
-        self.runtime: ChatRenderer = load_renderer(settings.model)
+        self.runtime: ChatRenderer = load_renderer(settings.model, settings.chat_template)
         self.policy = RoutingPolicy(**policy)
         app_name = serve.get_replica_context().app_name
         self.table = table_for(table_name(app_name, ENGINE_DEPLOYMENT), self.policy)  # shared with the router
@@ -85,8 +85,8 @@ def add_cluster_routes(
 ) -> None:
     """Put the cluster's ``/v1/ws``, ``/metrics`` and ``/v1/cluster`` before the app's own routes."""
     from chat.server.metrics_text import render_session_metrics
-    from chat.server.session_db import SqliteSessionStore
-    from chat.server.ws import serve_socket
+    from chat.server.persistence.session_db import SqliteSessionStore
+    from chat.server.surfaces.ws import serve_socket
 
     before = len(app.router.routes)
     store = app.state.sessions

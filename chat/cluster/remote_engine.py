@@ -78,8 +78,8 @@ class RemoteJob:
                 self.on_cancel(self)
 
     def pause(self) -> None:
-        """Pause the turn in its replica's engine (its client fell behind: ``chat.server.backpressure``); sent once
-        the replica has announced itself (event loop thread only)."""
+        """Pause the turn in its replica's engine (its client fell behind: ``chat.server.transport.backpressure``);
+        sent once the replica has announced itself (event loop thread only)."""
         if not self.paused and not self.cancelled:
             self.paused = True
             if self.on_pause is not None:

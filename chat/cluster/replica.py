@@ -10,7 +10,7 @@ Methods (called by the ingress through a deployment handle):
   If the caller goes away (Ray Serve cancels the call), the engine turn is cancelled within one step.
 - ``cancel_turn(ToReplica, call_id)``: stop a running turn; its stream still ends with ``Done`` (``cancelled``).
 - ``pause_turn(ToReplica, call_id, on)``: pause a running turn in this engine (its client fell behind reading at the
-  ingress, ``chat.server.backpressure``), or let it go on.
+  ingress, ``chat.server.transport.backpressure``), or let it go on.
 - ``report(ToReplica)``: ``ReplicaReport``, whose ``metrics_text`` is this engine's single-process ``/metrics``.
 - ``describe()``: model name and the replica's identity.
 """

@@ -119,6 +119,7 @@ class Engine:
         self._inbox: queue.SimpleQueue[JobHandle | object | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # held while the worker touches the cache; stats() takes it too
         self._closed = False
+        self._computing: bool | None = None  # what the cache's disk writer was last told (see _computes)
         self._loader = loader  # builds the runtime in the worker, once
         self._ready = threading.Event()  # the runtime is there (or failed to load: _load_error)
         self._load_error: BaseException | None = None
@@ -265,6 +266,7 @@ class Engine:
         while self._admit_waiting():
             if not self.scheduler.ready:
                 continue
+            self._computes(True)
             with self._lock:
                 results = self.scheduler.step()
             self.metrics.step_done(self.scheduler.last)
@@ -289,13 +291,25 @@ class Engine:
         while True:
             assert self.scheduler is not None
             try:
-                job = self._inbox.get() if not self.scheduler.ready else self._inbox.get_nowait()
+                if self.scheduler.ready:
+                    job = self._inbox.get_nowait()
+                else:
+                    self._computes(False)
+                    job = self._inbox.get()
             except queue.Empty:
                 return True
             if job is None:
                 return False
             if isinstance(job, JobHandle):
+                self._computes(True)
                 self._admit(job)
+
+    def _computes(self, busy: bool) -> None:
+        """Tell the prefix cache's disk writer whether this worker has turns to compute: its writes wait while it
+        does (a little, bounded: cache.disk), so that files are written behind the turns, not through them."""
+        if busy != self._computing and self.cache is not None:
+            self._computing = busy
+            self.cache.defer_disk_writes(busy)
 
     def _admit(self, job: JobHandle) -> None:
         self._queued.remove(priority_of(job.turn))

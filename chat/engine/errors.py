@@ -6,6 +6,8 @@ EngineError
 ├── UnsupportedMediaError  a media part for a model without that modality (``.item`` names it)
 ├── InvalidMediaError      a media part that is corrupt, mislabeled, unsupported or too large (``.item``)
 ├── GrammarError           a response_format / structured_outputs that does not compile (chat.engine.constraints)
+├── NoChatTemplateError    a chat turn for a model without a chat template (a base model; raised before any compute)
+├── ChatTemplateError      the chat template raised while rendering a request's messages (``.line``: where)
 └── EngineClosedError      the engine was shut down
 
 Sampling settings are validated on the wire (``chat.protocol.sampling``), once, not here. How each error is reported
@@ -61,3 +63,26 @@ class InvalidMediaError(EngineError, ValueError):
     def __init__(self, item: str, message: str) -> None:
         super().__init__(message)
         self.item = item
+
+
+class NoChatTemplateError(EngineError, ValueError):
+    """A chat turn (messages to render) for a model without a chat template: a base model, served for completions
+    (``/v1/completions``, ``/tokenize``). Nothing is guessed in its place; ``--chat-template`` gives it one."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"the model {model!r} has no chat template (a base model): use /v1/completions with a prompt, or start "
+            "the server with --chat-template FILE (or TURNCACHE_CHAT_TEMPLATE) to chat with it"
+        )
+        self.model = model
+
+
+class ChatTemplateError(EngineError, ValueError):
+    """The chat template raised while rendering a request's messages (its own ``raise_exception``, an undefined
+    value, an operation the sandbox refuses). ``.line``: the template's line, when known."""
+
+    def __init__(self, problem: str, line: int | None = None) -> None:
+        where = f" at line {line}" if line is not None else ""
+        super().__init__(f"the chat template failed{where}: {problem}")
+        self.problem = problem
+        self.line = line

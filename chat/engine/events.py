@@ -10,6 +10,20 @@ from chat.engine.sampling import SamplingParams, TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
+class CacheBreakpoint:
+    """A client's prompt-caching breakpoint (Anthropic's ``cache_control``, ``chat.server.surfaces.anthropic_api``):
+    the prompt's first ``tokens`` tokens are to stay in the cache for ``ttl_s`` seconds after their last use.
+
+    The engine carries it on the turn and acts on none yet: this is the hook for pinning prefixes (issue 36, part
+    3). ``tokens`` counts the rendered prompt (tools and template included) up to the end of the marked block,
+    measured by the server as the tokens the whole prompt shares with the prompt rendered up to that block."""
+
+    tokens: int  # a prefix of the turn's rendered prompt (<= its length)
+    ttl_s: int  # 300 ("5m", the default) or 3600 ("1h")
+    where: str = ""  # the marked block on the wire, for errors and metrics ("system.2", "messages.0.content.3")
+
+
+@dataclass(frozen=True, slots=True)
 class TurnRequest:
     messages: Sequence[dict[str, Any]]  # the conversation; the reply continues it
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -19,6 +33,7 @@ class TurnRequest:
     template_kwargs: dict[str, Any] | None = None  # variables for the chat template (chat_template_kwargs)
     adapter: Any = None  # a LoRA adapter of the runtime (chat.models.lora.LoraAdapter) the turn computes under, or
     # None for the base model; its `namespace_component` ("lora", digest) is added to the turn's cache namespace
+    breakpoints: tuple[CacheBreakpoint, ...] = ()  # prompt-caching breakpoints, ascending (see CacheBreakpoint)
 
 
 @dataclass(frozen=True, slots=True)

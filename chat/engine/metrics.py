@@ -26,7 +26,8 @@ class Metrics:
     step_turns: int = 0  # turns fed, summed over steps (/ steps: mean batch size)
     step_tokens: int = 0  # tokens fed, summed over steps
     steps_interrupted: int = 0  # forwards stopped midway for a better turn (not in steps: they computed nothing)
-    turn_pauses: int = 0  # times a turn was paused because its client fell behind reading (chat.server.backpressure)
+    turn_pauses: int = 0  # times a turn was paused because its client fell behind reading
+    # (chat.server.transport.backpressure)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def turn_started(self) -> None:

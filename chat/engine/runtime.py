@@ -78,6 +78,8 @@ class ChatRenderer(Protocol):
 
     name: str  # what /v1/models lists
     modalities: frozenset[str]  # media kinds the model takes ("image", "audio", "video"); empty for text
+    chats: bool  # it has a chat template; False: a base model (completions only: render raises NoChatTemplateError;
+    # a runtime without the attribute is taken to chat)
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of text-only ``messages`` (used to find where the system prompt ends, and for routing keys)."""

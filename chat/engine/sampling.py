@@ -2,8 +2,8 @@
 temperature, min-p, top-k, top-p, seed; greedy at temperature 0. Log-probabilities of what was picked.
 
 :class:`SamplingParams` is not validated here: the ranges are the wire's (``chat.protocol.sampling.SamplingSettings``,
-checked once when a request arrives, on either transport; ``chat.server.turns.sampling_params`` converts). Code that
-builds one directly passes values in those ranges.
+checked once when a request arrives, on either transport; ``chat.server.reply.turns.sampling_params`` converts). Code
+that builds one directly passes values in those ranges.
 
 One row of logits becomes a token in this order (as vLLM does)::
 

@@ -95,10 +95,10 @@ yields, ``yield_budget - yield_budget // 2`` while a worse prompt waits too), an
 higher priority keep coming (``tests/chat/engine/test_scheduler.py``).
 
 **Paused turns.** A decoding turn whose client has fallen behind reading its stream is paused by the server
-(:meth:`chat.engine.turn.Turn.pause`, ``chat.server.backpressure``): it takes no seat, computes nothing and keeps its
-state and rank until it goes on (then it is seated first) or is cancelled (a step ends it, paused or not). So a client
-that stops reading costs the other turns nothing but the memory its state holds. :attr:`Scheduler.ready` is false
-while only paused turns are active; the engine then waits until one goes on or ends.
+(:meth:`chat.engine.turn.Turn.pause`, ``chat.server.transport.backpressure``): it takes no seat, computes nothing and
+keeps its state and rank until it goes on (then it is seated first) or is cancelled (a step ends it, paused or not).
+So a client that stops reading costs the other turns nothing but the memory its state holds. :attr:`Scheduler.ready`
+is false while only paused turns are active; the engine then waits until one goes on or ends.
 
 **Failure isolation.** The runtime reports an error per feed: a feed that fails alone ends only its own turn
 (finish_reason "error", nothing stored); when a batched forward fails, the runtime rolls every run back and runs each

@@ -246,8 +246,8 @@ class Turn:
 
     def pause(self, on: bool = True) -> None:
         """Keep the turn out of the steps while it decodes (``on``), or let it back in: its client has not read
-        what it was sent (``chat.server.backpressure``). A paused turn keeps its state and its rank; its prompt
-        still runs (it sends nothing until its first token); cancelling still ends it. Any thread."""
+        what it was sent (``chat.server.transport.backpressure``). A paused turn keeps its state and its rank; its
+        prompt still runs (it sends nothing until its first token); cancelling still ends it. Any thread."""
         self._paused = on
 
     # ================================================================ begin

@@ -2,10 +2,13 @@
 
 Public surface::
 
-    load_model(spec, dtype="float32", weights=None, kv_dtype=None, device=None) -> ModelAdapter   # "smollm2",
-                                                            # "tiny-<name>", a model directory, a GGUF file
-    load_renderer(spec) -> TemplateRenderer   # the same model's name, modalities and render, without weights
-    ModelAdapter   name, fingerprint, kv_dtype (``dtype`` in the runtime protocol), weights, context_window,
+    load_model(spec, dtype="float32", weights=None, kv_dtype=None, device=None, chat_template=None)
+                   -> ModelAdapter   # "smollm2", "gemma3-270m", "tiny-<name>", a model directory, a GGUF file;
+                                     # chat_template: a template file or text replacing the model's own
+    load_renderer(spec, chat_template=None) -> TemplateRenderer   # the same model's name, modalities and render,
+                                                                   # without weights
+    ModelAdapter   name, chats (False: a base model, no chat template), fingerprint, kv_dtype (``dtype`` in the
+                   runtime protocol), weights, context_window,
                    eos_token_ids, vocab_size, modalities, has_recurrent_state, render, render_prompt, decode,
                    detokenizer, new_run, forward_batch, forward, snapshot, export, extras, close_run, can_rewind,
                    rewind (speculative decoding)
@@ -13,7 +16,9 @@ Public surface::
     errors         ModelError and its subclasses (chat.models.errors)
 
 Module map: ``registry`` (specs -> loaders), ``renderer`` (the chat template alone, for a cluster's ingress),
-``gguf_files`` (any GGUF file -> model directory, once per file), ``smollm2`` (the built-in GGUF), ``families``
+``chat_template`` (``--chat-template``: read, compiled, rendered sandboxed with typed errors; its digest),
+``gguf_files`` (any GGUF file -> model directory, once per file), ``smollm2`` (the built-in GGUF), ``gemma3_270m``
+(Gemma 3 270M assembled once from its chunk packages), ``families``
 (what is served or refused), ``adapter`` (what every runtime shares), ``hf_runtime`` (``TransformersAdapter``:
 transformers' forward, for hybrid recurrent and multimodal models),
 ``decoder`` (turncache's own forward for the families whose every layer is attention: args table, weight names,

@@ -38,6 +38,7 @@ import torch
 from chat.engine.reasoning import markers_of
 from chat.engine.runtime import Feed
 from chat.engine.tool_calls import format_of
+from chat.models.chat_template import template_of
 from chat.models.detokenizer import IncrementalDetokenizer
 from chat.models.errors import InvalidSettingError, RunStateError
 from chat.models.prompt_tokens import PromptEncoder
@@ -84,8 +85,10 @@ class ModelAdapter:
         device: torch.device,
         generation_config: Any,
     ) -> None:
-        self._tokenizer = tokenizer  # its tokenizer, with a chat template
+        self._tokenizer = tokenizer  # its tokenizer, with its chat template (or none: a base model)
         self.name = name  # what /v1/models lists
+        self.chats = template_of(tokenizer) is not None  # it has a chat template: chat turns can be rendered (else
+        # a base model: completions only, chat turns answer NoChatTemplateError)
         self.fingerprint = fingerprint  # weights + config + tokenizer: the cache namespace's model id
         self.kv_dtype = kv_dtype  # what attention K/V are stored in (the cache namespace's dtype)
         self.context_window = context_window  # most tokens a sequence may hold
@@ -118,8 +121,9 @@ class ModelAdapter:
 
         Raises:
             InvalidSettingError: a message is not a role/content pair of strings (``field`` names which).
+            NoChatTemplateError, ChatTemplateError: no chat template (a base model), or it raised.
         """
-        return render_chat(self._tokenizer, messages, add_generation_prompt)
+        return render_chat(self._tokenizer, messages, add_generation_prompt, model=self.name)
 
     def render_prompt(
         self,
@@ -137,16 +141,24 @@ class ModelAdapter:
 
         Raises:
             InvalidSettingError: a message is not a role/content pair of strings.
+            NoChatTemplateError, ChatTemplateError: no chat template (a base model), or it raised.
         """
 
         def encode(text: str) -> list[int]:
             return self.prompt_encoder.encode(text, salt)
 
-        return TextPrompt(tuple(render_chat(self._tokenizer, messages, True, tools, template_kwargs, encode)))
+        ids = render_chat(self._tokenizer, messages, True, tools, template_kwargs, encode, model=self.name)
+        return TextPrompt(tuple(ids))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain ``text`` (no chat template, no special tokens added)."""
         return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a completions prompt: ``text`` with the special tokens its tokenizer puts around any text
+        (Gemma's ``<bos>``, without which a base Gemma's logits drift; none for ChatML tokenizers such as
+        smollm2's), as vLLM's and llama.cpp's servers tokenize a prompt string."""
+        return list(self._tokenizer.encode(text, add_special_tokens=True))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens left out."""

@@ -1,11 +1,12 @@
 /* turncache's kernels for weights kept in a GGUF file's own block formats (chat/models/block_matrices.py packs them;
  * read its docstring first). Built and loaded like native.c, as a library of its own.
  *
- * Every supported format (Q4_0, Q4_1, Q4_K, Q8_0, Q6_K) is repacked at load into one layout: unsigned quants u
- * (4 or 8 bits) with one float32 scale s and offset o per output channel and sub-block of 16 or 32 inputs, the weight
- * being w = s * u + o, exactly the value the file's own dequantization gives (one rounding, an FMA; see the Python
- * docstring for why it is exact). The offset is either stored or -bias * s for a fixed bias (Q4_0: 8, Q8_0: 128,
- * Q6_K: 32).
+ * Every quantized type (Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) is repacked at load into one layout:
+ * unsigned quants u (4 or 8 bits) with one float32 scale s and offset o per output channel and sub-block of 16 or 32
+ * inputs, the weight being w = s * u + o, exactly the value the file's own dequantization gives (one rounding, an
+ * FMA; see the Python docstring for why it is exact and how each type maps). The offset is either stored or
+ * -bias * s for a fixed bias (Q4_0: 8, Q8_0 / Q5_0 / IQ4: 128, Q6_K: 32, Q3_K: 4). F16 and BF16 tensors have a
+ * layout and a weight-only kernel of their own (tc_blocks_half_linear, at the end).
  *
  * Layout: output channels in blocks of 16 (the lanes of a vector); for each block, its tiles of 32 inputs in order.
  * A tile holds the quants, then ns (= 32 / sub) vectors of 16 scales, then (if stored) ns vectors of 16 offsets:
@@ -36,7 +37,7 @@
 #define F32_MAX_ROWS 4 /* the same for the weight-only design (three accumulators a row) */
 #define PREFETCH 2048 /* bytes ahead of a block's stream to prefetch (1024 -> 2048: gguf-q16 ~3% faster, cold) */
 
-int tc_blocks_abi_version(void) { return 2; }
+int tc_blocks_abi_version(void) { return 3; }
 
 int tc_blocks_supported(void) {
     __builtin_cpu_init();
@@ -407,5 +408,76 @@ TARGET int tc_blocks_linear(int64_t m, int64_t k, int64_t n, const float *x, int
     free(xq16);
     free(dx);
     free(xs);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ 16-bit float weights (F16, BF16) */
+
+/* Layout: output channels in blocks of 16 (the last padded with zeros), each block its k inputs in order, 16
+ * channel values (32 bytes) per input. Weight-only: each value widened to float32 (exact) and multiplied with the
+ * float32 activations, two chains per row (even and odd inputs) whatever the number of rows, so a row's result is
+ * the same in any batch. */
+#define HALF_ROWS(BF, R)                                                                                             \
+    TARGET static void half_##BF##_##R(int64_t k, const uint16_t *blk, const float *x, int64_t ldx,                \
+                                       __m512 acc[MAX_ROWS]) {                                                       \
+        __m512 a0[R], a1[R];                                                                                         \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_ps();                    \
+        int64_t p = 0;                                                                                               \
+        for (; p + 2 <= k; p += 2) {                                                                                 \
+            const uint16_t *w = blk + p * 16;                                                                        \
+            _mm_prefetch((const char *)w + PREFETCH, _MM_HINT_T0);                                                   \
+            __m256i h0 = _mm256_loadu_si256((const __m256i *)w), h1 = _mm256_loadu_si256((const __m256i *)(w + 16)); \
+            __m512 w0, w1;                                                                                           \
+            if (BF) {                                                                                                \
+                w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));                          \
+                w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));                          \
+            } else {                                                                                                 \
+                w0 = _mm512_cvtph_ps(h0);                                                                            \
+                w1 = _mm512_cvtph_ps(h1);                                                                            \
+            }                                                                                                        \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                    \
+                a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + p]), w0, a0[r]);                                  \
+                a1[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + p + 1]), w1, a1[r]);                              \
+            }                                                                                                        \
+        }                                                                                                            \
+        if (p < k) {                                                                                                 \
+            __m256i h0 = _mm256_loadu_si256((const __m256i *)(blk + p * 16));                                        \
+            __m512 w0 = BF ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16))                   \
+                           : _mm512_cvtph_ps(h0);                                                                    \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                      \
+                a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + p]), w0, a0[r]);                                  \
+        }                                                                                                            \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm512_add_ps(a0[r], a1[r]);                   \
+    }
+
+#define HALF_INSTANCES(BF) HALF_ROWS(BF, 1) HALF_ROWS(BF, 2) HALF_ROWS(BF, 3) HALF_ROWS(BF, 4) \
+                           HALF_ROWS(BF, 5) HALF_ROWS(BF, 6) HALF_ROWS(BF, 7) HALF_ROWS(BF, 8)
+HALF_INSTANCES(0) HALF_INSTANCES(1)
+typedef void (*half_fn)(int64_t, const uint16_t *, const float *, int64_t, __m512[MAX_ROWS]);
+static const half_fn HALF[2][MAX_ROWS] = {{half_0_1, half_0_2, half_0_3, half_0_4, half_0_5, half_0_6, half_0_7, half_0_8},
+                                          {half_1_1, half_1_2, half_1_3, half_1_4, half_1_5, half_1_6, half_1_7, half_1_8}};
+
+/* out[i, c] = sum_p x[i, p] * w[c, p] (+ bias[c]) for the 16-bit float weights packed as above (bf16: BF16, else
+ * F16); x: float [m, k] with row stride ldx; out: [m, n] with row stride ldo. Returns 0. */
+TARGET int tc_blocks_half_linear(int64_t m, int64_t k, int64_t n, const float *x, int64_t ldx, const uint8_t *packed,
+                                 int bf16, const float *bias, float *out, int64_t ldo) {
+    if (m <= 0 || n <= 0) return 0;
+    int64_t blocks = (n + 15) / 16;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint16_t *blk = (const uint16_t *)packed + b * k * 16;
+        int64_t c0 = 16 * b;
+        __mmask16 live = n - c0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - c0)) - 1u);
+        __m512 shift = bias ? _mm512_maskz_loadu_ps(live, bias + c0) : _mm512_setzero_ps();
+        for (int64_t i0 = 0; i0 < m; i0 += MAX_ROWS) {
+            int rows = m - i0 < MAX_ROWS ? (int)(m - i0) : MAX_ROWS;
+            __m512 acc[MAX_ROWS];
+            HALF[bf16 != 0][rows - 1](k, blk, x + i0 * ldx, ldx, acc);
+            for (int r = 0; r < rows; r++) {
+                __m512 v = bias ? _mm512_add_ps(acc[r], shift) : acc[r];
+                _mm512_mask_storeu_ps(out + (i0 + r) * ldo + c0, live, v);
+            }
+        }
+    }
     return 0;
 }

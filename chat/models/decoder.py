@@ -315,7 +315,7 @@ def canonical_weights(state: Mapping[str, Any], args: DecoderArgs) -> dict[str, 
             biases = [named.pop(f"layers.{i}.{p}.bias", None) for p in parts]
             if any(w is None for w in weights):
                 raise NotPackable(f"layer {i} lacks a part of {fused}")
-            named[f"layers.{i}.{fused}.weight"] = torch.cat(weights)
+            named[f"layers.{i}.{fused}.weight"] = _concat_rows(weights)
             if any(b is not None for b in biases):
                 named[f"layers.{i}.{fused}.bias"] = torch.cat(
                     [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases, strict=True)]
@@ -333,6 +333,16 @@ def canonical_weights(state: Mapping[str, Any], args: DecoderArgs) -> dict[str, 
     if missing:
         raise NotPackable(f"missing weights {missing[:4]}")
     return named
+
+
+def _concat_rows(parts: list[Any]) -> Any:
+    """The parts' rows one after another. A part on the meta device (a layer that keeps its file's blocks, its
+    float weight never made) makes the whole a meta tensor of the fused shape: a block format builds that matrix
+    from the modules (``from_layers``), whatever mix of blocks and float weights its parts hold."""
+    if any(getattr(p, "is_meta", False) for p in parts) and not all(p.is_meta for p in parts):
+        rows = sum(int(p.shape[0]) for p in parts)
+        return torch.empty((rows, *parts[0].shape[1:]), dtype=parts[0].dtype, device="meta")
+    return torch.cat(parts)
 
 
 def _norm_roles(named: dict[str, Any], i: int, args: DecoderArgs) -> None:
@@ -400,14 +410,17 @@ class Decoder(nn.Module):
         super().__init__()
         self.args = args
         self.config = config  # the transformers config it was built from (its identity; never read by the forward)
-        self.embed = nn.Embedding.from_pretrained(weights["embed"], freeze=True)  # [vocab, hidden]
+        embed = weights["embed"]  # a float tensor [vocab, hidden], or a module that looks rows up (BlockEmbedding)
+        self.embed = embed if isinstance(embed, nn.Module) else nn.Embedding.from_pretrained(embed, freeze=True)
+        dtype = embed.dtype if isinstance(embed, torch.Tensor) else torch.float32
         self.embed_scale = (  # Gemma: sqrt(hidden), rounded to the embedding's dtype as trained
-            torch.tensor(math.sqrt(args.hidden), dtype=weights["embed"].dtype) if args.spec.embed_scale else None
+            torch.tensor(math.sqrt(args.hidden), dtype=dtype) if args.spec.embed_scale else None
         )
         self.layers = nn.ModuleList(Block(i, args, weights, matrices) for i in range(args.layers))
         self.norm = _Norms(args)(weights["norm"])
+        self.device = weights["norm"].device  # where it computes
         self.head = matrices["head"]  # [vocab, hidden]
-        self.rotary = Rotary(args, device=weights["embed"].device)
+        self.rotary = Rotary(args, device=self.device)
         self.smoothing: dict[str, torch.Tensor] = {}  # int8: matrix -> the factor its input was divided by
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -537,6 +550,7 @@ def build_decoder(
     calibration: list[int] | None = None,
     layers: Mapping[str, Sequence[Any]] | None = None,
     time_blas: bool = True,
+    embedding: Any = None,
 ) -> Decoder:
     """A :class:`Decoder` for a transformers config and state dict, its linear layers in the weight format
     ``weights`` (a key of :data:`chat.models.matrices.MATRICES`). A format is a class built from a float weight and
@@ -545,7 +559,10 @@ def build_decoder(
     (``layers``: :func:`linear_modules`), for formats whose data the modules hold (a GGUF file's blocks). float32
     matrices share the state's tensors. For int8, ``calibration`` token ids first move activation outliers into the
     weights (:func:`chat.models.smoothing.smooth_decoder`). ``time_blas``: time the float32 BLAS forms per weight
-    shape (:func:`chat.models.matrices.calibrate`), else keep their defaults.
+    shape (:func:`chat.models.matrices.calibrate`), else keep their defaults. ``embedding``: the input embedding's
+    file blocks (a :class:`chat.models.block_matrices.BlockWeight`, from a GGUF file): in every format but float32
+    (whose tied head shares the float32 table) the lookups read those (:class:`BlockEmbedding`: the same values)
+    and the float32 table is not kept.
 
     Raises:
         NotPackable: the config or the weights are not what this forward computes.
@@ -571,6 +588,13 @@ def build_decoder(
         maker = _maker(fmt)
         matrices = _matrices(named, args, maker, time_blas=time_blas and weights == "float32")
     if weights != "float32":  # only the format's copies stay: the float tensors go
+        if embedding is not None and named["embed"].device.type == "cpu":
+            from chat.models.block_matrices import BlockEmbedding, BlockMatrix
+
+            head = matrices["head"]
+            tied = layers is not None and getattr(layers["head"][0], "block_weight", None) is embedding
+            shared = tied and isinstance(head, BlockMatrix) and head.packed is not None and head.columns is None
+            named["embed"] = BlockEmbedding(head if shared else embedding)  # the lookups read the file's blocks
         named = {name: _own(t) for name, t in named.items() if name in _KEPT or _kept(name)}
     decoder = Decoder(args, named, matrices, config)
     decoder.smoothing = smoothing  # a LoRA adapter's products take the same factors (chat.models.lora)
@@ -611,10 +635,10 @@ def _kept(name: str) -> bool:
     return name.endswith("norm")
 
 
-def _own(tensor: torch.Tensor) -> torch.Tensor:
+def _own(tensor: Any) -> Any:
     """A copy of its own of a tensor that stays (embedding, norms): the loaded checkpoint's memory, which a view
-    would keep resident whole, can then go."""
-    return tensor.detach().clone()
+    would keep resident whole, can then go (a module, a block embedding, holds its own already)."""
+    return tensor if isinstance(tensor, nn.Module) else tensor.detach().clone()
 
 
 def _float32(name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Float32Matrix:

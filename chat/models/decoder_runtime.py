@@ -49,7 +49,7 @@ class DecoderAdapter(ModelAdapter):
             eos_token_ids=eos_token_ids,
             weights=weights,
             vocab_size=decoder.args.vocab_size,
-            device=decoder.embed.weight.device,
+            device=decoder.device,
             generation_config=generation_config,
         )
         self._model = decoder  # the forward

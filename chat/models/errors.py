@@ -5,8 +5,8 @@
     ├── UnsupportedArchitectureError   a model family this adapter refuses (``.architecture`` names it)
     ├── InvalidSettingError            a setting out of range (``.field`` names it, e.g. "dtype")
     ├── ModelLoadError                 a model directory or the built-in weights could not be read or converted
-    │   └── ModelFileError             a model file (GGUF) that is missing, not GGUF, truncated or corrupt, holds
-    │                                  tensor types that cannot be read, or has no chat template (``.path``)
+    │   ├── ModelFileError             a model file (GGUF) that is missing, not GGUF, truncated or corrupt, or holds
+    │   │                              tensor types that cannot be read (``.path``)
     │   └── AdapterFileError           a LoRA adapter path that is missing, unreadable, corrupt, or holds settings
     │                                  or modules that are not served (``.path``)
     ├── AdapterMismatchError           a LoRA adapter whose layers or shapes do not fit the base model (``.module``)
@@ -38,7 +38,7 @@ class UnknownModelError(ModelError, ValueError):
         self.choices = tuple(choices)  # the names that are accepted
         super().__init__(
             f"unknown model {spec!r}: use one of {', '.join(self.choices)}, the path of a local Hugging Face "
-            "model directory (config.json, weights, tokenizer with a chat template), or of a GGUF file"
+            "model directory (config.json, weights, tokenizer), or of a GGUF file"
         )
 
 
@@ -67,7 +67,7 @@ class InvalidSettingError(ModelError, ValueError):
 
 
 class ModelLoadError(ModelError, RuntimeError):
-    """Files could not be read, converted or written (missing files, no chat template, a full disk)."""
+    """Files could not be read, converted or written (missing files, a corrupt package, a full disk)."""
 
     code = "model_load_failed"
 

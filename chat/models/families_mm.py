@@ -295,16 +295,19 @@ TILED_PROCESSORS = {  # tiled families: their Pil image processor (module, class
 }
 
 
-def load_multimodal(path: Path, config: Any, torch_dtype: Any) -> tuple[Any, Any, MultimodalFamily]:
-    """``(model, tokenizer, family)`` of a local multimodal model directory, with its own processor settings.
+def load_multimodal(
+    path: Path, config: Any, torch_dtype: Any, chat_template: str | None = None
+) -> tuple[Any, Any, MultimodalFamily]:
+    """``(model, tokenizer, family)`` of a local multimodal model directory, with its own processor settings;
+    ``chat_template`` (compiled) replaces the directory's own.
 
     Raises:
         UnsupportedArchitectureError: a family that is not served.
-        ModelLoadError: files missing or unreadable, no chat template.
+        ModelLoadError: files missing or unreadable, no chat template (a media model's placeholders come from it).
     """
     check_multimodal_config(config)
     try:
-        tokenizer = _tokenizer(path)
+        tokenizer = _tokenizer(path, chat_template)
         model = _model_class(config).from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
         family = directory_family(path, model.config, tokenizer)
     except (OSError, ValueError, KeyError) as exc:
@@ -312,7 +315,7 @@ def load_multimodal(path: Path, config: Any, torch_dtype: Any) -> tuple[Any, Any
     return model.eval(), tokenizer, family
 
 
-def load_multimodal_text(path: Path, config: Any) -> tuple[Any, MultimodalFamily]:
+def load_multimodal_text(path: Path, config: Any, chat_template: str | None = None) -> tuple[Any, MultimodalFamily]:
     """``(tokenizer, family)`` of a local multimodal model directory, as :func:`load_multimodal` gives them, without
     reading its weights: the config is the one the model class reads, the family holds the processors.
 
@@ -322,7 +325,7 @@ def load_multimodal_text(path: Path, config: Any) -> tuple[Any, MultimodalFamily
     """
     check_multimodal_config(config)
     try:
-        tokenizer = _tokenizer(path)
+        tokenizer = _tokenizer(path, chat_template)
         model_config = _model_class(config).config_class.from_pretrained(str(path), local_files_only=True)
         family = directory_family(path, model_config, tokenizer)
     except (OSError, ValueError, KeyError) as exc:
@@ -395,14 +398,17 @@ def _qwen3_family_from_files(path: Path, config: Any, tokenizer: Any) -> Multimo
     )
 
 
-def _tokenizer(path: Path) -> Any:
-    """The directory's tokenizer with its chat template (from the tokenizer's files, else a template file).
+def _tokenizer(path: Path, chat_template: str | None = None) -> Any:
+    """The directory's tokenizer with its chat template (``chat_template`` when given, else from the tokenizer's
+    files, else a template file).
 
     Raises: ModelLoadError when there is no chat template; OSError, ValueError or KeyError when files are unreadable.
     """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = _template_file(path)
     if not getattr(tokenizer, "chat_template", None):

@@ -1,5 +1,6 @@
 """Model fingerprints: the cache namespace's model id. Two adapters share cached state only if everything that turns
-tokens into state is the same: the weights, the config, the tokenizer and chat template, this adapter's way of laying
+tokens into state is the same: the weights, the config, the tokenizer and chat template (its digest: ``--chat-template``
+gives a model another namespace; a base model's is ``none``), this adapter's way of laying
 out the state (:data:`LAYOUT_VERSION`), the format the linear layers run in (float32, bfloat16, int8: each computes
 slightly different states), and the forward (turncache's own decoder or transformers'). The dtype is not part of
 it: namespaces carry it separately.
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from chat.models import chat_template
 
 LAYOUT_VERSION = "turncache-adapter-1"  # bump when exported layer states change meaning
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -58,7 +61,7 @@ def model_fingerprint(
     h.update(
         backend.to_str().encode() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items())).encode()
     )
-    h.update(str(getattr(tokenizer, "chat_template", "")).encode())
+    h.update(f"chat_template={chat_template.digest(chat_template.template_of(tokenizer))}".encode())
     h.update(json.dumps(sorted(map(str, tokenizer.all_special_tokens))).encode())
     h.update(weights_digest.encode())
     label = name if weights == "float32" else f"{name}+{weights}"

@@ -8,13 +8,14 @@ record of its digest). One file, step by step::
                                models_home()/gguf/.identities
     read_header + check_header the metadata and tensor table: truncated or corrupt files, parts of split files,
                                files without tensors, architectures transformers cannot read or turncache does not
-                               serve, tensor types that cannot be dequantized, no chat template: each a typed error
-                               naming the file, before any weights are read; check_header returns the model config
-                               transformers builds from the metadata
+                               serve, tensor types that cannot be dequantized: each a typed error naming the file,
+                               before any weights are read; check_header returns the model config transformers
+                               builds from the metadata
 
-A file whose metadata has no ``tokenizer.chat_template`` is refused: base models carry none, and a guessed template
-(ChatML, say) would render prompts the model was never trained on without anyone noticing. A GGUF file holds data
-only (no pickles, no code): reading one executes nothing.
+A file whose metadata has no ``tokenizer.chat_template`` is a base model: it loads and serves completions; chat
+turns are refused (``no_chat_template``) rather than rendered with a guessed template (ChatML, say), which would
+give prompts the model was never trained on without anyone noticing; ``--chat-template`` gives it one. A GGUF file
+holds data only (no pickles, no code): reading one executes nothing.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def check_header(header: GgufHeader, family: bool = True) -> Any:
         UnsupportedArchitectureError: transformers has no GGUF loader for the architecture, or its family is refused
             by :func:`chat.models.families.check_config` (``.supported`` lists the GGUF architectures served).
         ModelFileError: tensors in a type transformers cannot dequantize (named, with the types it can), one part of
-            a split file, no tensors, no chat template in the metadata, or a config transformers cannot build.
+            a split file, no tensors, or a config transformers cannot build.
     """
     arch, path = header.architecture, header.path
     parts, number = header.metadata.get("split.count", 1), header.metadata.get("split.no")
@@ -210,13 +211,6 @@ def check_header(header: GgufHeader, family: bool = True) -> Any:
             path,
             f"holds tensors of type {', '.join(map(_type_name, unreadable))} (e.g. {first}), which transformers "
             f"cannot dequantize; it reads {', '.join(sorted(map(_type_name, readable)))}",
-        )
-    template = header.metadata.get("tokenizer.chat_template")
-    if not isinstance(template, str) or not template.strip():
-        raise ModelFileError(
-            path,
-            "has no chat template (tokenizer.chat_template) in its metadata; the server renders every conversation "
-            "with it, so use a chat (instruct) model's GGUF",
         )
     return _check_family(header) if family else None
 

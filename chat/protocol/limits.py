@@ -1,5 +1,5 @@
 """Every limit the wire enforces, in one place, for both transports: the WebSocket protocol and the
-OpenAI-compatible HTTP API (``chat/server/openai_api.py``) read the same constants through the same content and
+OpenAI-compatible HTTP API (``chat/server/surfaces/openai_api.py``) read the same constants through the same content and
 sampling types.
 
 The parser and the wire types read these constants; ``docs/protocol.md`` lists them in a table (and

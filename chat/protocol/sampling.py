@@ -1,6 +1,6 @@
 """Sampling settings: the only place their ranges are checked, for both transports (the WebSocket events and the
-HTTP API's sampling fields, ``chat/server/openai_api.py``). The engine's ``SamplingParams`` does not check them
-again; ``chat.server.turns.sampling_params`` converts, filling fields left out (``None``) from the model's
+HTTP API's sampling fields, ``chat/server/surfaces/openai_api.py``). The engine's ``SamplingParams`` does not check them
+again; ``chat.server.reply.turns.sampling_params`` converts, filling fields left out (``None``) from the model's
 ``generation_config``, else OpenAI's documented defaults (temperature 1, top_p 1), and ``max_tokens`` with the room
 left in the context window (a server setting may cap it).
 

@@ -2,14 +2,21 @@
 results and errors back into wire responses; every decision about content lives in the engine and the protocol.
 
 Routes: ``/`` (the web UI), ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /v1/models``,
-``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's),
-``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (as vLLM's; ``lora_api.py``), and the chat WebSocket
-``/v1/ws`` (see docs/protocol.md, docs/openai.md). A request's ``model`` may name a loaded LoRA adapter.
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``, Anthropic's ``POST /v1/messages`` and
+``/v1/messages/count_tokens``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's), ``POST /v1/load_lora_adapter`` and
+``/v1/unload_lora_adapter`` (as vLLM's; ``surfaces/lora_api.py``), and the chat WebSocket ``/v1/ws`` (see
+docs/protocol.md, docs/openai.md, docs/anthropic.md). Every route that generates goes through the one reply pipeline
+(``chat.server.reply``); a request's ``model`` may name a loaded LoRA adapter (``reply/adapters.py``). A base model
+(no chat template) serves completions, ``/tokenize`` of a prompt and ``/detokenize``; its chat routes,
+``/v1/responses``, ``/v1/messages``, ``/tokenize`` of messages and WebSocket turns answer ``no_chat_template``
+(``/v1/models`` lists it with ``"chat": false``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
@@ -22,31 +29,41 @@ from chat.engine.engine import Engine
 from chat.engine.errors import EngineError
 from chat.protocol.errors import ErrorCode
 from chat.protocol.store import InMemorySessionStore
-from chat.server import completions_api, lora_api, openai_api, responses_api, tokenize_api
-from chat.server.auth import KeyRing, Tenant
-from chat.server.backpressure import TimedStreamingResponse
-from chat.server.choices import with_seeds
 from chat.server.errors import RequestError, describe, validation_error
-from chat.server.guard import GuardMiddleware
-from chat.server.key_store import KeyStore, watch_keys
-from chat.server.media_urls import MediaURLMiddleware
 from chat.server.metrics_text import render_metrics, render_session_metrics, render_tenant_metrics
-from chat.server.policy import TenantPolicy
-from chat.server.ratelimit import Limits, RateLimitedError
-from chat.server.response_store import ResponseStore
-from chat.server.session_db import SqliteSessionStore
+from chat.server.persistence.response_store import ResponseStore
+from chat.server.persistence.session_db import SqliteSessionStore
+from chat.server.reply.adapters import AdapterSelector, prepared_under
+from chat.server.reply.admission import Admission
+from chat.server.reply.turns import SamplingFieldError, chats, require_chat
 from chat.server.settings import MiB, ServerSettings
-from chat.server.tenant_gate import TenantGate
-from chat.server.turns import SamplingFieldError
-from chat.server.url_fetch import MediaURLPolicy
-from chat.server.ws import serve_socket
+from chat.server.surfaces import (
+    anthropic_api,
+    anthropic_convert,
+    anthropic_types,
+    completions_api,
+    lora_api,
+    openai_api,
+    responses_api,
+    tokenize_api,
+)
+from chat.server.surfaces.ws import serve_socket
+from chat.server.tenancy.auth import KeyRing, Tenant
+from chat.server.tenancy.key_store import KeyStore, watch_keys
+from chat.server.tenancy.policy import TenantPolicy
+from chat.server.tenancy.ratelimit import Limits, RateLimitedError
+from chat.server.tenancy.tenant_gate import TenantGate
+from chat.server.transport.backpressure import TimedStreamingResponse
+from chat.server.transport.guard import GuardMiddleware
+from chat.server.transport.media_urls import MediaURLMiddleware
+from chat.server.transport.url_fetch import MediaURLPolicy
 
 log = logging.getLogger("turncache.server")
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 
 def key_ring(settings: ServerSettings) -> KeyRing:
-    """The server's keys from its settings (see chat/server/auth.py).
+    """The server's keys from its settings (see chat/server/tenancy/auth.py).
 
     Raises:
         KeysError: a keys source is unreadable or malformed.
@@ -71,7 +88,7 @@ def server_policy(settings: ServerSettings) -> TenantPolicy:
 
 
 def key_store(settings: ServerSettings) -> KeyStore:
-    """The server's keys, read again on SIGHUP and when the keys file changes (``chat/server/key_store.py``).
+    """The server's keys, read again on SIGHUP and when the keys file changes (``chat/server/tenancy/key_store.py``).
 
     Raises:
         KeysError: a keys source is unreadable or malformed (at start: the server must not start).
@@ -96,8 +113,15 @@ def media_url_policy(settings: ServerSettings) -> MediaURLPolicy:
     )
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    """OpenAI's error body for ``exc``, with the status of its code (``chat/server/errors.py``)."""
+def error_response(exc: BaseException, path: str = "") -> JSONResponse:
+    """OpenAI's error body for ``exc``, with the status of its code (``chat/server/errors.py``); Anthropic's on its
+    routes (``anthropic_api.error_status_and_body``)."""
+    if anthropic_api.is_anthropic(path):
+        status, body = anthropic_api.error_status_and_body(exc)
+        if status >= 500:
+            log.error("request failed", exc_info=exc)
+        headers = {"Retry-After": str(exc.refusal.retry_after)} if isinstance(exc, RateLimitedError) else None
+        return JSONResponse(body, status_code=status, headers=headers)
     reported = describe(exc)
     status = reported.transport.status
     if status >= 500:
@@ -107,8 +131,22 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse({"error": {**error, "param": reported.param}}, status_code=status, headers=headers)
 
 
+def routed_path(scope) -> str:
+    """A request's path as routed (without a mount prefix)."""
+    return scope.get("path", "").removeprefix(scope.get("root_path", ""))
+
+
+def refusal(exc: BaseException):
+    """The ASGI response refusing ``exc`` in the shape of the request's surface (for the guard and middleware)."""
+
+    async def respond(scope, receive, send) -> None:
+        await error_response(exc, routed_path(scope))(scope, receive, send)
+
+    return respond
+
+
 class GuardedApp(FastAPI):
-    """The app with the HTTP guard (``chat/server/guard.py``) in front of FastAPI's whole stack (its telemetry
+    """The app with the HTTP guard (``chat/server/transport/guard.py``) in front of FastAPI's whole stack (its telemetry
     check, Starlette's error and body-limit middleware), not inside it: a request the guard refuses (a flood past its
     tenant's limit, a wrong key) costs the guard and the refusal only, not the layers it never needed. Live (a flood
     of 200 requests/s refused with 429, fake engine), the server's loop spent 0.72-0.80 ms of CPU per refused request
@@ -158,7 +196,7 @@ def create_app(
     app.state.sessions = store
     response_store = ResponseStore()  # /v1/responses kept for previous_response_id, per tenant
     app.state.responses = response_store
-    adapters = lora_api.AdapterSelector(engine.runtime, model_name)  # `model` -> a LoRA adapter (or the base)
+    adapters = AdapterSelector(engine.runtime, model_name)  # `model` -> a LoRA adapter (or the base)
     app.state.adapters = adapters
     lora_api.install_routes(app, adapters)
 
@@ -167,7 +205,7 @@ def create_app(
             MediaURLMiddleware,
             policy=media_url_policy(settings),
             max_body=settings.max_body_mib * MiB,
-            refuse=error_response,
+            refuse=refusal,
         )
 
     def admit_early(tenant: Tenant) -> RateLimitedError | None:
@@ -181,7 +219,7 @@ def create_app(
         app.behind_guard,
         authenticate=keys.authenticate,
         max_body=settings.max_body_mib * MiB,
-        refuse=error_response,
+        refuse=refusal,
         admit_early=admit_early,
         refusal_hold_s=settings.refusal_hold_s,
     )
@@ -190,23 +228,23 @@ def create_app(
         return TimedStreamingResponse(events, media_type="text/event-stream", send_timeout_s=settings.send_timeout_s)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(validation_error(list(exc.errors())))
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(list(exc.errors())), routed_path(request.scope))
 
     @app.exception_handler(RequestError)
-    async def request_error(_request: Request, exc: RequestError) -> JSONResponse:
-        return error_response(exc)
+    async def request_error(request: Request, exc: RequestError) -> JSONResponse:
+        return error_response(exc, routed_path(request.scope))
 
     @app.exception_handler(EngineError)
     @app.exception_handler(GrammarError)
     @app.exception_handler(RateLimitedError)
     @app.exception_handler(SamplingFieldError)
-    async def engine_error(_request: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+    async def engine_error(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc, routed_path(request.scope))
 
     @app.exception_handler(Exception)
-    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc, routed_path(request.scope))
 
     @app.get("/health")
     async def health() -> dict:
@@ -229,52 +267,49 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict:
-        base = {"id": model_name, "object": "model", "created": 0, "owned_by": "local"}
-        return {"object": "list", "data": [base, *adapters.cards()]}
+        listed = {"id": model_name, "object": "model", "created": 0, "owned_by": "local"}
+        # extension: whether the model has a chat template (false: a base model, completions only)
+        chat = chats(engine.runtime)
+        return {"object": "list", "data": [{**listed, "chat": chat}, *({**a, "chat": chat} for a in adapters.cards())]}
 
-    def check_model(name: str | None) -> None:
-        adapters.select(name)  # the model or one of its adapters, else model_not_found
+    admission = Admission(engine, gate, adapters)
+    app.state.admission = admission
+    check_model = admission.check_model  # the model or one of its adapters (the adapter, or None), else model_not_found
+    max_pending = settings.stream_buffer_events
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
-        check_model(body.model)
+        adapter = check_model(body.model)
+        require_chat(engine.runtime)
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
-        turn, tools, thinking = openai_api.build_turn(
-            body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens
-        )
-        turn = adapters.apply(turn, body.model)
-        await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(body))
-        turns = with_seeds(turn, body.n or 1)
-        gate.admit(tenant.id, len(turns))
-        tenant_engine = gate.engine_for(engine, tenant.id)
+        prepared = openai_api.prepare(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
+        prepared = prepared_under(prepared, adapter)
+        tenant_engine = await admission.admit(tenant, prepared)
+        args = (tenant_engine, prepared.turns, model_name, prepared.plan, prepared.markers)
         if body.stream:
-            events = await openai_api.stream(
-                tenant_engine, turns, model_name, tools, thinking, max_pending=settings.stream_buffer_events
-            )
-            return stream_response(events)
-        return await openai_api.complete(tenant_engine, turns, model_name, tools, thinking)
+            return stream_response(await openai_api.stream(*args, max_pending=max_pending))
+        return await openai_api.complete(*args)
 
     @app.post("/v1/completions")
     async def completions(body: completions_api.CompletionRequest, request: Request):
-        check_model(body.model)
+        adapter = check_model(body.model)
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
-        turns = completions_api.build_turns(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
-        turns = [adapters.apply(t, body.model) for t in turns]
-        await openai_api.check_grammar(engine, turns[0].params.grammar, openai_api.grammar_field(body))
-        gate.admit(tenant.id, len(turns))
-        tenant_engine = gate.engine_for(engine, tenant.id)
+        prepared = completions_api.prepare(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
+        prepared = prepared_under(prepared, adapter)
+        tenant_engine = await admission.admit(tenant, prepared)
         if body.stream:
             events = await completions_api.stream(
-                tenant_engine, body, turns, model_name, max_pending=settings.stream_buffer_events
+                tenant_engine, body, prepared.turns, model_name, max_pending=max_pending
             )
             return stream_response(events)
-        return await completions_api.complete(tenant_engine, body, turns, model_name)
+        return await completions_api.complete(tenant_engine, body, prepared.turns, model_name)
 
     @app.post("/v1/responses")
     async def responses(body: responses_api.ResponsesRequest, request: Request):
-        check_model(body.model)
+        adapter = check_model(body.model)
+        require_chat(engine.runtime)
         body.check()
         tenant: Tenant = request.state.tenant
         history: tuple = ()
@@ -284,19 +319,45 @@ def create_app(
                 message = f"previous_response_id: no response {body.previous_response_id!r}"
                 raise RequestError(ErrorCode.NOT_FOUND, message, param="previous_response_id")
             history = prior.messages
-        chat, conversation = responses_api.to_chat(body, history)
-        chat.check(settings.max_n)
-        turn, tools, thinking = openai_api.build_turn(
-            chat, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens
+        prepared, conversation = responses_api.prepare(
+            body, history, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens, max_n=settings.max_n
         )
-        turn = adapters.apply(turn, body.model)
-        await openai_api.check_grammar(engine, turn.params.grammar, openai_api.grammar_field(chat))
-        gate.admit(tenant.id)
-        tenant_engine = gate.engine_for(engine, tenant.id)
-        args = (tenant_engine, turn, body, model_name, tools, thinking, response_store, tenant.id, conversation)
+        prepared = prepared_under(prepared, adapter)
+        tenant_engine = await admission.admit(tenant, prepared)
+        (turn,) = prepared.turns
+        args = (tenant_engine, turn, body, model_name, prepared.plan, prepared.markers, response_store, tenant.id)
         if body.stream:
-            return stream_response(await responses_api.stream(*args, max_pending=settings.stream_buffer_events))
-        return await responses_api.complete(*args)
+            return stream_response(await responses_api.stream(*args, conversation, max_pending=max_pending))
+        return await responses_api.complete(*args, conversation)
+
+    @app.post("/v1/messages")
+    async def messages(body: anthropic_types.MessagesRequest, request: Request):
+        """Anthropic's Messages API (``?beta=true`` accepted: the query is not read)."""
+        adapter = check_model(body.model)
+        require_chat(engine.runtime)
+        anthropic_convert.check(body)
+        tenant: Tenant = request.state.tenant
+        runtime = engine.runtime
+        converted = anthropic_convert.to_chat(body, runtime)
+        prepared = anthropic_convert.prepare(converted, tenant.salt, runtime)
+        breakpoints = await asyncio.to_thread(
+            anthropic_convert.breakpoint_tokens, converted, prepared.turns[0], tenant.salt, runtime
+        )
+        prepared = replace(prepared, turns=anthropic_convert.with_breakpoints(prepared.turns, breakpoints))
+        prepared = prepared_under(prepared, adapter)
+        tenant_engine = await admission.admit(tenant, prepared)
+        reply = anthropic_api.Reply(body.model, converted, breakpoints, runtime, tuple(body.stop_sequences or ()))
+        if body.stream:
+            return stream_response(await anthropic_api.stream(tenant_engine, prepared, reply, max_pending=max_pending))
+        return await anthropic_api.complete(tenant_engine, prepared, reply)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: anthropic_types.CountTokensRequest, request: Request) -> dict:
+        check_model(body.model)
+        require_chat(engine.runtime)
+        anthropic_convert.check(body)
+        tenant: Tenant = request.state.tenant
+        return await asyncio.to_thread(anthropic_convert.count_tokens, body, tenant.salt, engine.runtime)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> dict:

@@ -10,6 +10,9 @@ Exceptions and their wire code::
                                             a body that does not validate: validation_error)
     ContextOverflowError                   context_overflow
     GrammarError                           invalid_grammar (response_format / structured_outputs)
+    NoChatTemplateError                    no_chat_template (a chat route, /v1/responses or a WebSocket turn for a
+                                                             base model; the message names --chat-template)
+    ChatTemplateError                      template_error  (the chat template raised rendering the messages)
     SamplingFieldError                     invalid_sampling (.field names it)
     UnsupportedMediaError                  invalid_media   (.item names the part)
     InvalidMediaError, MediaError          invalid_media   (.item)
@@ -38,12 +41,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chat.engine.constraints import GrammarError
-from chat.engine.errors import ContextOverflowError, EngineClosedError, InvalidMediaError, UnsupportedMediaError
+from chat.engine.errors import (
+    ChatTemplateError,
+    ContextOverflowError,
+    EngineClosedError,
+    InvalidMediaError,
+    NoChatTemplateError,
+    UnsupportedMediaError,
+)
 from chat.models.errors import AdapterFileError, AdapterMismatchError, UnknownAdapterError
 from chat.protocol.content import INVALID_MEDIA
 from chat.protocol.errors import ErrorCode, ProtocolError
-from chat.server.ratelimit import RateLimitedError
-from chat.server.turns import SamplingFieldError
+from chat.server.reply.turns import SamplingFieldError
+from chat.server.tenancy.ratelimit import RateLimitedError
 from modalities.errors import MediaError
 
 POLICY_VIOLATION = 1008  # WebSocket close code: refused credentials or origin
@@ -82,6 +92,8 @@ TRANSPORT: dict[ErrorCode, Transport] = {
     ErrorCode.BUSY: Transport(409, "invalid_request_error"),
     ErrorCode.NOT_GENERATING: Transport(409, "invalid_request_error"),
     ErrorCode.CONTEXT_OVERFLOW: _BAD,
+    ErrorCode.NO_CHAT_TEMPLATE: _BAD,
+    ErrorCode.TEMPLATE_ERROR: _BAD,
     ErrorCode.UNAUTHORIZED: Transport(401, "invalid_request_error", ws_close=POLICY_VIOLATION),
     ErrorCode.ORIGIN_NOT_ALLOWED: Transport(403, "invalid_request_error", ws_close=POLICY_VIOLATION),
     ErrorCode.RATE_LIMITED: Transport(429, "rate_limit_error"),
@@ -94,6 +106,8 @@ TRANSPORT: dict[ErrorCode, Transport] = {
 _BY_EXCEPTION: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (ContextOverflowError, ErrorCode.CONTEXT_OVERFLOW),
     (GrammarError, ErrorCode.INVALID_GRAMMAR),
+    (NoChatTemplateError, ErrorCode.NO_CHAT_TEMPLATE),
+    (ChatTemplateError, ErrorCode.TEMPLATE_ERROR),
     (SamplingFieldError, ErrorCode.INVALID_SAMPLING),
     (UnsupportedMediaError, ErrorCode.INVALID_MEDIA),
     (InvalidMediaError, ErrorCode.INVALID_MEDIA),

@@ -12,8 +12,8 @@ from cache import PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.scheduler import BatchSettings
 from chat.server.app import create_app, key_store
-from chat.server.backpressure import uvicorn_http_options
 from chat.server.settings import MiB, ServerSettings
+from chat.server.transport.backpressure import uvicorn_http_options
 
 log = logging.getLogger("turncache.server")
 SHUTDOWN_FLUSH_S = 10.0  # at most this long to write the prefix cache's queued files at a clean shutdown
@@ -25,10 +25,12 @@ def build_engine(settings: ServerSettings) -> Engine:
     down 3x), and its ``--lora`` adapters with it. Raises chat.models' typed errors (unknown model, unsupported
     architecture, bad dtype, an adapter that cannot be loaded or a model that takes none)."""
     from chat.models import load_model
-    from chat.server.lora_api import load_adapters
+    from chat.server.surfaces.lora_api import load_adapters
 
     def load():
-        runtime = load_model(settings.model, settings.dtype, settings.weights, settings.kv_dtype)
+        runtime = load_model(
+            settings.model, settings.dtype, settings.weights, settings.kv_dtype, chat_template=settings.chat_template
+        )
         load_adapters(runtime, settings.lora, settings.max_loras)  # --lora NAME=PATH[:SCALE], --max-loras
         return runtime
 
@@ -85,7 +87,11 @@ def serve(settings: ServerSettings) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = key_store(settings)  # a malformed keys file is refused before the model loads
+    from chat.models.chat_template import read_template
     from chat.models.registry import parse_kv_dtype, parse_weights
+
+    if settings.chat_template is not None:
+        read_template(settings.chat_template)  # a template that does not compile is refused before the model loads
 
     weights = parse_weights(settings.weights, settings.dtype, settings.model)  # the model's default when not given
     kv_dtype = parse_kv_dtype(settings.kv_dtype, settings.dtype, weights)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cache import CacheStats
 from chat.engine.metrics import TTFT_BUCKETS_S, Metrics
-from chat.server.session_writer import WriteStats
-from chat.server.tenant_gate import TenantFigures
+from chat.server.persistence.session_writer import WriteStats
+from chat.server.tenancy.tenant_gate import TenantFigures
 
 TENANT_SERIES = (  # (name, kind, help, TenantFigures field; None: turns running now)
     ("turncache_tenant_turns_total", "counter", "Turns ended, per tenant.", "turns"),

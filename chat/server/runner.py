@@ -9,7 +9,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from chat.protocol.limits import MAX_FRAME_BYTES
-from chat.server.backpressure import uvicorn_http_options
+from chat.server.transport.backpressure import uvicorn_http_options
 
 IDLE_CONNECTION_S = 30.0  # an app without server settings: how long a connection may stay silent before it closes
 

@@ -8,7 +8,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_PRIORITY, MAX_REPLY_TOKENS
-from chat.server.url_fetch import check_hosts
+from chat.server.transport.url_fetch import check_hosts
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -23,14 +23,15 @@ class ServerSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
     model: str = Field(
-        "smollm2", description="model: 'smollm2', 'tiny-<name>', a local Hugging Face directory or a GGUF file"
+        "smollm2",
+        description="model: 'smollm2', 'gemma3-270m', 'tiny-<name>', a local Hugging Face directory or a GGUF file",
     )
     dtype: str = Field("float32", pattern="^(float32|bfloat16)$", description="the dtype the model computes in")
     weights: str | None = Field(
         None,
         pattern="^(float32|bfloat16|int8|gguf|gguf-q8|gguf-q16)$",
         description="format of the linear layers' weights; gguf, gguf-q16, gguf-q8: a GGUF file's own blocks "
-        "(default: int8 for the built-in model, gguf for another GGUF file, else the dtype)",
+        "(default: gguf-q16 for a GGUF file, the built-in model too; else the dtype; int8: the throughput choice)",
     )
     kv_dtype: str | None = Field(
         None,
@@ -48,6 +49,11 @@ class ServerSettings(BaseSettings):
         ge=1,
         le=64,
         description="LoRA adapters kept in computing form at once (others wait on the host and are swapped in)",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a chat template file, or the template text (Jinja, rendered sandboxed), instead of the model's "
+        "own; a model without one (a base model) serves completions only",
     )
     max_batch: int = Field(32, ge=1, le=256, description="most turns in one batched forward")
     threads: int = Field(
@@ -124,7 +130,7 @@ class ServerSettings(BaseSettings):
     @field_validator("lora")
     @classmethod
     def _lora(cls, specs: list[str]) -> list[str]:
-        from chat.server.lora_api import parse_lora_spec
+        from chat.server.surfaces.lora_api import parse_lora_spec
 
         names = [parse_lora_spec(spec)[0] for spec in specs]
         if len(set(names)) != len(names):

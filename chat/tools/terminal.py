@@ -1,7 +1,7 @@
 """`turncache chat`: a terminal chat on the engine (no server). Prints, per turn, the cached tokens, the time to
 first token and the decode speed; a thinking model's thinking is printed dimmed, apart from its answer. With
 ``--tools FILE`` (a JSON list of OpenAI function definitions) the model may call them, as over HTTP and the WebSocket
-(``chat.server.tools_api``): a reply that may call is printed once it is done, each call on its own line, in cyan
+(``chat.server.reply.tools_api``): a reply that may call is printed once it is done, each call on its own line, in cyan
 (``⚙ name(arguments)``), and the terminal asks for each call's result, then generates the reply that follows them.
 Commands: /regen (regenerate the last reply), /reset (new chat), /quit."""
 
@@ -39,7 +39,7 @@ def chat_loop(
     Raises:
         RequestError: ``tools`` cannot be offered (a schema that is not JSON Schema, two functions of one name).
     """
-    from chat.server import tools_api
+    from chat.server.reply import tools_api
 
     offered = [ToolDef.model_validate(t) for t in tools or ()]
     plan = tools_api.plan_tools(offered, None, None, runtime)
@@ -93,7 +93,7 @@ def _ask_results(calls, stdin, stdout) -> list[PromptMessage] | None:
 def _turn(runtime, cache, messages, params, stdout, plan) -> PromptMessage | None:
     """Generate and print one reply; return it as the conversation keeps it (None when it failed)."""
     from chat.engine.errors import EngineError
-    from chat.server import tools_api
+    from chat.server.reply import tools_api
 
     plain = [{"role": m.role, "content": m.content} for m in messages]
     request = tools_api.apply(plan, TurnRequest(plain, params), tools_api.history_calls(messages))
@@ -139,7 +139,7 @@ def _show(pieces: tuple[str, str], stdout) -> None:
 
 def _reply(plan, markers, done: Done, stdout) -> PromptMessage:
     """A reply that may have called tools, read back (as the servers do), printed: its text, then its calls."""
-    from chat.server import tools_api
+    from chat.server.reply import tools_api
 
     answer = markers.split(done.text)[1] if markers is not None else done.text
     parsed, _ = tools_api.read_reply(plan, replace(done, text=answer))

@@ -418,3 +418,88 @@ def test_a_lookup_that_reads_an_entry_back_keeps_an_idle_entry_host_memory_can_h
     cache.acquire(cache.lookup(ns, [1, 1, 1]), ns)
     assert idle in cache.entry_ids(), "the idle entry was dropped although host memory had room for it"
     assert cache.entry_tier(held) == "device" and cache.entry_tier(idle) == "host" and cache.stats().evictions == 0
+
+
+# -- written behind the engine (issue 37)
+
+
+def wait_until(predicate, timeout: float = 10.0) -> float:
+    """Seconds until ``predicate()`` held (polled every 10 ms); fails the test after ``timeout``."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, "timed out"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_a_write_waits_its_delay_and_an_entry_superseded_meanwhile_is_never_written(tmp_path):
+    c = open_cache(tmp_path, disk_write_delay_s=0.4)
+    c.insert(NS, conversation(6), [normal(6)])
+    c.insert(NS, conversation(10), [normal(10)])  # the next turn: supersedes the first entry
+    time.sleep(0.2)
+    assert files(tmp_path, "entries") == [] and c.stats().disk_pending >= 1  # nothing written within the delay
+    wait_until(lambda: c.stats().disk_pending == 0)
+    assert len(files(tmp_path, "entries")) == 1 and c.stats().disk_writes == 1  # the superseded one was skipped
+    restarted = restart(c, tmp_path)
+    assert restarted.lookup(NS, [*conversation(10), 3]).length == 10
+
+
+def test_due_writes_wait_while_the_engine_computes_and_go_once_it_has_been_idle_a_moment(tmp_path):
+    c = open_cache(tmp_path, disk_write_delay_s=0.0, disk_write_defer_s=60.0)
+    c.defer_disk_writes(True)
+    c.insert(NS, conversation(6), [normal(6)])
+    time.sleep(0.5)
+    assert c.stats().disk_pending == 1 and files(tmp_path, "entries") == []
+    c.defer_disk_writes(False)
+    waited = wait_until(lambda: c.stats().disk_pending == 0)
+    assert waited >= cache.disk.QUIET_S * 0.9 and len(files(tmp_path, "entries")) == 1
+
+
+def test_a_write_deleted_while_the_engine_computes_is_skipped_once_it_stops(tmp_path):
+    c = open_cache(tmp_path, disk_write_delay_s=0.0, disk_write_defer_s=60.0)
+    c.defer_disk_writes(True)
+    c.insert(NS, conversation(6), [normal(6)])
+    c.insert(NS, conversation(10), [normal(10)])  # supersedes the first
+    time.sleep(0.3)
+    assert c.stats().disk_pending >= 1 and files(tmp_path, "entries") == []  # the writer sleeps while it computes
+    c.defer_disk_writes(False)
+    wait_until(lambda: c.stats().disk_pending == 0)
+    assert len(files(tmp_path, "entries")) == 1 and c.stats().disk_writes == 1
+
+
+def test_a_busy_engine_holds_a_write_back_at_most_the_defer_bound(tmp_path):
+    c = open_cache(tmp_path, disk_write_delay_s=0.0, disk_write_defer_s=0.5)
+    c.defer_disk_writes(True)
+    c.insert(NS, conversation(6), [normal(6)])
+    waited = wait_until(lambda: c.stats().disk_pending == 0)
+    assert 0.4 <= waited < 5 and len(files(tmp_path, "entries")) == 1  # written although the engine never idled
+
+
+def test_a_flush_writes_at_once_whatever_the_delay_and_the_engine(tmp_path):
+    c = open_cache(tmp_path, disk_write_delay_s=60.0, disk_write_defer_s=60.0)
+    c.defer_disk_writes(True)
+    c.insert(NS, conversation(6), [normal(6)])
+    start = time.monotonic()
+    assert c.flush(timeout=10) and time.monotonic() - start < 5
+    assert len(files(tmp_path, "entries")) == 1
+    restarted = restart(c, tmp_path)
+    assert restarted.lookup(NS, [*conversation(6), 3]).length == 6
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread priorities here")
+def test_the_writer_thread_runs_at_the_lowest_scheduling_priority(tmp_path):
+    c = open_cache(tmp_path)
+    c.insert(NS, conversation(6), [normal(6)])
+    assert c.flush(timeout=10)
+    (writer,) = [t for t in threading.enumerate() if t.name == "turncache-disk" and t.native_id is not None][-1:]
+    assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == cache.disk.WRITER_NICE
+
+
+def test_the_write_timings_must_be_finite_non_negative_numbers(tmp_path):
+    from cache import LengthError
+
+    for bad in (-1.0, float("inf"), "1", True):
+        with pytest.raises(LengthError):
+            PrefixCache(disk_dir=tmp_path, disk_budget_bytes=GiB, disk_write_delay_s=bad)
+        with pytest.raises(LengthError):
+            PrefixCache(disk_dir=tmp_path, disk_budget_bytes=GiB, disk_write_defer_s=bad)

@@ -179,3 +179,38 @@ def test_bench_http_runs_its_clients_apart_unless_told_to_keep_them_in_process(m
     from chat.tools.bench.http_bench import DEFAULT_ROUNDS
 
     assert [g["clients_apart"] for g in got] == [True, False] and got[0]["rounds"] == DEFAULT_ROUNDS == 8
+
+
+def test_the_chat_template_flag_and_its_environment_variable_reach_the_settings(monkeypatch):
+    from chat.cli import _settings, build_parser
+
+    monkeypatch.delenv("TURNCACHE_CHAT_TEMPLATE", raising=False)
+    assert _settings(build_parser().parse_args(["serve"])).chat_template is None
+    assert _settings(build_parser().parse_args(["serve", "--chat-template", "t.jinja"])).chat_template == "t.jinja"
+    monkeypatch.setenv("TURNCACHE_CHAT_TEMPLATE", "{{ messages }}")
+    assert _settings(build_parser().parse_args(["serve"])).chat_template == "{{ messages }}"
+    assert _settings(build_parser().parse_args(["serve", "--chat-template", "t.jinja"])).chat_template == "t.jinja"
+
+
+def test_serve_refuses_a_template_that_does_not_compile_before_the_model_loads(monkeypatch, tmp_path):
+    import chat.server.main
+
+    def never(settings):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(chat.server.main, "build_engine", never)
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}\n{{ m.content }\n{% endfor %}")
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", "tiny-llama", "--chat-template", str(bad), "--port", "0"])
+    assert f"{bad}: line 2: unexpected '}}'" in str(info.value.code)
+    with pytest.raises(SystemExit, match="no such file"):
+        main(["serve", "--model", "tiny-llama", "--chat-template", str(tmp_path / "missing.jinja"), "--port", "0"])
+
+
+def test_chat_with_a_base_model_needs_a_template(monkeypatch):
+    monkeypatch.delenv("TURNCACHE_CHAT_TEMPLATE", raising=False)
+    with pytest.raises(SystemExit, match=r"tiny-base has no chat template .* --chat-template"):
+        main(["chat", "--model", "tiny-base"])
+    with pytest.raises(SystemExit, match="line 1"):
+        main(["chat", "--model", "tiny-base", "--chat-template", "{% if %}"])

@@ -106,8 +106,11 @@ def chromium_path() -> str:
     return str(CHROMIUM)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator:
+    """Chromium for one test module. Playwright's sync API keeps an event loop marked running in this thread while
+    it is started, so it must stop before any later module calls ``asyncio.run`` in the same process (which happens
+    when tests are spread over workers with pytest-xdist)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:  # a dev dependency: fail loudly rather than skip

@@ -41,10 +41,12 @@ class TinySpec:
     kwargs: dict[str, Any] = field(default_factory=dict)  # on top of the vocabulary and special token ids
     common: bool = True  # start from _COMMON
     chat_template: str | None = None  # instead of the tokenizer's plain ChatML (chat.models.tiny.templates)
+    base: bool = False  # no chat template at all: a base model (completions only)
 
 
 TINY: dict[str, TinySpec] = {
     "llama": TinySpec("LlamaConfig"),
+    "base": TinySpec("LlamaConfig", base=True),  # tiny-llama's weights without a chat template: a base model
     "hermes": TinySpec("LlamaConfig", chat_template=HERMES_TOOLS),  # a template that takes tools (Qwen/Hermes style)
     "thinking": TinySpec("LlamaConfig", chat_template=THINKING),  # a template that thinks (Qwen3 style)
     "mistral": TinySpec("MistralConfig", {"sliding_window": WINDOW}),

@@ -1,7 +1,7 @@
 """`turncache bench agent`: agent loops over HTTP with the official ``openai`` client, and what the cache keeps of
 them.
 
-Three workloads, in one process, each on its own loopback server:
+Four workloads, in one process, each on its own loopback server:
 
 1. **Chat completions with tools** on the built-in model (its template has no tools: the generic, constrained JSON
    format): ``loops`` concurrent loops x ``steps`` requests. Each step sends the whole conversation; a reply that
@@ -10,7 +10,9 @@ Three workloads, in one process, each on its own loopback server:
    the others leave it to the model (``auto``), so every run measures calls, even on a model too small to choose
    them itself.
 2. **The same loops through** ``/v1/responses``: each step sends only its new input with ``previous_response_id``.
-3. **A thinking model** (``tiny-thinking``, whose template drops the thinking from history, as Qwen3's does): loops
+3. **The same loops over Anthropic's** ``/v1/messages`` (the ``anthropic`` SDK), each step the whole conversation
+   with the newest block marked ``cache_control`` (as Claude Code sends it), a call answered by a ``tool_result``.
+4. **A thinking model** (``tiny-thinking``, whose template drops the thinking from history, as Qwen3's does): loops
    of multi-turn chat whose replies think (the thinking held to ``thinking_budget`` tokens), then answer with the JSON
    object the application's instructions ask for (``response_format: json_schema`` with their three keys: the
    grammar applies after the thinking), the client sending back each answer without its reasoning.
@@ -18,11 +20,13 @@ Three workloads, in one process, each on its own loopback server:
 Keys: ``tool_calls_valid`` (share of tool calls whose arguments parse and validate against their function's schema;
 target 1.0), ``tool_calls`` (how many), ``cached_ratio_after_tool`` (cached / prompt tokens over chat-completions
 steps 2+; target >= 0.9), ``cached_ratio_responses`` (the same over ``/v1/responses`` steps 2+; target >= 0.95),
+``messages_tool_calls_valid`` and ``messages_tool_calls`` (the same over ``/v1/messages``; target 1.0),
+``cached_ratio_messages`` (cache_read / prompt tokens over ``/v1/messages`` steps 2+; target >= 0.95),
 ``cached_ratio_after_thinking`` (turns 2+ of the thinking loops; target >= 0.9), ``reusable_ratio_after_thinking``
 (the same steps' share of prompt tokens rendered before the step's new user message, counted by ``POST /tokenize``:
 what a cache that kept every earlier turn would reach, so that the figure before it can be judged; the marker that
 opens the new message may match too, a token a step more), ``errors``
-(failed requests; target 0), ``wall_s_chat``, ``wall_s_responses``, ``model``, ``cpu``.
+(failed requests; target 0), ``wall_s_chat``, ``wall_s_responses``, ``wall_s_messages``, ``model``, ``cpu``.
 """
 
 from __future__ import annotations
@@ -176,6 +180,51 @@ def _responses_loop(client, model: str, i: int, steps: int, max_tokens: int) -> 
     return tally
 
 
+ANTHROPIC_TOOLS = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in TOOLS
+]
+
+
+def _messages_loop(client, model: str, i: int, steps: int, max_tokens: int) -> Tally:
+    """The chat loop over Anthropic's ``/v1/messages`` (the ``anthropic`` SDK), as Claude Code sends it: the whole
+    conversation each step, the newest block marked with ``cache_control``; a call gets a ``tool_result`` back."""
+    tally = Tally()
+    messages: list[dict] = [{"role": "user", "content": [{"type": "text", "text": _question(i, 0)}]}]
+    for step in range(steps):
+        sent = [dict(m, content=[dict(b) for b in m["content"]]) for m in messages]
+        sent[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}  # the marker moves to the newest block
+        try:
+            reply = client.messages.create(
+                model=model,
+                system=SYSTEM,
+                messages=sent,
+                tools=ANTHROPIC_TOOLS,
+                tool_choice={"type": "any" if step == 0 else "auto"},
+                max_tokens=max_tokens,
+                extra_body={"temperature": 0},
+            )
+        except Exception:
+            tally.errors += 1
+            return tally
+        if step > 0:
+            u = reply.usage
+            tally.cached += u.cache_read_input_tokens
+            tally.prompt += u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
+        content = [b.model_dump(exclude_none=True, exclude={"citations", "parsed_output"}) for b in reply.content]
+        messages.append({"role": "assistant", "content": content or [{"type": "text", "text": ""}]})
+        calls = [b for b in reply.content if b.type == "tool_use"]
+        for call in calls:
+            tally.check(call.name, json.dumps(call.input))
+        results = [{"type": "tool_result", "tool_use_id": c.id, "content": "18 degrees, light rain."} for c in calls]
+        messages.append({"role": "user", "content": results or [{"type": "text", "text": _question(i, step + 1)}]})
+    return tally
+
+
 def _thinking_loop(client, model: str, i: int, steps: int) -> Tally:
     import httpx
 
@@ -217,8 +266,10 @@ def _thinking_loop(client, model: str, i: int, steps: int) -> Tally:
     return tally
 
 
-def _serve(runtime, work) -> tuple[Tally, float]:
-    """Run ``work(client, model)`` against a loopback server over ``runtime``; its tally and wall time."""
+def _serve(runtime, work, anthropic_client: bool = False) -> tuple[Tally, float]:
+    """Run ``work(client, model)`` against a loopback server over ``runtime`` (an ``openai`` client, or an
+    ``anthropic`` one); its tally and wall time."""
+    import anthropic
     import openai
 
     from cache import PrefixCache
@@ -232,7 +283,10 @@ def _serve(runtime, work) -> tuple[Tally, float]:
     )
     try:
         with BackgroundServer(create_app(engine, ServerSettings(), model_name=runtime.name)) as server:
-            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
+            if anthropic_client:
+                client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=600)
+            else:
+                client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
             start = time.perf_counter()
             tally = work(client, runtime.name)
             return tally, time.perf_counter() - start
@@ -266,6 +320,9 @@ def run(
     responses, wall_responses = _serve(
         runtime, lambda c, m: _concurrently(loops, lambda i: _responses_loop(c, m, i, steps, max_tokens))
     )
+    messages, wall_messages = _serve(
+        runtime, lambda c, m: _concurrently(loops, lambda i: _messages_loop(c, m, i, steps, max_tokens)), True
+    )
     thinker = in_fresh_thread(lambda: load_model(thinking_model))
     thinking, _ = _serve(thinker, lambda c, m: _concurrently(loops, lambda i: _thinking_loop(c, m, i, steps)))
     calls = Tally()
@@ -282,9 +339,13 @@ def run(
         "cached_ratio_responses": responses.ratio(),
         "cached_ratio_after_thinking": thinking.ratio(),
         "reusable_ratio_after_thinking": thinking.reusable / thinking.prompt if thinking.prompt else 0.0,
-        "errors": chat.errors + responses.errors + thinking.errors,
+        "messages_tool_calls": messages.calls,
+        "messages_tool_calls_valid": messages.valid / messages.calls if messages.calls else 1.0,
+        "cached_ratio_messages": messages.ratio(),
+        "errors": chat.errors + responses.errors + thinking.errors + messages.errors,
         "wall_s_chat": wall_chat,
         "wall_s_responses": wall_responses,
+        "wall_s_messages": wall_messages,
     }
 
 
@@ -293,6 +354,8 @@ TARGETS = {
     "cached_ratio_after_tool": (">=", 0.9),
     "cached_ratio_responses": (">=", 0.95),
     "cached_ratio_after_thinking": (">=", 0.9),
+    "messages_tool_calls_valid": ("==", 1.0),
+    "cached_ratio_messages": (">=", 0.95),
     "errors": ("==", 0),
 }
 

@@ -414,11 +414,12 @@ def main(
     bad_level: int | None = None,
     bad_pause_s: float = 5.0,
     clients_apart: bool = True,
+    chat_template: str | None = None,
 ) -> int:
     from chat.models import load_model
 
     bad = BadClients(bad_level or max(levels), pause_s=bad_pause_s)
-    runtime = in_fresh_thread(lambda: load_model(model))
+    runtime = in_fresh_thread(lambda: load_model(model, chat_template=chat_template))
     result = run_on(runtime, levels=levels, rounds=rounds, bad=bad, clients_apart=clients_apart)
     if not as_json:
         result = {**result, **{f"target: {k}": v for k, v in targets_met(result).items()}}

@@ -10,9 +10,13 @@ calling thread instead (``bench http --clients-in-process``), for comparison.
 
 - ``http``: ``POST /v1/chat/completions`` with ``stream: true``, an ``aiohttp`` session reading the server-sent
   events line by line and parsing each ``data:`` line;
-- ``ws``: ``completion.create`` on one WebSocket per session (the ``websockets`` client), every event parsed.
+- ``ws``: ``completion.create`` on one WebSocket per session (the ``websockets`` client), every event parsed;
+- ``http_chat`` and ``ws_chat`` (``turncache bench chat``): each conversation is a system message and its user
+  messages, sent one turn after the other, each reply appended to the history: over HTTP every request is stateless
+  and carries the whole history; over the WebSocket one session per conversation (``session.create``, then one
+  ``turn.create`` per user message). A :class:`Served` then sums the conversation's turns.
 
-Both run on uvloop (where installed, as the server does) and parse JSON with orjson: a client as light as the
+All run on uvloop (where installed, as the server does) and parse JSON with orjson: a client as light as the
 field's (vLLM's and SGLang's serving benchmarks use aiohttp for that reason), since on this benchmark's machine every
 cycle a client spends is taken from the engine. httpx on asyncio's own loop took about twice the CPU per token
 (0.10 of a core against 0.05 at 32 sessions, docs/benchmarks.md, 2026-11-26 evening).
@@ -31,7 +35,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import orjson
 
@@ -47,13 +51,16 @@ class Served:
     tokens: int  # completion tokens, from the reply's usage
     ttft_ms: float | None  # request sent -> first content received (None: no content)
     error: str | None = None
+    turn_ttfts_ms: list[float] = field(default_factory=list)  # chats: each turn's ttft_ms, in order
+    later_prompt_tokens: int = 0  # chats: prompt tokens of the turns after the first, from their usage
+    later_cached_tokens: int = 0  # chats: of those, the ones served from the prefix cache
 
 
 @dataclass
 class ClientConfig:
-    transport: str  # "http" or "ws"
+    transport: str  # "http" or "ws"; "http_chat" or "ws_chat": each conversation turn by turn
     url: str  # the server's base URL (http://host:port)
-    conversations: list[list[dict]]  # one session each, all at once
+    conversations: list[list[dict]]  # one session each, all at once (chats: the system message, then the users')
     reply_tokens: int
     key: str | None = None  # bearer key (None: none sent)
 
@@ -103,6 +110,126 @@ async def ws_session(url: str, messages: list[dict], reply_tokens: int) -> Serve
                 return Served(event["usage"]["completion_tokens"], ttft, error)
 
 
+@dataclass
+class _Reply:
+    """One streamed turn of a chat as a client saw it."""
+
+    text: str
+    tokens: int
+    ttft_ms: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    error: str | None = None
+
+
+async def _http_turn(session, url: str, messages: list[dict], reply_tokens: int) -> _Reply:
+    start = time.perf_counter()
+    ttft, pieces, usage = None, [], {}
+    async with session.post(url, json=_chat_body(messages, reply_tokens)) as response:
+        if response.status != 200:
+            return _Reply("", 0, None, 0, 0, f"HTTP {response.status}: {(await response.read())[:200]!r}")
+        async for line in response.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = orjson.loads(line[6:])
+            if "error" in chunk:
+                return _Reply("".join(pieces), 0, ttft, 0, 0, str(chunk["error"]))
+            for choice in chunk["choices"]:
+                content = choice["delta"].get("content")
+                if content:
+                    if ttft is None:
+                        ttft = (time.perf_counter() - start) * 1000
+                    pieces.append(content)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return _Reply("".join(pieces), usage.get("completion_tokens", 0), ttft, usage.get("prompt_tokens", 0), cached)
+
+
+def _summed(replies: list[_Reply]) -> Served:
+    """A conversation's turns as one :class:`Served` (its first turn's ttft as ``ttft_ms``)."""
+    ttfts = [r.ttft_ms for r in replies if r.ttft_ms is not None]
+    errors = [r.error for r in replies if r.error is not None]
+    return Served(
+        sum(r.tokens for r in replies),
+        ttfts[0] if ttfts else None,
+        errors[0] if errors else None,
+        ttfts,
+        sum(r.prompt_tokens for r in replies[1:]),
+        sum(r.cached_tokens for r in replies[1:]),
+    )
+
+
+async def http_chat(session, url: str, conversation: list[dict], reply_tokens: int) -> Served:
+    """A conversation (system message, then user messages) turn by turn, every request with the whole history."""
+    history, replies = conversation[:1], []
+    for user in conversation[1:]:
+        history.append(user)
+        reply = await _http_turn(session, url, history, reply_tokens)
+        replies.append(reply)
+        if reply.error is not None:
+            break
+        history.append({"role": "assistant", "content": reply.text})
+    return _summed(replies)
+
+
+async def ws_chat(url: str, conversation: list[dict], reply_tokens: int) -> Served:
+    """A conversation in a session of its own: ``session.create`` with the system message, one ``turn.create`` per
+    user message (the server keeps the history)."""
+    from websockets.asyncio.client import connect
+
+    replies = []
+    async with connect(url, max_size=None) as ws:
+        sampling = {"temperature": 0.0, "max_tokens": reply_tokens}
+        await ws.send(
+            json.dumps({"type": "session.create", "system": conversation[0]["content"], "sampling": sampling})
+        )
+        while True:
+            event = orjson.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
+            if event["type"] == "session.created":
+                break
+            if event["type"] == "error":
+                return Served(0, None, f"{event['code']}: {event['message']}")
+        for user in conversation[1:]:
+            start = time.perf_counter()
+            await ws.send(json.dumps({"type": "turn.create", "content": user["content"]}))
+            ttft = None
+            while True:
+                event = orjson.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
+                kind = event["type"]
+                if kind == "reply.delta" and ttft is None:
+                    ttft = (time.perf_counter() - start) * 1000
+                elif kind == "error" and "turn_id" not in event:
+                    replies.append(_Reply("", 0, ttft, 0, 0, f"{event['code']}: {event['message']}"))
+                    break
+                elif kind == "reply.done":
+                    usage = event["usage"]
+                    error = None if event["finish_reason"] in ("stop", "length") else event["finish_reason"]
+                    cached = usage["prompt_tokens_details"]["cached_tokens"]
+                    replies.append(_Reply("", usage["completion_tokens"], ttft, usage["prompt_tokens"], cached, error))
+                    break
+            if replies[-1].error is not None:
+                break
+    return _summed(replies)
+
+
+async def http_chat_level(cfg: ClientConfig) -> list[Served | BaseException]:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=len(cfg.conversations), keepalive_timeout=1.0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        url = cfg.url + "/v1/chat/completions"
+        return await asyncio.gather(
+            *(http_chat(session, url, c, cfg.reply_tokens) for c in cfg.conversations), return_exceptions=True
+        )
+
+
+async def ws_chat_level(cfg: ClientConfig) -> list[Served | BaseException]:
+    url = cfg.url.replace("http://", "ws://") + "/v1/ws"
+    return await asyncio.gather(*(ws_chat(url, c, cfg.reply_tokens) for c in cfg.conversations), return_exceptions=True)
+
+
 async def http_level(cfg: ClientConfig) -> list[Served | BaseException]:
     import aiohttp
 
@@ -126,12 +253,12 @@ async def ws_level(cfg: ClientConfig) -> list[Served | BaseException]:
     )
 
 
-LEVELS = {"http": http_level, "ws": ws_level}
+LEVELS = {"http": http_level, "ws": ws_level, "http_chat": http_chat_level, "ws_chat": ws_chat_level}
 
 
 def _import_client(transport: str) -> None:
     """The transport's client library, imported before the level is timed."""
-    if transport == "http":
+    if transport.startswith("http"):
         import aiohttp  # noqa: F401
     else:
         import websockets.asyncio.client  # noqa: F401

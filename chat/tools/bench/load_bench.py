@@ -128,8 +128,8 @@ def run_on(runtime, *, sessions: int = 32, turns: int = 5, short_tokens: int = 2
 TARGETS = {"errors": ("==", 0), "completion_tokens_per_s": (">=", 100.0), "ttft_p50_ms": ("<=", 1000.0)}
 
 
-def main(as_json: bool, model: str = "smollm2") -> int:
+def main(as_json: bool, model: str = "smollm2", chat_template: str | None = None) -> int:
     from chat.models import load_model
 
-    emit(run_on(in_fresh_thread(lambda: load_model(model))), TARGETS, as_json)
+    emit(run_on(in_fresh_thread(lambda: load_model(model, chat_template=chat_template))), TARGETS, as_json)
     return 0

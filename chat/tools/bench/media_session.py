@@ -1,6 +1,6 @@
 """A session with one new photo per turn, through the path a WebSocket turn takes: the ``turn.create`` frame is
 parsed and validated by the protocol (each photo's base64 decoded and hashed there, once), kept in the session's
-stored messages, turned into the engine's request by ``chat.server.turns``, then rendered and answered by the
+stored messages, turned into the engine's request by ``chat.server.reply.turns``, then rendered and answered by the
 engine. Per turn it reports:
 
 - ``request_ms_per_turn``: from the frame to the engine's request (parse and validate the frame, plan the turn,
@@ -32,7 +32,7 @@ def run(runtime: Any, turns: int = TURNS) -> dict[str, Any]:
     from chat.protocol.parser import parse_client_event
     from chat.protocol.sampling import SamplingSettings
     from chat.protocol.session import Session
-    from chat.server.turns import turn_request, wire_timings, wire_usage
+    from chat.server.reply.turns import turn_request, wire_timings, wire_usage
     from chat.tools.bench.media_samples import photo
 
     settings = SamplingSettings(temperature=0.0, max_tokens=REPLY_TOKENS)

@@ -254,9 +254,11 @@ def run_on(runtime, cfg: MultiTurnConfig | None = None) -> dict:
 TARGETS = {"errors": ("==", 0), "same_replies": ("==", 1.0)}
 
 
-def main(as_json: bool, model: str = "smollm2", conversations: int | None = None) -> int:
+def main(
+    as_json: bool, model: str = "smollm2", conversations: int | None = None, chat_template: str | None = None
+) -> int:
     from chat.models import load_model
 
     cfg = MultiTurnConfig() if conversations is None else MultiTurnConfig(conversations=conversations)
-    emit(run_on(in_fresh_thread(lambda: load_model(model)), cfg), TARGETS, as_json)
+    emit(run_on(in_fresh_thread(lambda: load_model(model, chat_template=chat_template)), cfg), TARGETS, as_json)
     return 0

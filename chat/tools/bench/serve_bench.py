@@ -169,10 +169,10 @@ async def _run(url: str, sessions: int, turns: int, short_tokens: int, long_toke
     }
 
 
-def run(model: str = "smollm2", **kwargs) -> dict:
+def run(model: str = "smollm2", chat_template: str | None = None, **kwargs) -> dict:
     from chat.models import load_model
 
-    return run_on(in_fresh_thread(lambda: load_model(model)), **kwargs)
+    return run_on(in_fresh_thread(lambda: load_model(model, chat_template=chat_template)), **kwargs)
 
 
 def run_on(
@@ -203,6 +203,6 @@ def run_on(
 TARGETS = {"errors": ("==", 0), "cached_ratio": (">=", 0.8), "ttft_contended_ratio": ("<=", 3.0)}
 
 
-def main(as_json: bool, model: str = "smollm2") -> int:
-    emit(run(model), TARGETS, as_json)
+def main(as_json: bool, model: str = "smollm2", chat_template: str | None = None) -> int:
+    emit(run(model, chat_template), TARGETS, as_json)
     return 0

@@ -6,7 +6,7 @@ One loopback server (in this process, over HTTP) with a keys file of two tenants
   Each turn is a streaming ``POST /v1/chat/completions`` carrying the whole conversation (a short question, a reply of
   at most ``quiet_reply_tokens`` tokens, greedy), then ``think_s`` seconds of reading before the next question. Its
   time to first token is measured by the client: from sending the request to the first server-sent event (the server
-  sends it once the reply's first token exists, ``chat/server/openai_api.py``).
+  sends it once the reply's first token exists, ``chat/server/surfaces/openai_api.py``).
 - **noisy** (B): ``noisy_conversations`` (32) eval workers, all at once. Each runs eval conversations back to back
   (non-streaming requests of the whole history, ``noisy_turns`` user messages of ``noisy_user_tokens`` random words,
   replies of at most ``noisy_reply_tokens`` tokens, every conversation's system message tagged with its number, so
@@ -433,7 +433,7 @@ def batch_settings(cfg: TenantsConfig):
 def summarize(runtime, cfg: TenantsConfig, phases: dict, stats, per_token: float, planned: tuple, budget: int) -> dict:
     """The benchmark's keys from what each phase measured and the cache's statistics at the end; ``planned``: the
     K/V rows B's first conversations and A's sessions of one phase hold, as planned."""
-    from chat.server.auth import cache_salt
+    from chat.server.tenancy.auth import cache_salt
 
     alone, loaded = quiet_figures(phases["alone"]), quiet_figures(phases["loaded"])
     noisy: NoisyTally = phases["noisy"]

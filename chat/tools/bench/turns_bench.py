@@ -11,7 +11,7 @@ The chat grows to about 2,000 tokens with ~64-token user messages and greedy rep
   cache would do);
 - ``hit_speedup`` = miss / hit, ``overhead_ratio`` = hit / floor;
 - ``decode_tps`` and ``hf_decode_tps``: tokens per second after the first, ours (in the model's default weight
-  format, e.g. int8 for the built-in model) vs HF ``generate`` on the float32 weights as loaded from disk, same
+  format, e.g. gguf-q16 for the built-in model) vs HF ``generate`` on the float32 weights as loaded from disk, same
   prompt, same number of new tokens (greedy; EOS ignored by neither, so both stop at the same place); ``weights``
   names the engine's format.
 

@@ -2,7 +2,8 @@
 
     ClientError
     ├── ChatError(code, message, turn_id)       the server sent an ``error`` event; ``code`` is the wire code
-    │   ├── InvalidRequestError                   invalid_json, frame_too_large, unknown_event, invalid_event
+    │   ├── InvalidRequestError                   invalid_json, frame_too_large, unknown_event, invalid_event,
+    │   │                                         no_chat_template, template_error
     │   ├── InvalidMediaError                     invalid_media
     │   ├── SessionError                          no_session, unknown_session, unknown_model
     │   ├── BusyError                             busy, not_generating
@@ -44,7 +45,8 @@ class ChatError(ClientError):
 
 
 class InvalidRequestError(ChatError):
-    """The event was malformed: ``invalid_json``, ``frame_too_large``, ``unknown_event``, ``invalid_event``."""
+    """The event was malformed: ``invalid_json``, ``frame_too_large``, ``unknown_event``, ``invalid_event``; or it
+    cannot be rendered for this model: ``no_chat_template`` (a base model), ``template_error`` (its template raised)."""
 
 
 class InvalidMediaError(ChatError):
@@ -77,6 +79,8 @@ _BY_CODE: dict[str, type[ChatError]] = {
     "frame_too_large": InvalidRequestError,
     "unknown_event": InvalidRequestError,
     "invalid_event": InvalidRequestError,
+    "no_chat_template": InvalidRequestError,
+    "template_error": InvalidRequestError,
     "invalid_media": InvalidMediaError,
     "no_session": SessionError,
     "unknown_session": SessionError,

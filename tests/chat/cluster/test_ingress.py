@@ -16,8 +16,8 @@ from chat.cluster import ingress as ingress_module
 from chat.cluster.ingress import ClusterIngress
 from chat.cluster.prompt_keys import PromptKeyer
 from chat.cluster.remote_engine import RemoteEngine
-from chat.server.auth import KeyRing
 from chat.server.settings import ServerSettings
+from chat.server.tenancy.auth import KeyRing
 
 
 class NoHandle:

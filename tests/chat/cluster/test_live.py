@@ -371,7 +371,7 @@ def test_a_replica_killed_mid_turn_ends_that_turn_typed_and_the_next_turn_runs_e
 def test_a_stopped_ingress_closes_its_session_store(live):
     from ray import serve
 
-    from chat.server.session_db import SqliteSessionStore
+    from chat.server.persistence.session_db import SqliteSessionStore
 
     sid, _ = asyncio.run(session_conversation(live.ws, 1, 1))
     assert os.path.exists(live.sessions_db + "-wal")  # open: SQLite's write-ahead log is there

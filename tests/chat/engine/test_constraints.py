@@ -195,7 +195,7 @@ def test_a_mask_batch_fills_the_masks_a_constraint_would_compute_itself(compiler
 
 
 def test_n_replies_are_seeded_one_apart():
-    from chat.server.choices import with_seeds
+    from chat.server.reply.choices import with_seeds
 
     request = TurnRequest([], SamplingParams(temperature=1.0, seed=41))
     assert [r.params.seed for r in with_seeds(request, 3)] == [41, 42, 43]

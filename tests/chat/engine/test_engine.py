@@ -195,3 +195,28 @@ def test_an_interrupted_step_is_counted_apart_from_the_steps_that_computed():
     assert (metrics.steps, metrics.step_tokens, metrics.steps_interrupted) == (1, 9, 1)
     lines = render_metrics(metrics, None).splitlines()
     assert "turncache_steps_total 1" in lines and "turncache_steps_interrupted_total 1" in lines
+
+
+def test_the_worker_tells_the_cache_when_it_computes_so_that_disk_writes_wait_behind_its_turns():
+    calls: list[bool] = []
+
+    class Recording(PrefixCache):
+        def defer_disk_writes(self, busy: bool) -> None:
+            calls.append(busy)
+
+    eng = Engine(FakeRuntime(), cache=Recording())
+    try:
+        pause = threading.Event()  # never set: a sleep
+        for _ in range(500):
+            if calls:
+                break
+            pause.wait(0.01)
+        assert calls == [False]  # the worker waits for work: idle
+        _, done = asyncio.run(collect(eng, ask("hi")))
+        for _ in range(500):
+            if len(calls) == 3:
+                break
+            pause.wait(0.01)  # the worker goes back to waiting
+        assert done.finish_reason in ("stop", "length") and calls == [False, True, False]  # told once per change
+    finally:
+        eng.close()

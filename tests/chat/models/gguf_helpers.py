@@ -4,9 +4,10 @@ super-blocks for the K-quants) under llama.cpp's tensor names (a llama's q/k row
 them), and the tiny tokenizer as a byte-level BPE vocabulary (``tokenizer.ggml.model = "gpt2"``: tokens, token types,
 merges). No download: ~0.8 MB in F32, ~0.2 MB in Q8_0, written in well under a second.
 
-gguf-py quantizes Q4_0 / Q4_1 / Q8_0 / Q5_x but not the K-quants: :func:`quantize_q4_k` and :func:`quantize_q6_k`
-write valid blocks of those (a plain round-to-nearest encoder written from ggml's block layout, not llama.cpp's
-search for the best scales), which gguf-py then reads back.
+gguf-py quantizes Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / F16 / BF16 but not the K-quants nor the IQ4 types:
+:func:`quantize_q4_k` and :func:`quantize_q6_k` write valid blocks of those two (a plain round-to-nearest encoder
+written from ggml's block layout, not llama.cpp's search for the best scales), :func:`random_blocks` random blocks of
+Q5_K, Q3_K, Q2_K, IQ4_NL and IQ4_XS (their scales sized to the tensor); gguf-py then reads them all back.
 """
 
 from __future__ import annotations
@@ -172,7 +173,51 @@ def quantize_q6_k(values: np.ndarray) -> np.ndarray:
     ).reshape(rows, -1)
 
 
+# types gguf-py cannot quantize and no encoder is written for here: random blocks (any bit pattern is a valid block)
+# with float16 scale fields sized to the tensor's largest value; (byte offset, divisor of that value) per field
+RANDOM_SCALES = {
+    "Q5_K": [(0, 63 * 31)],  # w = d * scale * q - dmin * min
+    "Q3_K": [(108, 32 * 4)],  # w = d * (scale - 32) * q, q in -4..3
+    "Q2_K": [(80, 15 * 3)],  # w = d * scale * q - dmin * min
+    "IQ4_NL": [(0, 127)],  # w = d * table value
+    "IQ4_XS": [(0, 32 * 127)],  # w = d * (scale - 32) * table value
+}
+# K-quants with mins: each sub-block's min set to its scale and dmin to d times half the largest quant, so that the
+# weights are centred (w = d * scale * (q - half)) as a quantizer's would be: (dmin's offset, half)
+CENTRED = {"Q5_K": (2, 15.5), "Q2_K": (82, 1.5)}
+
+
+def random_blocks(values: np.ndarray, qtype: str) -> np.ndarray:
+    """Random ``qtype`` blocks for ``values`` [rows, columns] (only their shape, largest magnitude and bytes count:
+    the same row always gives the same blocks), scaled so that the weights stay within about that magnitude."""
+    import zlib
+
+    import gguf
+
+    per, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    rows, columns = values.shape
+    raw = np.empty((rows, columns // per, size), dtype=np.uint8)
+    top = float(np.abs(values).max()) or 1.0
+    for i, row in enumerate(np.ascontiguousarray(values, dtype=np.float32)):  # a row's blocks from its own bytes:
+        rng = np.random.default_rng(zlib.crc32(row.tobytes()))  # rows permuted (llama's q/k) give permuted blocks
+        raw[i] = rng.integers(0, 256, size=(columns // per, size), dtype=np.uint8)
+        for at, divisor in RANDOM_SCALES[qtype]:
+            scale = rng.uniform(0.5, 1.0, size=(columns // per, 1)) * top / divisor
+            raw[i, :, at : at + 2] = scale.astype(np.float16).view(np.uint8)
+    if qtype in CENTRED:
+        at, half = CENTRED[qtype]
+        d = raw[..., 0 if qtype == "Q5_K" else 80 : 2 if qtype == "Q5_K" else 82].copy().view(np.float16)
+        raw[..., at : at + 2] = (d.astype(np.float32) * half).astype(np.float16).view(np.uint8)
+        if qtype == "Q2_K":  # byte: scale | min << 4
+            raw[..., 0:16] = (raw[..., 0:16] & 0x0F) | ((raw[..., 0:16] & 0x0F) << 4)
+        else:  # Q4_K's packing of six-bit scales and mins: equal mins repeat the scales' bits
+            raw[..., 8:12] = raw[..., 4:8]
+            raw[..., 12:16] = (raw[..., 12:16] & 0x0F) | ((raw[..., 12:16] & 0x0F) << 4)
+    return raw.reshape(rows, -1)
+
+
 K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
+SUPER_BLOCKS = {*K_QUANTIZERS, "Q5_K", "Q3_K", "Q2_K", "IQ4_XS"}  # types of 256-value super-blocks
 MIXED = {"Q4_K_M": ("Q4_K", ("attn_v.weight", "ffn_down.weight"), "Q6_K")}  # llama.cpp's mix: some layers in Q6_K
 
 
@@ -181,6 +226,8 @@ def quantize(values: np.ndarray, qtype: str) -> tuple[np.ndarray, object]:
     import gguf
 
     quant = gguf.GGMLQuantizationType[qtype]
+    if qtype in RANDOM_SCALES:
+        return random_blocks(values, qtype), quant
     if qtype in K_QUANTIZERS:
         return K_QUANTIZERS[qtype](values), quant
     return gguf.quants.quantize(values, quant), quant
@@ -279,7 +326,7 @@ def write_tiny_gguf(
         kind = qtype
         if qtype in MIXED:
             kind = MIXED[qtype][2] if name.endswith(MIXED[qtype][1]) else MIXED[qtype][0]
-        width = 256 if kind in K_QUANTIZERS else 32
+        width = 256 if kind in SUPER_BLOCKS else 32
         blocks = values.ndim == 2 and values.shape[1] % width == 0  # rows of whole quantization blocks
         if blocks and kind == "F16":
             writer.add_tensor(name, values.astype(np.float16))
@@ -320,7 +367,7 @@ def dequantized_copy(model: torch.nn.Module, qtype: str) -> torch.nn.Module:
             if qtype in MIXED:
                 suffix = gguf_name(name, out.config.model_type) if name.startswith("model.layers.") else name
                 kind = MIXED[qtype][2] if suffix.endswith(MIXED[qtype][1]) else MIXED[qtype][0]
-            width = 256 if kind in K_QUANTIZERS else 32
+            width = 256 if kind in SUPER_BLOCKS else 32
             if param.dim() != 2 or param.shape[1] % width:
                 continue
             values = param.numpy()

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from cache import Namespace, PrefixCache
+from chat.engine.errors import NoChatTemplateError
 from chat.models import (
     InvalidSettingError,
     ModelError,
@@ -54,6 +55,8 @@ def test_a_refused_directory_is_refused_before_weights_are_read(tmp_path):
 
 
 def test_a_directory_without_a_config_or_chat_template(tmp_path):
+    """No config.json: refused. No chat template (tokenizer_config.json, chat_template.jinja): a base model, which
+    loads and refuses to render chat, never guessing a template."""
     with pytest.raises(ModelLoadError, match=r"config\.json"):
         load_model(str(tmp_path))
     save_stock("tiny-llama", tmp_path)
@@ -61,8 +64,10 @@ def test_a_directory_without_a_config_or_chat_template(tmp_path):
     settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
     settings.pop("chat_template", None)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
-    with pytest.raises(ModelLoadError, match="chat template"):
-        load_model(str(tmp_path))
+    base = load_model(str(tmp_path))
+    assert base.chats is False and base.encode("one two") == tiny("tiny-llama").encode("one two")
+    with pytest.raises(NoChatTemplateError, match="--chat-template"):
+        base.render([{"role": "user", "content": "hi"}])
 
 
 @pytest.mark.parametrize("dtype", ["float16", "fp32", "", None])
@@ -129,7 +134,9 @@ def test_every_supported_family_has_its_tiny_model():
     from chat.models.families import SUPPORTED
     from chat.models.tiny.text import TINY, tiny_names
 
-    families = [f"tiny-{name}" for name, spec in TINY.items() if spec.chat_template is None]  # not template variants
+    families = [  # not the template variants (nor tiny-base: tiny-llama without one)
+        f"tiny-{name}" for name, spec in TINY.items() if spec.chat_template is None and not spec.base
+    ]
     assert sorted(name for name, _ in SUPPORTED.values()) == sorted(families)
     assert set(families) < set(tiny_names())
     for model_type, (name, _) in SUPPORTED.items():

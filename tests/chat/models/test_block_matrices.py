@@ -23,12 +23,24 @@ SCALES = {  # (byte offset of a float16 field in a block, its range): sane scale
     "Q8_0": [(0, -0.002, 0.002)],
     "Q4_K": [(0, 0.0, 0.002), (2, 0.0, 0.002)],
     "Q6_K": [(208, -0.002, 0.002)],
+    "Q5_0": [(0, -0.02, 0.02)],
+    "Q5_1": [(0, 0.0, 0.02), (2, -0.1, 0.1)],
+    "Q5_K": [(0, 0.0, 0.002), (2, 0.0, 0.002)],
+    "Q3_K": [(108, -0.002, 0.002)],
+    "Q2_K": [(80, 0.0, 0.002), (82, 0.0, 0.002)],
+    "IQ4_NL": [(0, -0.002, 0.002)],
+    "IQ4_XS": [(0, -0.002, 0.002)],
 }
 
 
 def random_weight(qtype: str, n: int, k: int, seed: int = 0) -> BlockWeight:
     """Random blocks of ``qtype`` (every bit pattern of the quants is valid) with finite float16 scales."""
     rng = np.random.default_rng(seed)
+    if qtype in block_matrices.HALF_TYPES:  # finite values of either 16-bit float
+        values = rng.normal(0.0, 0.05, size=(n, k)).astype(np.float32)
+        values[0, :4] = [0.0, -0.0, 1e-7, -6e4]  # zeros, a float16 subnormal, a large value
+        raw = gguf.quants.quantize(values, gguf.GGMLQuantizationType[qtype]).view(np.uint8).reshape(n, -1)
+        return BlockWeight(qtype, (n, k), raw)
     per, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
     raw = rng.integers(0, 256, size=(n, k // per, size), dtype=np.uint8)
     for at, lo, hi in SCALES[qtype]:
@@ -60,10 +72,13 @@ def test_the_kernels_compute_the_product_with_the_files_weights(qtype, design, b
     weight = random_weight(qtype, n, k, seed=1)
     b = torch.randn(n) if bias else None
     x = torch.randn(11, k)
-    got = design(unpack(weight), b)(x)
+    matrix = design(unpack(weight), b)
+    got = matrix(x)
     with native.disabled():  # the torch path: the same weights, the same activation rounding (gguf-q8)
         torch_path = design(unpack(weight), b)(x)
-    inputs = block_matrices.quantize_activations(x, design.levels) if design.levels else x
+    if qtype in block_matrices.HALF_TYPES:  # 16-bit floats: weight-only in every format, kept in 16 bits
+        assert matrix.levels == 0 and matrix.packed.nbytes == 2 * n * k + 2 * 10 * k  # 70 channels padded to 80
+    inputs = block_matrices.quantize_activations(x, matrix.levels) if matrix.levels else x
     exact = F.linear(inputs.double(), reference(weight).double(), None if b is None else b.double())
     scale = exact.abs().max().item()
     assert (got.double() - exact).abs().max().item() <= 1e-5 * scale
@@ -71,7 +86,7 @@ def test_the_kernels_compute_the_product_with_the_files_weights(qtype, design, b
 
 
 @needs_kernels
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K", "Q8_0", "Q3_K", "Q2_K", "F16", "BF16"])
 @pytest.mark.parametrize("design", DESIGNS)
 def test_a_row_in_any_batch_is_the_row_alone_bit_for_bit(qtype, design):
     weight = random_weight(qtype, 48, 512, seed=2)
@@ -159,4 +174,40 @@ def test_raw_bytes_that_do_not_fit_the_shape_are_refused():
     with pytest.raises(ValueError, match="raw bytes"):
         unpack(BlockWeight("Q4_1", (4, 96), weight.raw))
     with pytest.raises(ValueError, match="no block kernel"):
-        unpack(BlockWeight("Q5_1", (4, 64), weight.raw))
+        unpack(BlockWeight("TQ2_0", (4, 256), weight.raw))
+
+
+PACKED_BITS = {  # bits a weight in the kernels' layout (the module docstring's table)
+    **{"Q4_0": 5, "Q4_1": 6, "Q5_0": 9, "Q5_1": 10, "Q8_0": 9, "Q2_K": 8, "Q3_K": 6, "Q4_K": 6, "Q5_K": 10},
+    **{"Q6_K": 10, "IQ4_NL": 9, "IQ4_XS": 9, "F16": 16, "BF16": 16},
+}
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", block_matrices.KERNEL_TYPES)
+def test_each_type_costs_the_bits_a_weight_the_docstring_says(qtype):
+    n, k = 32, 512
+    matrix = BlockMatrix(unpack(random_weight(qtype, n, k, seed=10)), None)
+    assert matrix.weight_bytes() * 8 == PACKED_BITS[qtype] * n * k
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype", block_matrices.KERNEL_TYPES)
+def test_rows_read_back_from_the_packed_layout_are_the_files_values(qtype):
+    weight = random_weight(qtype, 40, 512, seed=11)  # 40 channels: a padded last block
+    matrix = BlockQ16Matrix(unpack(weight), None)
+    rows = np.array([0, 39, 17, 16, 17, 5])
+    assert torch.equal(torch.from_numpy(matrix.dequantize_rows(rows)), reference(weight)[rows])
+
+
+@pytest.mark.parametrize("source", ["file", "head"])
+def test_an_embedding_in_blocks_looks_up_the_files_rows(source):
+    weight = random_weight("Q8_0", 48, 64, seed=12)
+    if source == "head" and block_matrices.kernels() is None:
+        pytest.skip("no native block kernels on this machine")
+    embed = block_matrices.BlockEmbedding(weight if source == "file" else BlockMatrix(unpack(weight), None))
+    ids = torch.tensor([[3, 47, 3], [0, 16, 31]])
+    got = embed(ids)
+    assert got.shape == (2, 3, 64) and got.dtype == torch.float32
+    assert torch.equal(got, F.embedding(ids, reference(weight)))
+    assert (embed.raw is None) == (source == "head")  # the head's rows: no copy of its own

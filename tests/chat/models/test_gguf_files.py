@@ -16,6 +16,7 @@ import torch
 
 from cache import PrefixCache
 from chat.engine.engine import Engine
+from chat.engine.errors import NoChatTemplateError
 from chat.engine.events import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.models import ModelFileError, UnsupportedArchitectureError, gguf_files, gguf_model, load_model, load_renderer
@@ -218,6 +219,24 @@ def test_a_second_load_of_the_same_bytes_reuses_the_parsed_metadata(files, monke
     assert again._tokenizer is not first._tokenizer and again._model.config is not first._model.config  # copies
 
 
+def test_a_load_parses_the_metadata_once(files, monkeypatch):
+    """transformers reads the whole metadata for the config and again for the tokenizer's class: one read serves
+    both (gguf_model.one_metadata_parse)."""
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    original, reads = reader.load_gguf_checkpoint, []
+
+    def counted(path, return_tensors=False, **kwargs):
+        reads.append(return_tensors)
+        return original(path, return_tensors, **kwargs)
+
+    monkeypatch.setattr(reader, "load_gguf_checkpoint", counted)
+    monkeypatch.setattr(gguf_model, "_parsed", {})  # nothing parsed earlier in the process
+    model = load_model(str(files["q8_0"]), weights="float32")
+    assert reads == [False] and model.render(MESSAGES)  # one metadata read; the tokenizer works
+    assert reader.load_gguf_checkpoint is counted  # restored after the load
+
+
 def test_a_copy_with_the_same_bytes_shares_the_namespace(files, f32_model, tmp_path):
     copy = shutil.copyfile(files["f32"], tmp_path / "tiny-llama-f32.gguf")
     assert load_model(str(copy), weights="float32").fingerprint == f32_model.fingerprint
@@ -235,6 +254,22 @@ def test_a_changed_file_gets_a_new_namespace(files, f32_model, q8_model, tmp_pat
     assert digest == q8_model.fingerprint.split("@")[1] != f32_model.fingerprint.split("@")[1]
     tokens = random_tokens(changed, 12, seed=5)
     assert torch.equal(full_logits(changed, tokens), full_logits(q8_model, tokens))
+
+
+def test_a_file_without_a_chat_template_is_a_base_model(reference, f32_model, tmp_path):
+    """No tokenizer.chat_template in the metadata: it loads, computes as the same weights with a template do, and
+    refuses chat turns (never a guessed template); --chat-template gives it one, and another namespace."""
+    path = write_tiny_gguf(tmp_path / "base.gguf", reference, chat_template=None)
+    base = load_model(str(path), weights="float32")
+    assert base.chats is False and f32_model.chats is True
+    tokens = base.encode("What is the capital of France?")
+    assert torch.equal(full_logits(base, tokens), full_logits(f32_model, tokens))
+    with pytest.raises(NoChatTemplateError, match="--chat-template"):
+        base.render(MESSAGES)
+    assert load_renderer(str(path)).chats is False
+    given = load_model(str(path), weights="float32", chat_template=f32_model._tokenizer.chat_template)
+    assert given.render(MESSAGES) == f32_model.render(MESSAGES)
+    assert given.fingerprint != base.fingerprint  # the same bytes, another template: another namespace
 
 
 def test_a_tensor_transformers_skips_is_named_at_every_load(reference, tmp_path, caplog):
@@ -342,11 +377,6 @@ def test_a_tensor_of_a_type_nobody_knows(files, tmp_path, monkeypatch, home):
     path = tmp_path / "unknown-type.gguf"
     path.write_bytes(bytes(data))
     refused(path, ModelFileError, monkeypatch, home, "tensor token_embd.weight has the unknown ggml type id 200")
-
-
-def test_a_file_without_a_chat_template(reference, tmp_path, monkeypatch, home):
-    path = write_tiny_gguf(tmp_path / "base.gguf", reference, chat_template=None)
-    refused(path, ModelFileError, monkeypatch, home, "no chat template")
 
 
 def test_one_part_of_a_split_file(reference, tmp_path, monkeypatch, home):

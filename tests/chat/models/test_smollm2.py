@@ -56,10 +56,12 @@ def test_the_default_model_restores_a_prefix_exactly(smollm2):
 
 
 def test_the_default_load_uses_the_default_weight_format_in_its_own_namespace(smollm2):
-    from chat.models.registry import DEFAULT_WEIGHTS
+    from chat.models.registry import GGUF_DEFAULT_WEIGHTS
 
     default = load_model("smollm2")
-    assert default.weights == DEFAULT_WEIGHTS["smollm2"] != "float32"
+    assert default.weights == GGUF_DEFAULT_WEIGHTS == "gguf-q16"  # the rule's choice (float32's answers)
     assert default.fingerprint.startswith(f"smollm2+{default.weights}@") and smollm2.fingerprint.startswith("smollm2@")
     reply = greedy(default, [{"role": "user", "content": "Name three primary colors."}])
     assert "red" in reply.lower() and "blue" in reply.lower()
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    assert greedy(default, question) == greedy(smollm2, question)  # float32's answer (int8's was broken French)

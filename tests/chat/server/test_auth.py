@@ -10,8 +10,8 @@ import pytest
 
 from chat.cli import main
 from chat.server.app import key_ring
-from chat.server.auth import DEFAULT_TENANT, KeyRing, KeysError, cache_salt, parse_keys, read_keys_file
 from chat.server.settings import ServerSettings
+from chat.server.tenancy.auth import DEFAULT_TENANT, KeyRing, KeysError, cache_salt, parse_keys, read_keys_file
 
 KEY_A = "alice-key-0123456789abcdef"
 KEY_A2 = "alice-rotated-key-0123456789"
@@ -149,8 +149,8 @@ LIMITS_LINES = (
 
 @pytest.mark.parametrize("text", [json.dumps(LIMITS_JSON), LIMITS_LINES], ids=["json", "lines"])
 def test_both_formats_carry_limits_priorities_and_admin_flags(tmp_path, text):
-    from chat.server.policy import TenantPolicy
-    from chat.server.ratelimit import Limits
+    from chat.server.tenancy.policy import TenantPolicy
+    from chat.server.tenancy.ratelimit import Limits
 
     path = tmp_path / "keys"
     path.write_text(text)

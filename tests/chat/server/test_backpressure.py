@@ -7,10 +7,10 @@ import pytest
 
 from chat.engine.events import Delta, Done, Timings, Usage
 from chat.protocol.errors import ErrorCode
-from chat.server.backpressure import Pacer, TimedStreamingResponse, closing_idle
-from chat.server.choices import run_turn_batches
 from chat.server.errors import TRANSPORT, SlowClientError, code_of
-from chat.server.ws import ChatSocket
+from chat.server.reply.choices import run_turn_batches
+from chat.server.surfaces.ws import ChatSocket
+from chat.server.transport.backpressure import Pacer, TimedStreamingResponse, closing_idle
 
 
 class _Flood:
@@ -186,8 +186,8 @@ def test_a_connection_that_never_sends_is_closed_after_the_idle_time_and_one_tha
 def test_each_connections_kernel_send_buffer_is_the_one_set_and_the_setting_is_checked():
     import pydantic
 
-    from chat.server.backpressure import send_buffer_bytes
     from chat.server.settings import ServerSettings
+    from chat.server.transport.backpressure import send_buffer_bytes
 
     buffers = []
 
@@ -303,7 +303,7 @@ class _Pacer:
 
 
 def test_a_stream_whose_client_falls_behind_pauses_its_turns_and_gets_the_whole_reply_at_its_pace():
-    from chat.server.backpressure import pause_threshold
+    from chat.server.transport.backpressure import pause_threshold
 
     engine = _Pacer(200)
 
@@ -370,7 +370,7 @@ def test_a_client_that_stops_reading_a_while_pauses_its_turn_and_then_gets_the_w
 
 
 def test_a_websocket_whose_client_falls_behind_pauses_its_turns_and_its_writer_lets_them_go_on():
-    from chat.server.backpressure import pause_threshold
+    from chat.server.transport.backpressure import pause_threshold
 
     class Job:
         def __init__(self) -> None:
@@ -444,7 +444,7 @@ def test_a_websocket_client_that_stops_reading_a_while_pauses_its_turn_and_then_
 def test_a_completions_or_responses_stream_past_its_bound_ends_with_a_typed_slow_client_error(api):
     """Events that keep coming after the pause (an engine that does not stop at once) end the stream with
     ``slow_client``, as chat completions' streams do."""
-    from chat.server import completions_api, responses_api
+    from chat.server.surfaces import completions_api, responses_api
 
     engine = _Flood(50)
     engine.runtime = None

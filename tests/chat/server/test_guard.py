@@ -5,8 +5,8 @@ import asyncio
 
 from fastapi.responses import JSONResponse
 
-from chat.server.guard import GuardMiddleware
-from chat.server.ratelimit import RateLimitedError, Refusal
+from chat.server.tenancy.ratelimit import RateLimitedError, Refusal
+from chat.server.transport.guard import GuardMiddleware
 
 
 def _run(headers: dict[str, str], path: str = "/v1/chat/completions", method: str = "POST", admit_early=None):

@@ -192,3 +192,16 @@ def test_a_shut_down_engine_is_unavailable_on_both_transports():
 
         error = asyncio.run(turn())
         assert error["code"] == "unavailable" and "shut down" in error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_history_of_10000_messages_is_refused_before_the_engine_sees_it(stream):
+    """Issue 37: a huge stateless history is refused by the message limit (linear validation), never rendered."""
+    engine, srv = make_server()
+    with srv:
+        history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(10_000)]
+        r = chat(srv.url, history, stream=stream)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+        assert engine.metrics.turns == 0 and engine.cache.stats().lookups == 0  # nothing rendered, looked up
+        assert chat(srv.url, history[-L.MAX_MESSAGES + 1 :]).status_code == 200  # the longest history allowed
+    engine.close()

@@ -6,7 +6,8 @@ calls a continuation greedy when each of its ``token_logprobs`` equals the max o
 ``top_logprobs``); the log-likelihoods it reports must be the model's own, computed here by a direct forward of the
 loaded adapter on the same tokens. It also runs the generate_until task on token-id prompts (``stop``,
 ``max_tokens``), and ``local-chat-completions`` runs it through ``/v1/chat/completions``; both must give the
-model's greedy reply.
+model's greedy reply. A base model (``tiny-base``: the same weights, no chat template) is scored through
+``/v1/completions`` the same way.
 
 lm-eval is an optional tool (``pip install lm-eval==0.4.13``); the module is skipped without it.
 """
@@ -137,6 +138,36 @@ def completions_run(offline_lm_eval, served):
         log_samples=True,
     )
     return out, log[start:]
+
+
+@pytest.fixture(scope="module")
+def base_completions_run(offline_lm_eval):
+    """The same local-completions run on tiny-base: tiny-llama's weights without a chat template (a base model)."""
+    lm_eval, task_manager = offline_lm_eval
+    runtime = load_model("tiny-base")
+    assert runtime.chats is False
+    engine, srv = make_server(runtime=runtime, auth_token=KEY)
+    log: list[Exchange] = []
+    srv.app.add_middleware(Recorder, log=log)
+    with srv:
+        out = lm_eval.simple_evaluate(
+            model="local-completions",
+            model_args=model_args(
+                srv,
+                "/v1/completions",
+                model="tiny-base",
+                tokenizer=TOKENIZER_DIR,
+                tokenizer_backend="huggingface",
+                tokenized_requests=True,
+                max_length=4096,
+            ),
+            tasks=[MC, GEN],
+            task_manager=task_manager,
+            batch_size=BATCH,
+            log_samples=True,
+        )
+    engine.close()
+    return out, log
 
 
 @pytest.fixture(scope="module")
@@ -298,6 +329,21 @@ def test_generate_until_on_completions_is_the_greedy_reply(completions_run, serv
         assert sample["resps"] == [[greedy_reply(runtime, runtime.encode(context), ["\n"])]]
     em = out["results"][GEN]["exact_match,remove_whitespace"]
     assert 0.0 <= em <= 1.0
+
+
+def test_a_base_model_is_scored_and_generates_through_completions(base_completions_run, completions_run):
+    """tiny-base (no chat template) serves lm-eval's log-likelihood and generate_until over /v1/completions: every
+    request answered, and every result the same as tiny-llama's (the same weights), which the tests above check
+    against the model's own forward."""
+    base_out, base_log = base_completions_run
+    chat_out, _ = completions_run
+    assert base_log and all(e.path == "/v1/completions" and e.status == 200 for e in base_log), [
+        (e.path, e.status, e.response[:300]) for e in base_log
+    ]
+    for task in (MC, GEN):
+        base, chat = by_doc(base_out["samples"][task]), by_doc(chat_out["samples"][task])
+        assert [s["resps"] for s in base] == [s["resps"] for s in chat], task
+    assert base_out["results"][MC]["acc,none"] == chat_out["results"][MC]["acc,none"]
 
 
 def test_chat_completions_generate_until_is_the_greedy_reply(chat_run, served):

@@ -15,9 +15,9 @@ from chat.engine.engine import Engine
 from chat.models import load_model
 from chat.models.errors import AdapterFileError, InvalidSettingError
 from chat.server.app import create_app
-from chat.server.lora_api import load_adapters, parse_lora_spec
 from chat.server.runner import BackgroundServer
 from chat.server.settings import ServerSettings
+from chat.server.surfaces.lora_api import load_adapters, parse_lora_spec
 from tests.chat.models.lora_helpers import make_peft_adapter
 
 pytest.importorskip("peft")
@@ -110,6 +110,38 @@ def test_unknown_model_is_404(served):
     client, _ = served
     response = client.post("/v1/completions", json={"model": "nobody", "prompt": PROMPT}, headers=USER)
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+
+
+def test_anthropic_messages_select_the_adapter_as_chat_completions_do(served):
+    """``model: NAME`` on /v1/messages computes under the adapter exactly as /v1/chat/completions does (the same
+    greedy reply, not the base's); count_tokens takes the name; an unknown name is Anthropic's not_found_error."""
+    client, runtime = served
+    messages = [{"role": "user", "content": "Tell me about the sea."}]
+
+    def chat(model):
+        body = {"model": model, "messages": messages, "max_tokens": 6, "temperature": 0}
+        response = client.post("/v1/chat/completions", json=body, headers=USER)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["message"]["content"]
+
+    def anthropic(model):
+        body = {"model": model, "messages": messages, "max_tokens": 6, "temperature": 0}
+        response = client.post("/v1/messages", json=body, headers=USER)
+        assert response.status_code == 200, response.text
+        reply = response.json()
+        assert reply["model"] == model
+        return "".join(block["text"] for block in reply["content"] if block["type"] == "text")
+
+    under = anthropic("one")
+    assert under == chat("one")
+    assert under != anthropic(runtime.name) and anthropic(runtime.name) == chat(runtime.name)
+    counted = client.post("/v1/messages/count_tokens", json={"model": "one", "messages": messages}, headers=USER)
+    base = client.post("/v1/messages/count_tokens", json={"model": runtime.name, "messages": messages}, headers=USER)
+    assert counted.status_code == 200 and counted.json() == base.json()
+    for path, extra in (("/v1/messages", {"max_tokens": 6}), ("/v1/messages/count_tokens", {})):
+        response = client.post(path, json={"model": "nobody", "messages": messages, **extra}, headers=USER)
+        assert response.status_code == 404, response.text
+        assert response.json()["type"] == "error" and response.json()["error"]["type"] == "not_found_error"
 
 
 def test_load_and_unload_need_an_admin_key(served, made):

@@ -1,5 +1,5 @@
-"""Media by URL (opt-in): the fetch rules of ``chat.server.url_fetch`` against a local HTTPS server in the test
-process, and the HTTP API inlining fetched images so that an image by URL and the same image by data URL are one
+"""Media by URL (opt-in): the fetch rules of ``chat.server.transport.url_fetch`` against a local HTTPS server in the
+test process, and the HTTP API inlining fetched images so that an image by URL and the same image by data URL are one
 cache item."""
 
 from __future__ import annotations
@@ -17,8 +17,15 @@ import httpx
 import pytest
 import torch
 
-from chat.server.media_urls import inline_urls
-from chat.server.url_fetch import MediaURLError, MediaURLPolicy, check_address, check_hosts, fetch_image, parse_target
+from chat.server.transport.media_urls import inline_urls
+from chat.server.transport.url_fetch import (
+    MediaURLError,
+    MediaURLPolicy,
+    check_address,
+    check_hosts,
+    fetch_image,
+    parse_target,
+)
 from tests.chat.models.mm_helpers import png
 
 LIMIT = 64 * 1024
@@ -222,6 +229,10 @@ def test_inlining_fetches_each_url_once_and_names_the_failing_part(image_host):
     responses_body = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": url}]}]}
     assert asyncio.run(inline_urls("/v1/responses", responses_body, policy_for(image_host)))
     assert responses_body["input"][0]["content"][0]["image_url"] == inline
+    block = {"type": "image", "source": {"type": "url", "url": url}}
+    messages_body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, block]}]}
+    assert asyncio.run(inline_urls("/v1/messages", messages_body, policy_for(image_host)))
+    assert messages_body["messages"][0]["content"][1]["source"] == {"type": "url", "url": inline}
 
 
 # ---- end to end: the HTTP API on a multimodal model ----
@@ -282,6 +293,24 @@ def test_refusals_over_http(omni_with_urls, image_host):
     assert "not an image" in error["message"]
     other = _chat(srv, "https://images.example.com/cat.png")
     assert other.status_code == 400 and "not on this server's list" in other.json()["error"]["message"]
+
+
+def test_an_anthropic_image_block_by_url_is_fetched_and_a_bad_one_refused_in_anthropics_shape(
+    omni_with_urls, image_host
+):
+    srv, _ = omni_with_urls
+    port = image_host[0]
+
+    def post(url: str) -> httpx.Response:
+        content = [{"type": "image", "source": {"type": "url", "url": url}}, {"type": "text", "text": "what is it?"}]
+        body = {"model": "tiny-omni", "max_tokens": 1, "messages": [{"role": "user", "content": content}]}
+        return httpx.post(srv.url + "/v1/messages", json=body, headers={"x-api-key": "secret"}, timeout=60)
+
+    good = post(f"https://localhost:{port}/cat.png")
+    assert good.status_code == 200, good.text
+    bad = post(f"https://localhost:{port}/page")
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    assert "messages[0].content[0]" in bad.json()["error"]["message"]
 
 
 def test_without_hosts_a_url_is_refused_by_validation():

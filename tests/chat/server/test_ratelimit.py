@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chat.server.ratelimit import (
+from chat.server.tenancy.ratelimit import (
     CONCURRENCY_RETRY_S,
     WINDOW_S,
     Limits,

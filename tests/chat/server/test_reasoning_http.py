@@ -108,3 +108,32 @@ def test_the_next_turn_finds_the_answer_without_its_thinking_in_the_cache(thinke
     second = client.chat.completions.create(model="fake", messages=follow, max_tokens=200)
     assert second.usage.prompt_tokens == len(rendered)
     assert second.usage.prompt_tokens_details.cached_tokens >= settled > first.usage.prompt_tokens
+
+
+def _idle(server) -> None:
+    import time
+
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server.url}/health").json()["active_turns"] and time.monotonic() < deadline:
+        time.sleep(0.01)  # the settling turn runs after the reply is out
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_responses_reply_that_thought_is_settled_whole_or_streamed(thinker, stream):
+    """/v1/responses goes through the one reply reader, whose settle step every surface shares: the next response
+    (``previous_response_id``) finds the answer without its thinking in the cache, streamed or not (the streamed path
+    once lacked the settle step, and computed the answer again)."""
+    client = openai.OpenAI(base_url=f"{thinker.url}/v1", api_key="unused")
+    if stream:
+        events = list(client.responses.create(model="fake", input=USER, max_output_tokens=200, stream=True))
+        first = events[-1].response
+    else:
+        first = client.responses.create(model="fake", input=USER, max_output_tokens=200)
+    answer = first.output_text
+    history = [*USER, {"role": "assistant", "content": answer}]
+    settled = len(ThinkingFake().render(history, add_generation_prompt=False))  # the history with the answer
+    _idle(thinker)
+    second = client.responses.create(
+        model="fake", input="and 3 + 3?", previous_response_id=first.id, max_output_tokens=200
+    )
+    assert second.usage.input_tokens_details.cached_tokens >= settled > first.usage.input_tokens

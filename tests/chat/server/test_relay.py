@@ -4,9 +4,9 @@ import threading
 import orjson
 
 from chat.engine.events import Delta
-from chat.server.choices import run_turn_batches
-from chat.server.openai_api import ChunkEncoder
-from chat.server.relay import LoopRelay, relay_for
+from chat.server.reply.choices import run_turn_batches
+from chat.server.surfaces.openai_api import ChunkEncoder
+from chat.server.transport.relay import LoopRelay, relay_for
 
 
 def test_calls_made_while_a_wake_up_is_pending_run_in_that_one_wake_up_in_order():

@@ -9,7 +9,7 @@ from websockets.asyncio.client import connect
 from chat.protocol.client_events import TurnCreate
 from chat.protocol.server_events import Timings, Usage
 from chat.protocol.session import SessionState
-from chat.server.session_db import SqliteSessionStore
+from chat.server.persistence.session_db import SqliteSessionStore
 from tests.chat.server.conftest import make_server
 from tests.chat.server.test_ws import Client, ws_url
 

@@ -24,9 +24,9 @@ from chat.protocol.content import ConversationMessage
 from chat.protocol.errors import ErrorCode, ProtocolError
 from chat.protocol.server_events import Timings, Usage
 from chat.protocol.session import Session, SessionState
-from chat.server.session_db import SqliteSessionStore
-from chat.server.session_rows import FORMAT, SessionDbError
-from chat.server.session_writer import common_prefix
+from chat.server.persistence.session_db import SqliteSessionStore
+from chat.server.persistence.session_rows import FORMAT, SessionDbError
+from chat.server.persistence.session_writer import common_prefix
 from tests.chat.server.conftest import make_server
 from tests.chat.server.test_ws import Client, ws_url
 
@@ -321,7 +321,7 @@ def test_writes_never_block_the_event_loop(tmp_path):
 
 def test_a_reply_is_acknowledged_once_it_is_on_disk(tmp_path, monkeypatch):
     """reply.done (and session.created) go out after their write: a crash right after them loses nothing."""
-    import chat.server.session_writer as writer_module
+    import chat.server.persistence.session_writer as writer_module
 
     slow = writer_module.insert_messages
 

@@ -224,9 +224,9 @@ def test_a_template_that_re_renders_calls_is_settled_so_the_next_http_step_hits_
     from chat.engine.engine import Engine
     from chat.models import load_model
     from chat.server.app import create_app
-    from chat.server.openai_api import ChatCompletionRequest, build_turn
     from chat.server.runner import BackgroundServer
     from chat.server.settings import ServerSettings
+    from chat.server.surfaces.openai_api import ChatCompletionRequest, build_turn
 
     runtime = load_model("tiny-hermes")
     engine = Engine(runtime, cache=PrefixCache())
@@ -270,7 +270,7 @@ def _generic_settle(text: str, token_ids) -> tuple[list, list]:
     messages."""
     from chat.engine.events import Done, Timings, TurnRequest, Usage
     from chat.protocol.tools import ToolDef
-    from chat.server import tools_api
+    from chat.server.reply import tools_api
 
     runtime = FakeRuntime()
     plan = tools_api.plan_tools([ToolDef.model_validate(t) for t in TOOLS], "auto", None, runtime)

@@ -1,4 +1,4 @@
-"""Wire -> engine, for both transports (chat/server/turns.py): validated content becomes the engine's messages
+"""Wire -> engine, for both transports (chat/server/reply/turns.py): validated content becomes the engine's messages
 without decoding or hashing media again, sampling settings convert without a second validation, and usage and
 timings have one wire shape."""
 
@@ -15,8 +15,8 @@ from chat.engine.errors import UnsupportedMediaError
 from chat.engine.events import Done, Timings, Usage
 from chat.protocol.content import ChatMessage, PromptMessage
 from chat.protocol.sampling import SamplingSettings
-from chat.server.openai_api import HttpMessage
-from chat.server.turns import engine_messages, sampling_params, wire_timings, wire_usage
+from chat.server.reply.turns import engine_messages, sampling_params, wire_timings, wire_usage
+from chat.server.surfaces.openai_api import HttpMessage
 from modalities import identity
 from modalities.parts import MediaInput
 from tests.chat.engine.fakes import FakeRuntime

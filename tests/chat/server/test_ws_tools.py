@@ -311,7 +311,7 @@ def test_a_template_that_re_renders_calls_is_settled_so_the_next_step_hits_the_w
     out, the server computes the history as the template renders it, so the step after the results finds all of it
     in the cache but the results (without the settle, reuse stops inside the call: template_drift)."""
     from chat.models import load_model
-    from chat.server.ws import build_turn
+    from chat.server.surfaces.ws import build_turn
 
     runtime = load_model("tiny-hermes")
     engine, srv = _serve(runtime, cache=True)

@@ -20,7 +20,7 @@ from PIL import Image
 from chat.protocol.client_events import SessionUpdate, TurnCreate
 from chat.protocol.sampling import SamplingSettings
 from chat.protocol.server_events import Timings, Usage
-from chat.server.session_db import SqliteSessionStore
+from chat.server.persistence.session_db import SqliteSessionStore
 
 
 def png(color: str) -> str:

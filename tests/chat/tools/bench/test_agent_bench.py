@@ -8,7 +8,13 @@ def test_agent_bench_reports_valid_calls_and_cache_ratios():
     assert set(TARGETS) <= set(result) and result["errors"] == 0
     assert result["tool_calls"] >= 4  # the first step of each loop must call
     assert result["tool_calls_valid"] == 1.0  # every call constrained to its schema, even from random weights
-    for key in ("cached_ratio_after_tool", "cached_ratio_responses", "cached_ratio_after_thinking"):
+    assert result["messages_tool_calls"] >= 2 and result["messages_tool_calls_valid"] == 1.0  # /v1/messages
+    for key in (
+        "cached_ratio_after_tool",
+        "cached_ratio_responses",
+        "cached_ratio_messages",
+        "cached_ratio_after_thinking",
+    ):
         assert 0.5 < result[key] <= 1.0, (key, result[key])
     # every step of the thinking loops finds all it can in the cache: the whole history before its new question (the
     # answer too, whose tokens the model never wrote in that form: its thinking went ahead of it)

@@ -52,7 +52,7 @@ def test_the_json_path_runs_both_tenants_end_to_end_on_a_tiny_model(capsys, monk
 
 
 def test_the_keys_file_limits_the_noisy_tenant_and_gives_the_quiet_one_its_priority(tmp_path):
-    from chat.server.auth import read_keys_file
+    from chat.server.tenancy.auth import read_keys_file
 
     path = tmp_path / "keys.json"
     cfg = TenantsConfig(noisy_concurrent_turns=3, quiet_priority=-7)

@@ -1,0 +1,3 @@
+"""The APIs clients speak, one module each: OpenAI's chat completions (``openai_api``), legacy completions
+(``completions_api``) and Responses (``responses_api``), vLLM's tokenize (``tokenize_api``), and the chat WebSocket
+(``ws``). Each turns its wire request into turns (``chat.server.reply``) and the reply's events into its wire events."""
