@@ -351,7 +351,7 @@ def make_peft_adapter_on(model, where):
     return where, peft_model.merge_and_unload().eval()
 
 
-@pytest.mark.parametrize("weights", ["gguf", "gguf-q8"])
+@pytest.mark.parametrize("weights", ["gguf", "gguf-q8", "gguf-q16"])
 def test_block_formats_with_an_adapter_are_bit_for_bit_across_chunks_and_batches(gguf_base, weights):
     model_file, peft_dir, lora_file, merged = gguf_base
     rt = load_model(str(model_file), weights=weights)
@@ -368,3 +368,31 @@ def test_block_formats_with_an_adapter_are_bit_for_bit_across_chunks_and_batches
     (plain,) = forward(rt, [(base, ids)])
     tolerance = (plain - logits_of(merged, ids)).abs().max().item()
     assert (whole - logits_of(merged, ids)).abs().max().item() < tolerance  # nearer the merged model than the base
+
+
+def test_a_cache_hit_under_an_adapter_in_the_gguf_default_is_bit_for_bit(gguf_base):
+    """A GGUF file's default format (gguf-q16): a turn under an adapter that starts from its cached prefix computes
+    the same bits as the turn without the cache, and the same reply."""
+    from cache import PrefixCache
+    from chat.engine.events import TurnRequest
+    from chat.engine.sampling import SamplingParams
+    from tests.chat.engine.recording import run_recorded
+
+    model_file, peft_dir, _, _ = gguf_base
+    rt = load_model(str(model_file))
+    assert rt.weights == "gguf-q16"
+    adapter = rt.adapters.read("p", str(peft_dir))
+    cache = PrefixCache()
+    messages: list[dict] = [{"role": "system", "content": "a cat sat on the mat while two dogs ran far from home"}]
+    hits = 0
+    for i in range(3):
+        messages.append({"role": "user", "content": f"question {i} about the dogs"})
+        request = TurnRequest(list(messages), SamplingParams(max_tokens=4), adapter=adapter)
+        _, cached, cached_logits = run_recorded(rt, cache, request, budget=16)
+        _, fresh, fresh_logits = run_recorded(rt, None, request, budget=16)
+        start = cached.usage.cached_tokens
+        hits += start > 0
+        assert cached.token_ids == fresh.token_ids
+        assert torch.equal(cached_logits, fresh_logits[start:])
+        messages.append({"role": "assistant", "content": cached.text})
+    assert hits == 2  # turns 2 and 3 started from the entries of turns 1 and 2
