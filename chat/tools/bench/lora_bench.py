@@ -77,25 +77,10 @@ class Record:
 
 def make_adapters(config: Any, where: Path, seed: int = 0) -> list[tuple[str, Path, int]]:
     """Four PEFT adapter directories for a model of ``config``: ``(name, path, rank)``."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from chat.tools.testing.peft_adapters import make_peft_adapters
 
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    out = []
-    for i, rank in enumerate(RANKS):
-        lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGET_MODULES, init_lora_weights=False)
-        model = get_peft_model(base, lora, adapter_name="default")
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.mul_(B_SCALE)
-        path = where / f"adapter-{i}"
-        model.save_pretrained(str(path))
-        base = model.unload()  # the base model without this adapter's layers, for the next one
-        out.append((f"bench-lora-{i}", path, rank))
-    return out
+    paths = make_peft_adapters(config, where, RANKS, TARGET_MODULES, B_SCALE, seed)
+    return [(f"bench-lora-{i}", path, rank) for i, (path, rank) in enumerate(zip(paths, RANKS, strict=True))]
 
 
 # ---------------------------------------------------------------- the workload
