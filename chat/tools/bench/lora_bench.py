@@ -264,6 +264,7 @@ def run_on(runtime, cfg: LoraBenchConfig | None = None, adapter_dir: Path | None
     base_alone = {n: _cached_ratio([r for r in base_records if r.session in sessions_of[n]]) for n in names}
     return {
         "model": runtime.name,
+        "weights": runtime.weights,  # the format the base and the adapters' products run in (int8 ones: exact)
         "sessions": cfg.sessions,
         "turns": cfg.turns,
         "rounds": cfg.rounds,

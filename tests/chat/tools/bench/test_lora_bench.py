@@ -18,6 +18,7 @@ def test_the_keys_the_issue_names(result):
     for key in ("lora_tokens_per_s_ratio", "cached_ratio", "cross_adapter_hits", "errors", *TARGETS):
         assert key in result
     assert set(result["cached_ratio"]) == {"base", *result["adapters"]}
+    assert result["weights"] == "float32"  # tiny-llama is no GGUF file: float32 by default
     assert result["errors"] == 0 and result["tokens_per_s_lora"] > 0 and result["tokens_per_s_base"] > 0
 
 
