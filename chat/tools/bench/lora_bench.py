@@ -234,6 +234,10 @@ def run_on(runtime, cfg: LoraBenchConfig | None = None, adapter_dir: Path | None
     lora_records: list[Record] = []
     base_records: list[Record] = []
     cross = cross_n = own = own_n = probe_errors = 0
+    for assignment in (mixed, alone):  # untimed: a fresh load's first steps (pages faulted back in after the load's
+        # trim, first shapes) would otherwise land on round 0's first phase alone and skew its ratio
+        engine = run_phase(runtime, workload, assignment, cfg)[2]
+        engine.close()
     for round_ in range(cfg.rounds):
         order = ("base", "lora") if round_ % 2 == 0 else ("lora", "base")
         walls = {}
