@@ -26,7 +26,7 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -34,6 +34,12 @@ that is only on disk reads it back, and a new cache on the same directory finds 
 :mod:`cache.disk`). Call :meth:`PrefixCache.close` at shutdown to wait, for a bounded time, until the files are
 written (a flush writes everything queued at once).
 
+Pins (:meth:`PrefixCache.pin`): a prefix held for a TTL after its last use, on the entry that restores it, which
+is then treated as an entry in use (it stays on the device tier and is never dropped) until the pin lapses; an entry
+that supersedes it takes the pin over. A tenant's pinned bytes are bounded by its share of the device budget (all of
+it with shares off), all pinned bytes by that budget: a pin beyond is refused (a hint not taken). Time comes from the
+``clock`` given to the cache; lapsed pins are released at the start of every call.
+
 Supersession: when a new entry serves every length that an older entry on its own path serves, the older entry is
 dropped (or, if in use, at its last release), but only while the new entry is still held in some tier: an insert
 whose entry cannot be held within the budgets drops nothing as superseded, and an entry released after what
@@ -45,10 +51,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
+import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,8 +90,9 @@ from cache.media import (
     spans_before,
 )
 from cache.namespace import Namespace
+from cache.pins import PinTable, prefix_digest
 from cache.radix import EntryId, RadixIndex
-from cache.records import CacheStats, Lease, PrefixMatch
+from cache.records import CacheStats, Lease, PinInfo, PinResult, PrefixMatch
 from cache.tenants import StorageCounts, TenantBytes, share_limit
 from cache.tiers import DEVICE, DISK, HOST, MEMORY_TIERS, TIERS
 
@@ -104,7 +113,7 @@ class _Entry:
     disk: DiskRecord | None = None  # its file on the disk tier (written or queued), if any
     mem_bytes: int = 0  # bytes of its distinct storages while in memory (shared ones counted in full)
     users: int = 0  # leases out
-    superseded: bool = False  # drop at last release, if what superseded it is still held
+    superseded: bool = False  # drop when it is no longer in use nor pinned, if what superseded it is still held
 
 
 class PrefixCache:
@@ -122,6 +131,7 @@ class PrefixCache:
         disk_write_delay_s: float = WRITE_DELAY_S,
         disk_write_defer_s: float = DEFER_S,
         tenant_share: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``disk_dir`` with ``disk_budget_bytes > 0`` turns the disk tier on: entries of earlier runs found there
         are served (their tensors read on first use). ``disk_chunk_tokens``: rows per shared chunk file.
@@ -129,7 +139,8 @@ class PrefixCache:
         entry was stored, and waits at most that much longer while :meth:`defer_disk_writes` says the model
         computes (see :mod:`cache.disk`).
         ``tenant_share`` (in (0, 1]; None: off): the fraction of each tier's budget that one tenant (namespace salt)
-        keeps while another tenant holds bytes in that tier (see the module docstring).
+        keeps while another tenant holds bytes in that tier (see the module docstring). ``clock``: seconds, for pins'
+        expiries (tests step one by hand).
 
         Raises:
             LengthError: a negative budget or chunk size, or a tenant share outside (0, 1].
@@ -170,7 +181,10 @@ class PrefixCache:
         self._indexes: dict[Namespace, RadixIndex] = {}  # one radix tree per namespace
         self._layouts: dict[Namespace, tuple] = {}  # layer signatures per namespace, from its first insert
         self._entries: dict[EntryId, _Entry] = {}  # every entry held
-        self._leased: dict[EntryId, _Entry] = {}  # entries in use (all on the device tier)
+        self._leased: dict[EntryId, _Entry] = {}  # entries in use or pinned (all on the device tier): never moved
+        self._pins = PinTable()  # live pins and their holders
+        self._pin_tally: dict[str, dict[str, int]] = {}  # tenant salt -> "refused" / "expired" pins so far
+        self._clock_fn = clock  # seconds, for pins' expiries
         self._lru: OrderedDict[EntryId, None] = OrderedDict()  # least -> most recently used
         self._storages: dict[str, StorageCounts] = {t: StorageCounts() for t in MEMORY_TIERS}  # distinct storages
         # of each memory tier
@@ -197,6 +211,10 @@ class PrefixCache:
                 "evictions",
                 "superseded",
                 "spills",
+                "pins_made",
+                "pins_renewed",
+                "pins_refused",
+                "pins_expired",
             ),
             0,
         )
@@ -239,6 +257,7 @@ class PrefixCache:
 
         # -- validated: mutate from here on
         self._collect_disk()
+        self._expire()
         self._adopt(namespace)
         if namespace not in self._layouts:
             self._layouts[namespace] = tuple(signature(s) for s in layer_tuple)
@@ -263,9 +282,12 @@ class PrefixCache:
         if covered and self._survives(entry):
             for other_id in covered:
                 other = self._entries[other_id]
+                if self._pins.move(other_id, eid):  # the new entry serves every pinned prefix the old one did
+                    self._leased[eid] = entry
                 if other.users:
                     other.superseded = True
                 else:
+                    self._leased.pop(other_id, None)
                     self._drop(other)
                     self._counters["superseded"] += 1
         self._enforce_budgets()
@@ -288,6 +310,7 @@ class PrefixCache:
         token_list = check_tokens(tokens)
         spans = check_spans(media, len(token_list))
         self._collect_disk()
+        self._expire()
         self._counters["lookups"] += 1
         self._counters["query_tokens"] += len(token_list)
         self._adopt(namespace)
@@ -316,6 +339,11 @@ class PrefixCache:
                 break
         self._counters["hits"] += 1
         self._counters["hit_tokens"] += length
+        if self._pins.holds(eid):
+            now = self._clock_fn()
+            for pin in self._pins.held_by(eid):
+                if pin.length <= length:  # this hit restores the pinned prefix: a use
+                    self._pins.refresh(pin, now)
         reused = {k: 0 for k in MediaKind}
         to_encode = {k: 0 for k in MediaKind}
         for span in spans:
@@ -363,6 +391,7 @@ class PrefixCache:
         if match.namespace != namespace:
             raise NamespaceError("this match belongs to another namespace")
         self._collect_disk()
+        self._expire()
         entry = self._entries.get(match.entry)
         if entry is None:
             raise LeaseError(f"entry {match.entry} was dropped after the lookup; look up again")
@@ -407,17 +436,86 @@ class PrefixCache:
         if lease.released:
             raise LeaseError("this lease was already released")
         self._collect_disk()
+        self._expire()
         lease.released = True
         entry = self._entries[lease.entry]
         entry.users -= 1
-        if entry.users == 0:
-            del self._leased[entry.eid]
-            if entry.superseded:
-                entry.superseded = False
-                if self._indexes[entry.namespace].covered_by_other(entry.eid, SpanFloor(entry.media)):
-                    self._drop(entry)
-                    self._counters["superseded"] += 1
+        self._settle(entry)
         self._enforce_budgets()
+
+    def pin(
+        self,
+        namespace: Namespace,
+        tokens: Iterable[int],
+        length: int,
+        ttl_s: float,
+        *,
+        media: Iterable[MediaSpan] = (),
+    ) -> PinResult:
+        """Hold the prefix ``tokens[:length]`` of ``namespace`` for ``ttl_s`` seconds after its last use.
+
+        The pin lives on the most recently used entry that restores that prefix at exactly ``length`` (read back if
+        only on disk, moved to the device tier if on the host tier), which is then treated as an entry in use: never
+        moved out of the device tier, never dropped, until the pin lapses; an entry that supersedes it takes the pin
+        over. Pinning a prefix already pinned renews it (never refused). A new pin is refused, as a hint not taken,
+        when no entry restores the prefix at exactly ``length`` (``not_cached``) or when its entry would take the
+        tenant's pinned bytes past its share of the device budget (the whole budget with shares off), or all pinned
+        bytes past the device budget (``over_share``). A lookup hit at ``length`` or beyond on the holder is a use.
+
+        Raises:
+            TokenError, SpanError, LengthError, NamespaceError: bad input; nothing changed.
+        """
+        if not isinstance(namespace, Namespace):
+            raise NamespaceError(f"expected a Namespace, got {type(namespace).__name__}")
+        token_list = check_tokens(tokens)
+        spans = check_spans(media, len(token_list))
+        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= len(token_list):
+            raise LengthError(f"length must be an integer in [1, {len(token_list)}], got {length!r}")
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s < math.inf:
+            raise LengthError(f"ttl_s must be a positive finite number of seconds, got {ttl_s!r}")
+        self._collect_disk()
+        self._expire()
+        self._adopt(namespace)
+        now = self._clock_fn()
+        keys = encode_keys(token_list, spans)[:length]
+        key = (namespace, prefix_digest(keys))
+        existing = self._pins.get(key)
+        if existing is not None:
+            self._pins.refresh(existing, now, float(ttl_s))
+            self._touch(self._entries[existing.holder])
+            self._counters["pins_renewed"] += 1
+            return PinResult(True, length, None, existing.expires, renewed=True)
+        entry = self._pin_holder(namespace, keys, spans, length)
+        reason = "not_cached" if entry is None else None
+        if entry is not None and not self._pin_fits(entry):
+            reason = "over_share"
+        if reason is not None:
+            self._counters["pins_refused"] += 1
+            self._tally(namespace.salt, "refused")
+            self._enforce_budgets()  # a holder read back from disk for nothing may go again
+            return PinResult(False, length, reason)
+        assert entry is not None
+        if entry.tier == HOST:
+            self._move(entry, DEVICE)
+            self._counters["promotions"] += 1
+        pin = self._pins.add(key, length, float(ttl_s), now, entry.eid)
+        self._leased[entry.eid] = entry
+        self._touch(entry)
+        self._counters["pins_made"] += 1
+        self._enforce_budgets()
+        return PinResult(True, length, None, pin.expires)
+
+    def pins(self) -> list[PinInfo]:
+        """The live pins, oldest first."""
+        self._expire()
+        return [
+            PinInfo(pin.key[0], pin.length, pin.ttl, pin.expires, pin.holder)  # type: ignore[arg-type]
+            for pin in sorted(self._pins, key=lambda p: p.number)
+        ]
+
+    def expire_pins(self) -> int:
+        """Release the pins whose time has passed (every other call does this first too). Returns how many."""
+        return self._expire()
 
     def evict(self, bytes_to_free: int | None = None, namespace: Namespace | None = None) -> int:
         """Drop idle entries, least recently used first, with their files, until ``bytes_to_free`` bytes are freed
@@ -426,13 +524,14 @@ class PrefixCache:
         if bytes_to_free is not None and (not isinstance(bytes_to_free, int) or bytes_to_free < 0):
             raise LengthError(f"bytes_to_free must be a non-negative integer or None, got {bytes_to_free!r}")
         self._collect_disk()
+        self._expire()
         dropped = 0
         start = sum(self._tier_bytes.values())
         for eid in list(self._lru):
             if bytes_to_free is not None and start - sum(self._tier_bytes.values()) >= bytes_to_free:
                 break
             entry = self._entries[eid]
-            if entry.users or (namespace is not None and entry.namespace != namespace):
+            if eid in self._leased or (namespace is not None and entry.namespace != namespace):
                 continue
             self._evict(entry)
             dropped += 1
@@ -472,6 +571,7 @@ class PrefixCache:
 
     def stats(self) -> CacheStats:
         self._collect_disk()
+        self._expire()
         per_tier = dict.fromkeys(TIERS, 0)
         for entry in self._entries.values():
             per_tier[entry.tier] += 1
@@ -492,6 +592,10 @@ class PrefixCache:
             disk_healthy=self._disk.healthy if self._disk is not None else None,
             bytes_per_tenant=self._tenants.per_tenant(),
             tenant_share=self._share,
+            pins=len(self._pins),
+            pinned_entries=len(self._pins.holders()),
+            pinned_bytes=sum(_storages_union(self._pinned()).values()),
+            pinned_per_tenant=self._pinned_per_tenant(),
         )
 
     def entry_ids(self) -> list[EntryId]:
@@ -520,16 +624,31 @@ class PrefixCache:
         assert indexed == set(self._entries), "entries and indexes disagree"
         assert list(self._lru) == sorted(self._lru, key=lambda i: self._recency(i)), "LRU out of order"
         assert set(self._lru) == set(self._entries), "LRU and entries disagree"
-        assert set(self._leased) == {e.eid for e in self._entries.values() if e.users}, "leases disagree"
+        busy = {e.eid for e in self._entries.values() if e.users or self._pins.holds(e.eid)}
+        assert set(self._leased) == busy, "entries in use or pinned disagree"
+        self._pins.check()
+        for pin in self._pins:
+            holder = self._entries.get(pin.holder)
+            assert holder is not None and holder.tier == DEVICE, "a pin's holder is gone or off the device tier"
+            assert holder.namespace == pin.key[0], "a pin's holder is in another namespace"
+            index = self._indexes[holder.namespace]
+            assert index.servable(holder.eid, pin.length), "a pin's holder cannot restore its prefix"
+            assert spans_before(holder.media, pin.length) == tuple(s for s in holder.media if s.end <= pin.length), (
+                "a pinned prefix ends inside a media item"
+            )
+            keys = encode_keys(holder.tokens, holder.media)
+            assert prefix_digest(keys[: pin.length]) == pin.key[1], "a pin's holder has another prefix"
         expected = {t: StorageCounts() for t in MEMORY_TIERS}
         tenants = TenantBytes()
         disk_bytes = self._disk.dormant_bytes if self._disk is not None else 0
         for entry in self._entries.values():
             tenants.add_entry(entry.namespace.salt)
             assert entry.users >= 0
-            assert not entry.superseded or entry.users > 0, "an idle superseded entry was kept"
+            assert not entry.superseded or entry.eid in self._leased, "an idle superseded entry was kept"
             assert (entry.layers is None) == (entry.tier == DISK), "tensors and tier disagree"
-            assert entry.tier != DISK or (entry.disk is not None and not entry.users), "disk entry without a file"
+            assert entry.tier != DISK or (entry.disk is not None and entry.eid not in self._leased), (
+                "disk entry without a file, or in use"
+            )
             if entry.disk is not None:
                 assert self._disk is not None and entry.disk.eid == entry.eid
                 disk_bytes += entry.disk.nbytes
@@ -544,6 +663,96 @@ class PrefixCache:
         assert self._tier_bytes[DISK] == disk_bytes, "disk accounting drifted"
         assert tenants == self._tenants, "per-tenant accounting drifted"
         self._evicted.check()
+
+    # ================================================================ helpers: pins
+
+    def _expire(self) -> int:
+        """Release the pins whose time has passed; their holders become idle unless used or pinned otherwise. Then
+        the budgets are enforced (once, after every lapsed pin is released)."""
+        if not len(self._pins):
+            return 0
+        due = self._pins.due(self._clock_fn())
+        if not due:
+            return 0
+        self._counters["pins_expired"] += len(due)
+        for pin in due:
+            self._tally(pin.key[0].salt, "expired")  # type: ignore[attr-defined]
+            entry = self._entries.get(pin.holder)
+            if entry is not None:
+                self._settle(entry)
+        self._enforce_budgets()
+        return len(due)
+
+    def _settle(self, entry: _Entry) -> None:
+        """``entry`` may have gone idle (a lease released, a pin lapsed): if so it leaves the busy set, and a
+        superseded one is dropped if an entry that serves all it serves is held."""
+        if entry.users or self._pins.holds(entry.eid):
+            return
+        self._leased.pop(entry.eid, None)
+        if entry.superseded:
+            entry.superseded = False
+            if self._indexes[entry.namespace].covered_by_other(entry.eid, SpanFloor(entry.media)):
+                self._drop(entry)
+                self._counters["superseded"] += 1
+
+    def _pin_holder(
+        self, namespace: Namespace, keys: array, spans: tuple[MediaSpan, ...], length: int
+    ) -> _Entry | None:
+        """The most recently used entry that restores ``keys`` (a prefix's) at exactly ``length``, in memory (read
+        back from disk if need be); None if there is none."""
+        floor = SpanFloor(spans)
+        if floor(length) != length:
+            return None  # inside a media item: nothing can be restored there
+        while True:
+            index = self._indexes.get(namespace)
+            if index is None:
+                return None
+            found = index.best(keys, length, floor)
+            if found is None or found[0] != length:
+                return None
+            entry = self._entries[found[1]]
+            if exact_media_cut(entry.media, spans, length) != length:
+                return None  # a 62-bit media key collided
+            if entry.tier != DISK or self._read_back(entry):
+                return entry
+
+    def _pin_fits(self, entry: _Entry) -> bool:
+        """Whether pinning ``entry`` keeps its tenant's pinned bytes within its share of the device budget (all of
+        it with shares off) and all pinned bytes within that budget."""
+        budget = self._budgets[DEVICE]
+        if budget is None or entry.eid in self._pins.holders():
+            return True
+        pinned = self._pinned()
+        salt = entry.namespace.salt
+        own = [e for e in pinned if e.namespace.salt == salt]
+        limit = share_limit(self._share if self._share is not None else 1.0, budget)
+        assert limit is not None
+        return (
+            sum(_storages_union([*own, entry]).values()) <= limit
+            and sum(_storages_union([*pinned, entry]).values()) <= budget
+        )
+
+    def _pinned(self) -> list[_Entry]:
+        """The entries holding pins."""
+        return [self._entries[eid] for eid in sorted(self._pins.holders())]
+
+    def _tally(self, salt: str, what: str) -> None:
+        counts = self._pin_tally.setdefault(salt, {"refused": 0, "expired": 0})
+        counts[what] += 1
+
+    def _pinned_per_tenant(self) -> dict[str, dict[str, int]]:
+        by_salt: dict[str, list[_Entry]] = {salt: [] for salt in self._pin_tally}
+        for entry in self._pinned():
+            by_salt.setdefault(entry.namespace.salt, []).append(entry)
+        out: dict[str, dict[str, int]] = {}
+        for salt, entries in sorted(by_salt.items()):
+            out[salt] = {
+                "pins": sum(self._pins.holds(e.eid) for e in entries),
+                "entries": len(entries),
+                "bytes": sum(_storages_union(entries).values()),
+                **self._pin_tally.get(salt, {"refused": 0, "expired": 0}),
+            }
+        return out
 
     # ================================================================ helpers: entries
 
@@ -615,7 +824,7 @@ class PrefixCache:
         self._counters["evictions"] += 1
 
     def _drop(self, entry: _Entry) -> None:
-        assert entry.users == 0
+        assert entry.users == 0 and not self._pins.holds(entry.eid)
         index = self._indexes[entry.namespace]
         index.remove(entry.eid)
         del self._entries[entry.eid]
@@ -697,7 +906,7 @@ class PrefixCache:
             if budget is None or self._tier_bytes[tier] <= budget:
                 continue
             lru = map(self._entries.__getitem__, self._lru)
-            idle = [e for e in lru if e.tier == tier and not e.users and e is not spare]
+            idle = [e for e in lru if e.tier == tier and e.eid not in self._leased and e is not spare]
             leased = _storages_union(self._leased.values()) if tier == DEVICE else None
             too_big = [e for e in idle if self._too_big(e, tier, leased)]
             for entry in itertools.chain(too_big, self._over_share_order(tier, idle), idle):
@@ -762,7 +971,8 @@ class PrefixCache:
         budget = self._budgets[DISK]
         if disk is None or self._tier_bytes[DISK] <= budget:
             return
-        idle = [e for e in map(self._entries.__getitem__, self._lru) if e.disk is not None and not e.users]
+        lru = map(self._entries.__getitem__, self._lru)
+        idle = [e for e in lru if e.disk is not None and e.eid not in self._leased]
         too_big = [e for e in idle if self._too_big(e, DISK)]
         for entry in too_big:
             self._lose_file(entry)
@@ -885,7 +1095,7 @@ class PrefixCache:
         if index is None:
             return
         want = self._layouts[namespace]
-        for entry in [e for e in self._entries.values() if e.namespace == namespace and not e.users]:
+        for entry in [e for e in self._entries.values() if e.namespace == namespace and e.eid not in self._leased]:
             if entry.layers is not None:
                 fits = tuple(signature(s) for s in entry.layers) == want
             else:

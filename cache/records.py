@@ -50,6 +50,30 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class PinResult:
+    """What :meth:`PrefixCache.pin` did. A refused pin is a hint not taken: nothing changed."""
+
+    pinned: bool  # the prefix is pinned now (made, or an existing pin renewed)
+    length: int  # tokens of the prefix asked for
+    reason: str | None = None  # why it was refused: "not_cached" (no entry restores this prefix at exactly this
+    # length) or "over_share" (its entry would take the tenant's pinned bytes past its share of the device tier, or
+    # all pinned bytes past the device budget); None when pinned
+    expires_at: float | None = None  # clock time the pin lapses at unless used again; None when refused
+    renewed: bool = False  # the prefix was pinned already: its expiry moved on
+
+
+@dataclass(frozen=True, slots=True)
+class PinInfo:
+    """One live pin (:meth:`PrefixCache.pins`)."""
+
+    namespace: Namespace
+    length: int  # tokens of the pinned prefix
+    ttl_s: float  # seconds it lasts after its last use
+    expires_at: float  # clock time it lapses at unless used again
+    entry: EntryId  # the entry that holds it
+
+
+@dataclass(frozen=True, slots=True)
 class CacheStats:
     entries: int  # entries held
     in_use: int  # entries acquired and not yet released
@@ -79,6 +103,15 @@ class CacheStats:
     # "host" / "disk" -> bytes, for every tenant holding an entry (counted as in bytes_per_tier, per tenant; disk:
     # its entries' files, files of namespaces not used yet belong to nobody)
     tenant_share: float | None = None  # fraction of a tier's budget a tenant keeps while another needs room (None: off)
+    pins: int = 0  # live pins
+    pinned_entries: int = 0  # entries holding at least one pin (all on the device tier)
+    pinned_bytes: int = 0  # bytes of those entries' distinct storages
+    pins_made: int = 0  # pin() calls that pinned a prefix not pinned before
+    pins_renewed: int = 0  # pin() calls on a prefix already pinned (its expiry moved on)
+    pins_refused: int = 0  # pin() calls refused (not_cached or over_share)
+    pins_expired: int = 0  # pins that lapsed (their TTL passed since their last use)
+    pinned_per_tenant: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # tenant salt -> "pins" /
+    # "entries" / "bytes" held now, "refused" / "expired" so far; for every tenant that pinned or asked to
 
     @property
     def hit_rate(self) -> float:

@@ -37,6 +37,7 @@ def _settings(args: argparse.Namespace):
         "auth_token": args.auth_token,
         "api_keys_file": args.api_keys_file,
         "allowed_origins": args.allowed_origin or None,
+        "served_model_aliases": args.served_model_alias or None,
         "prefix_cache": False if args.no_prefix_cache else None,
         "sessions_db": args.sessions_db,
         "cache_dir": args.cache_dir,
@@ -48,6 +49,8 @@ def _settings(args: argparse.Namespace):
         "idle_connection_s": args.idle_connection_s,
         "send_buffer_kib": args.send_buffer_kib,
         "tenant_cache_share": args.tenant_cache_share,
+        "volatile_lines": args.volatile_line or None,
+        "keep_volatile_lines": True if args.keep_volatile_lines else None,
         "tenant_concurrent_turns": args.tenant_concurrent_turns,
         "tenant_requests_per_minute": args.tenant_requests_per_minute,
         "tenant_tokens_per_minute": args.tenant_tokens_per_minute,
@@ -70,11 +73,13 @@ def _settings(args: argparse.Namespace):
         raise SystemExit(f"turncache: --{flag}: {first['msg']}") from exc
 
 
-REPEATED_FLAGS = {
+REPEATED_FLAGS = {  # list settings' flags
     "allowed_origins": "allowed-origin",
     "media_url_hosts": "media-url-host",
+    "served_model_aliases": "served-model-alias",
+    "volatile_lines": "volatile-line",
     "lora": "lora",
-}  # list settings' flags
+}
 
 
 def _load(args: argparse.Namespace):
@@ -94,7 +99,15 @@ BENCH_TEMPLATE_HELP = (
     "to chat)"
 )
 TEMPLATED_BENCHES = ("serve", "load", "multiturn")  # and http: the chat benchmarks that run on the engine alone
-CLUSTER_FLAGS = ("ray_address", "router", "route_imbalance", "replica_cpus", "max_replicas_per_node")
+CLUSTER_FLAGS = (
+    "ingresses",
+    "proxy_location",
+    "ray_address",
+    "router",
+    "route_imbalance",
+    "replica_cpus",
+    "max_replicas_per_node",
+)
 
 
 def _cluster_settings(args: argparse.Namespace):
@@ -477,6 +490,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between looks at the keys file for a change to reload (5; 0: only on SIGHUP)",
     )
     serve.add_argument("--allowed-origin", action="append", help="browser origin allowed besides the server's own")
+    serve.add_argument(
+        "--served-model-alias",
+        action="append",
+        metavar="NAME",
+        help="another model name requests may give for the model served (repeat; a glob such as 'claude-*' lets "
+        "Claude Code's model names through; none by default: any other name is 404; docs/anthropic.md)",
+    )
     media = serve.add_argument_group(
         "media by URL",
         "off by default: image parts of /v1/chat/completions and /v1/responses may name https:// URLs on listed hosts, "
@@ -501,8 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--sessions-db",
         default=os.environ.get("TURNCACHE_SESSIONS_DB")
         or str(Path(os.environ.get("TURNCACHE_HOME") or "~/.cache/turncache").expanduser() / "sessions.sqlite3"),
-        help="SQLite file where conversations persist across restarts ('' keeps them in memory only; "
-        "default: $TURNCACHE_HOME/sessions.sqlite3, TURNCACHE_HOME defaulting to ~/.cache/turncache)",
+        help="SQLite file where conversations persist across restarts, or a postgresql://USER@HOST:PORT/DB URL (a "
+        "database several processes share: needed by --ingresses above 1; stored /v1/responses are kept there too) "
+        "('' keeps them in memory only; default: $TURNCACHE_HOME/sessions.sqlite3, TURNCACHE_HOME defaulting to "
+        "~/.cache/turncache)",
     )
     serve.add_argument(
         "--cache-dir",
@@ -522,6 +544,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="fraction in (0, 1] of each prefix cache tier one tenant keeps while another tenant needs room: over a "
         "tier's budget, tenants over their share lose entries first (default: no shares)",
+    )
+    volatile = serve.add_argument_group(
+        "volatile client lines",
+        "lines clients put in prompts that change per request and mean nothing to a local model, such as Claude "
+        "Code's billing line (x-anthropic-billing-header: cc_version=...; cc_entrypoint=...;): dropped from the "
+        "rendered prompt (never from what a session stores), so that they do not split the prefix cache "
+        "(docs/anthropic.md)",
+    )
+    volatile.add_argument(
+        "--volatile-line",
+        action="append",
+        metavar="REGEX",
+        help="a pattern matched from a line's start (repeat the flag for several; replaces the default list, Claude "
+        "Code's billing line; also TURNCACHE_VOLATILE_LINES as a JSON list)",
+    )
+    volatile.add_argument(
+        "--keep-volatile-lines",
+        action="store_true",
+        help="keep those lines in the prompt; a cache miss they cause is then named volatile_line",
     )
     limits = serve.add_argument_group(
         "tenant limits",
@@ -554,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
         "request a hold per connection, not a flood",
     )
     cluster = serve.add_argument_group(
-        "cluster", "Ray Serve: N engine replicas behind one ingress (the extra turncache[cluster]; see docs/cluster.md)"
+        "cluster", "Ray Serve: N engine replicas behind M ingresses (the extra turncache[cluster]; see docs/cluster.md)"
     )
     cluster.add_argument(
         "--replicas",
@@ -563,19 +604,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine replicas (each: the model, its prefix cache); without it: one process",
     )
     cluster.add_argument(
+        "--ingresses",
+        type=int,
+        metavar="M",
+        help="ingress replicas, the HTTP/WebSocket front; Ray Serve's proxy spreads connections over them (1); above "
+        "1 needs --sessions-db postgresql://... (every ingress reads and writes the same sessions)",
+    )
+    cluster.add_argument(
+        "--proxy-location",
+        choices=["HeadOnly", "EveryNode", "Disabled"],
+        help="where Ray Serve runs its HTTP proxy: on the head node (HeadOnly, default) or on every node "
+        "(EveryNode: each listens on --port; put a load balancer in front)",
+    )
+    cluster.add_argument(
         "--ray-address", metavar="ADDR", help="join this running Ray cluster ('auto', HOST:PORT); default: local"
     )
     cluster.add_argument(
         "--router",
         choices=["prefix", "round_robin"],
-        help="prefix: sessions pinned, stateless turns to the replica holding their prefix (default); round_robin",
+        help="prefix: rendezvous hashing of the session, or of the conversation's opening for stateless turns, "
+        "over the live replicas, moved only by load (default); round_robin",
     )
     cluster.add_argument(
         "--route-imbalance",
         type=int,
         metavar="N",
-        help="a stateless turn leaves the replica holding its prefix when that replica runs more than N turns more "
-        "than the least-loaded one (4)",
+        help="a turn leaves its key's replica (for the next one by the hash) when that replica runs more than N "
+        "turns more than the least-loaded one, by the replicas' own queue lengths (4)",
     )
     cluster.add_argument(
         "--replica-cpus", type=float, metavar="X", help="Ray CPUs reserved per replica, also its torch threads (1)"

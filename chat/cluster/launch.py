@@ -1,8 +1,10 @@
 """Build the Ray Serve application of a cluster, start or join Ray, and run ``turncache serve --replicas N``.
 
-The application: ``ClusterIngress`` (one replica, no CPU reserved, on the head node) in front of ``EngineReplica``
-x N, routed by ``TurncacheRouter``. Ray Serve's HTTP proxy listens on ``--host`` / ``--port`` of the head node and
-hands every request (WebSockets included) to the ingress.
+The application: ``ClusterIngress`` x M (``--ingresses``, no CPU reserved) in front of ``EngineReplica`` x N, routed
+by ``TurncacheRouter``. Ray Serve's HTTP proxy (on the head node, or on every node: ``--proxy-location``) listens on
+``--host`` / ``--port`` and hands every request (a WebSocket for its whole life) to one of the ingresses. With an
+SQLite ``--sessions-db`` (a file) or none, there is one ingress, on the head node; several ingresses need a
+``postgresql://`` one, which they share, and may run anywhere.
 
 Workers import this package from the same place as this process (its directory is put on their ``PYTHONPATH``):
 on other machines turncache must be installed at the same version (see docs/cluster.md).
@@ -11,6 +13,8 @@ on other machines turncache must be installed at the same version (see docs/clus
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import signal
@@ -30,6 +34,7 @@ from chat.cluster.ingress import ENGINE_DEPLOYMENT, ClusterIngress
 from chat.cluster.replica import EngineReplica
 from chat.cluster.settings import ClusterSettings, without_keys
 from chat.server.app import key_ring
+from chat.server.persistence.session_backends import is_postgres
 from chat.server.settings import ServerSettings
 
 APP_NAME = "turncache"  # the Ray Serve application's name
@@ -38,6 +43,8 @@ ROUTER_CLASS = "chat.cluster.ray_router.TurncacheRouter"
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the chat, cache and modalities packages
 QUIET = LoggingConfig(log_level="WARNING", enable_access_log=False)
 HEAD_NODE = "node:__internal_head__"  # the resource Ray gives the head node only
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"  # Ray Serve's proxy middlewares, by import path
+PROXY_CALLBACK = "chat.cluster.proxy_guard.middlewares"
 
 
 def runtime_env() -> dict:
@@ -59,9 +66,11 @@ def build_application(settings: ServerSettings, cluster: ClusterSettings):
     Raises:
         KeysError: a keys source is unreadable or malformed.
     """
+    check_layout(settings, cluster)
     keys = key_ring(settings)
     settings = without_keys(settings)
-    if settings.sessions_db:  # the ingress opens it on this (the head) node, from its own working directory
+    shared = is_postgres(settings.sessions_db)
+    if settings.sessions_db and not shared:  # the ingress opens the file on this (the head) node, from its directory
         settings = settings.model_copy(update={"sessions_db": str(Path(settings.sessions_db).expanduser().resolve())})
     policy = {"mode": cluster.router, "imbalance": cluster.route_imbalance}
     engine_options: dict = {
@@ -78,14 +87,21 @@ def build_application(settings: ServerSettings, cluster: ClusterSettings):
     }
     if cluster.max_replicas_per_node is not None:
         engine_options["max_replicas_per_node"] = cluster.max_replicas_per_node
-    engines = serve.deployment(EngineReplica, **engine_options)
+    # A version of what the replicas are built from: redeploying the app with other ingress settings (another
+    # --ingresses) keeps the running replicas and their caches, where Ray Serve would give every deploy a new random
+    # version and restart them all (an internal option of the pinned Ray Serve 2.60).
+    engines = serve.deployment(EngineReplica, **engine_options).options(
+        version=engine_version(settings, cluster), _internal=True
+    )
+    placement = {} if shared else {"resources": {HEAD_NODE: 0.001}}
     ingress = serve.deployment(
         serve.ingress()(ClusterIngress),
         name=INGRESS_DEPLOYMENT,
-        num_replicas=1,
+        num_replicas=cluster.ingresses,
         max_ongoing_requests=settings.max_sessions + 256,  # each open WebSocket is one request for its whole life
-        # On the head node, always: the session store (SQLite) is a file there, found again after a restart.
-        ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}, "runtime_env": runtime_env()},
+        # A file store (SQLite) is on the head node, found again after a restart: its one ingress runs there. A shared
+        # database (PostgreSQL) is reached from anywhere.
+        ray_actor_options={"num_cpus": 0, **placement, "runtime_env": runtime_env()},
         logging_config=QUIET,
         graceful_shutdown_timeout_s=5,
     )
@@ -93,11 +109,39 @@ def build_application(settings: ServerSettings, cluster: ClusterSettings):
     return ingress.bind(engines.bind(settings, threads), settings, keys, policy, cluster.route_block_tokens)
 
 
+def engine_version(settings: ServerSettings, cluster: ClusterSettings) -> str:
+    """A digest of everything the engine replicas are built from (not the ingresses' layout)."""
+    engine = cluster.model_dump(exclude={"ingresses", "proxy_location", "ray_address"})
+    text = json.dumps([settings.model_dump(mode="json"), engine], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_layout(settings: ServerSettings, cluster: ClusterSettings) -> None:
+    """Raises ValueError (its message for the user) when the ingresses cannot share the sessions as asked."""
+    if cluster.ingresses > 1 and not is_postgres(settings.sessions_db):
+        where = f"an SQLite file ({settings.sessions_db})" if settings.sessions_db else "memory"
+        raise ValueError(
+            f"--ingresses {cluster.ingresses} needs --sessions-db postgresql://...: with sessions in {where}, a "
+            "session resumed through another ingress would not be found"
+        )
+
+
+def proxy_environment() -> dict[str, str]:
+    """What a Ray node's processes need in their environment for the proxy to end streams of a lost ingress with a
+    typed error (``chat.cluster.proxy_guard``): its import path, and this package on the path."""
+    paths = [str(SOURCE_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {PROXY_CALLBACK_ENV: PROXY_CALLBACK, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+
+
 def connect(address: str | None, *, num_cpus: int | None = None) -> bool:
-    """Join the Ray cluster at ``address``, or start a local one (no dashboard); True when it was started here."""
+    """Join the Ray cluster at ``address``, or start a local one (no dashboard); True when it was started here.
+
+    A local Ray inherits this process's environment: :func:`proxy_environment` is set first (a joined cluster's nodes
+    need it exported before ``ray start``, docs/cluster.md)."""
     if address:
         ray.init(address=address, runtime_env=runtime_env(), logging_level=logging.WARNING, log_to_driver=False)
         return False
+    os.environ.update(proxy_environment())
     ray.init(
         address="local",  # a new instance, even when `ray start` left one running on this machine
         num_cpus=num_cpus,
@@ -118,8 +162,8 @@ def deploy(settings: ServerSettings, cluster: ClusterSettings, *, name: str = AP
 def deploy_many(apps: Sequence[tuple[str, str, ServerSettings, ClusterSettings]]) -> list:
     """Several apps ``(name, route_prefix, settings, cluster)`` started together (replicas load in parallel); the
     proxy listens where the first one's settings say. Returns their ingresses' handles."""
-    first = apps[0][2]
-    serve.start(http_options=HTTPOptions(host=first.host, port=first.port), proxy_location="HeadOnly")
+    first, layout = apps[0][2], apps[0][3]
+    serve.start(http_options=HTTPOptions(host=first.host, port=first.port), proxy_location=layout.proxy_location)
     targets = [serve.RunTarget(target=build_application(s, c), name=n, route_prefix=p) for n, p, s, c in apps]
     return serve.run_many(targets)
 
@@ -177,10 +221,14 @@ def serve_cluster(settings: ServerSettings, cluster: ClusterSettings) -> int:
     if settings.port == 0:
         settings = settings.model_copy(update={"port": free_port(settings.host)})
     key_ring(settings)  # a malformed keys file is refused before Ray starts (KeysError)
+    try:
+        check_layout(settings, cluster)
+    except ValueError as exc:
+        raise SystemExit(f"turncache: {exc}") from None
     where = cluster.ray_address or "a local Ray instance"
     print(
-        f"turncache: starting {cluster.replicas} replica(s) of {settings.model} on {where} "
-        f"(router: {cluster.router}) ...",
+        f"turncache: starting {cluster.replicas} replica(s) of {settings.model} behind {cluster.ingresses} "
+        f"ingress(es) on {where} (router: {cluster.router}) ...",
         file=sys.stderr,
         flush=True,
     )

@@ -75,7 +75,12 @@ def routing_families(views: Iterable, lost_turns: int) -> str:
 
     family("turncache_cluster_replicas", "gauge", "Engine replicas taking turns.", [("", len(views))])
     family("turncache_cluster_turns_inflight", "gauge", "Turns routed and not finished.", per_replica("inflight"))
-    family("turncache_cluster_pinned_sessions", "gauge", "WebSocket sessions pinned.", per_replica("pinned_sessions"))
+    family(
+        "turncache_cluster_pinned_sessions",
+        "gauge",
+        "WebSocket sessions whose last turn this ingress routed here.",
+        per_replica("pinned_sessions"),
+    )
     family(
         "turncache_cluster_prefix_blocks",
         "gauge",

@@ -10,6 +10,11 @@ The chain starts from the tenant's cache salt, so tenants never share routing en
 entries). Media parts enter the rendering as a marker naming the kind and the SHA-256 of the bytes: the key never
 decodes media, and the same image at the same place gives the same key.
 
+A conversation's **opening** (its messages up to and including the first user message) renders to the same tokens
+in every turn of it: the digest of the block where the opening ends (the first block, if the opening is shorter) is
+the conversation's placement key (``chat.cluster.routing``), the same for all its turns, and different for
+conversations that share only a system prompt.
+
 The rendering does not have to equal the engine's to the token (the engine renders media as placeholder runs); it
 only has to be a deterministic function of the conversation that extends with it.
 """
@@ -65,8 +70,19 @@ class PromptKeyer:
     def digests(self, messages: Sequence[Mapping[str, Any]], salt: str) -> tuple[int, ...]:
         """The turn's block digests; ``()`` when the messages cannot be rendered (the replica will refuse the turn
         with the engine's own typed error, and routing by load is as good as any)."""
+        return self.keys(messages, salt)[0]
+
+    def keys(self, messages: Sequence[Mapping[str, Any]], salt: str) -> tuple[tuple[int, ...], int | None]:
+        """The turn's block digests and its conversation's opening digest (None: the prompt has no full block, or
+        cannot be rendered)."""
+        text = routing_messages(messages)
         try:
-            tokens = self.render(routing_messages(messages))
+            tokens = self.render(text)
+            first_user = next((i for i, m in enumerate(text) if m["role"] == "user"), len(text) - 1)
+            opening = len(self.render(text[: first_user + 1])) if first_user + 1 < len(text) else len(tokens)
         except Exception:  # the engine reports what is wrong with the messages; routing only needs a key
-            return ()
-        return block_digests(tokens, salt, self.block_tokens)
+            return (), None
+        digests = block_digests(tokens, salt, self.block_tokens)
+        if not digests:
+            return (), None
+        return digests, digests[min(max(opening // self.block_tokens, 1), len(digests)) - 1]

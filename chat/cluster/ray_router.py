@@ -6,6 +6,11 @@ ranks, the first most preferred; Serve sends the request to a replica of the fir
 (``max_ongoing_requests``), else the next. This router returns singleton ranks: the table's choice, then the other
 replicas by load.
 
+Loads: before routing a turn, the router asks every candidate replica for its queue length (Ray Serve's own probe,
+``RunningReplica.get_queue_len``: the turns that replica runs, whoever sent them), so every ingress applies the load
+rule to the same figures; a replica that does not answer within ``PROBE_DEADLINE_S`` counts this ingress's own
+turns there.
+
 Requests it reads (first positional argument): a :class:`TurnCall` (routed by the table, see
 :mod:`chat.cluster.routing`), or a :class:`ToReplica` (control calls: sent to that replica). Anything else goes to
 the least busy replica by the table's count.
@@ -18,14 +23,17 @@ are pinned, and the state is a table in the router's own process.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
+from ray.exceptions import ActorDiedError
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from chat.cluster.routing import RoutingPolicy, table_for
 from chat.cluster.wire import ToReplica, TurnCall
 
 log = logging.getLogger("turncache.cluster")
+PROBE_DEADLINE_S = 0.5  # how long a routing decision waits for the replicas' queue lengths
 
 
 def table_name(app_name: str, deployment_name: str) -> str:
@@ -39,6 +47,7 @@ class TurncacheRouter(RequestRouter):
         name = table_name(self._deployment_id.app_name, self._deployment_id.name)
         self.table = table_for(name, RoutingPolicy(**(policy or {})))  # shared with the ingress of this process
         self._calls: dict[str, str] = {}  # Ray's internal request id -> our call id, while the turn runs
+        self._dead: set[str] = set()  # replicas whose probe said they died (before Ray Serve stops listing them)
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -55,10 +64,26 @@ class TurncacheRouter(RequestRouter):
         if not isinstance(first, TurnCall):  # an untagged call (describe): the least busy replica first
             ranked = sorted(by_id, key=lambda r: (self.table.load(r), r))
             return [[by_id[r]] for r in ranked]
-        decision = self.table.choose(first.route, list(by_id))
+        lengths = await self.queue_lengths(candidate_replicas) if self.table.policy.mode == "prefix" else {}
+        decision = self.table.choose(first.route, [r for r in by_id if r not in self._dead], lengths)
         if decision is None:
             return []
         return [[by_id[r]] for r in decision.ranked]
+
+    async def queue_lengths(self, replicas: list[RunningReplica]) -> dict[str, int]:
+        """Each replica's own count of the requests it runs; replicas that did not answer in time are left out."""
+
+        async def one(replica: RunningReplica) -> int | None:
+            try:
+                return await asyncio.wait_for(replica.get_queue_len(deadline_s=PROBE_DEADLINE_S), PROBE_DEADLINE_S)
+            except ActorDiedError:  # gone (killed, crashed): never chosen again, its keys go to the next by the hash
+                self.on_replica_actor_died(replica.replica_id)
+                return None
+            except Exception:  # slow or unavailable: the table's own count stands in (see the module docstring)
+                return None
+
+        found = await asyncio.gather(*(one(r) for r in replicas))
+        return {r.replica_id.unique_id: n for r, n in zip(replicas, found, strict=True) if n is not None}
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
         first = pending_request.args[0] if pending_request.args else None
@@ -77,5 +102,6 @@ class TurncacheRouter(RequestRouter):
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
+        self._dead.add(replica_id.unique_id)
         log.warning("replica %s died; its sessions will be pinned anew", replica_id.unique_id)
         self.table.replica_lost(replica_id.unique_id)

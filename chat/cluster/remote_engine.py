@@ -11,7 +11,9 @@ machine is bound to, and a turn submitted while that session has a turn in progr
 is that session's turn (``completion.create`` turns are stateless).
 
 Faults: a replica that dies (or becomes unreachable) while it runs a turn ends that turn with
-:class:`ReplicaLostError`; the table never routes to it again, and its sessions are pinned anew on their next turn.
+:class:`ReplicaLostError`; the table never routes to it again, and its keys go to the next replica of their order
+(rendezvous hashing). A turn sent to a replica that was already gone (nothing began there) is sent on, up to
+``START_RETRIES`` times, to the next one: the client sees nothing of it.
 The session store is the ingress's, so the conversation is intact; the next turn re-prefills it on its new replica.
 """
 
@@ -43,6 +45,7 @@ Sink = Callable[[Event | BaseException], None]
 MAX_CLAIMED = 100_000  # sessions whose last claimed turn id is remembered
 ROUTING_LOG = 10_000  # turns kept in the routing log
 REPORT_TIMEOUT_S = 5.0  # how long /metrics waits for a replica's report
+START_RETRIES = 2  # times a turn whose replica was gone before it began is sent on to the next replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +151,7 @@ class RemoteEngine:
         self._claimed.move_to_end(session.id)
         while len(self._claimed) > MAX_CLAIMED:
             self._claimed.popitem(last=False)
-        return SessionRef(session.id, first_turn=not session.messages)
+        return SessionRef(session.id)
 
     # ---------------------------------------------------------------- replicas
 
@@ -177,51 +180,64 @@ class RemoteEngine:
         """The turn's events. Raises the engine's refusal (EngineError) or ReplicaLostError."""
         job.call_id = job.call_id or uuid.uuid4().hex
         digests: tuple[int, ...] = ()
+        opening: int | None = None
         if self.keyer is not None:
-            digests = await asyncio.to_thread(self.keyer.digests, request.messages, request.salt)
+            digests, opening = await asyncio.to_thread(self.keyer.keys, request.messages, request.salt)
         if job.cancelled:  # before any replica was asked: nothing was computed
             yield _ended("cancelled")
             return
-        stream = job.stream = _call(self._stream.run_turn, TurnCall(RouteKey(job.call_id, session, digests), request))
-        done: Done | None = None
-        try:
-            async for item in stream:
-                if isinstance(item, Served):
-                    job.replica = item.replica
-                    self.nodes[item.replica] = item.node
-                    if job.cancelled:
-                        self._cancel(job)
-                    elif job.paused:  # paused before the replica was known
-                        self._pause(job, True)
-                elif isinstance(item, Failed):
-                    raise item.error()
-                else:
-                    if isinstance(item, Done):
-                        done = item
-                    yield item
-                    if done is not None:
-                        return
-            raise ReplicaLostError(job.replica)  # the stream ended without a Done
-        except RequestCancelledError as exc:
-            if not job.cancelled:  # not by us
+        for attempt in range(START_RETRIES + 1):
+            stream = job.stream = _call(
+                self._stream.run_turn, TurnCall(RouteKey(job.call_id, session, digests, opening), request)
+            )
+            done: Done | None = None
+            try:
+                async for item in stream:
+                    if isinstance(item, Served):
+                        job.replica = item.replica
+                        self.nodes[item.replica] = item.node
+                        if job.cancelled:
+                            self._cancel(job)
+                        elif job.paused:  # paused before the replica was known
+                            self._pause(job, True)
+                    elif isinstance(item, Failed):
+                        raise item.error()
+                    else:
+                        if isinstance(item, Done):
+                            done = item
+                        yield item
+                        if done is not None:
+                            return
+                raise ReplicaLostError(job.replica)  # the stream ended without a Done
+            except RequestCancelledError as exc:
+                if not job.cancelled:  # not by us
+                    raise ReplicaLostError(job.replica) from exc
+                done = _ended("cancelled")  # cancelled while waiting for a replica (see _cancel)
+                yield done
+                return
+            except RayTaskError as exc:  # a bug in the replica's own code
+                log.error("turn %s failed on replica %s", job.call_id, job.replica, exc_info=exc)
+                raise EngineError(f"internal error; replica {job.replica} logged the details") from exc
+            except RayError as exc:  # the replica died or cannot be reached
+                lost = job.replica or self.table.assigned(job.call_id)
+                if lost is not None:
+                    self.table.replica_lost(lost)
+                if job.replica is None and attempt < START_RETRIES and not job.cancelled:
+                    # it died before the turn began there (nothing was sent to the client): the next replica of
+                    # the turn's order runs it
+                    log.warning("replica %s was gone before turn %s began; sending it on", lost, job.call_id)
+                    self.table.finished(job.call_id)
+                    job.call_id = uuid.uuid4().hex
+                    continue
+                self.lost_turns += 1
+                log.warning("turn %s lost with replica %s: %s", job.call_id, job.replica, type(exc).__name__)
                 raise ReplicaLostError(job.replica) from exc
-            done = _ended("cancelled")  # cancelled while waiting for a replica (see _cancel)
-            yield done
-        except RayTaskError as exc:  # a bug in the replica's own code
-            log.error("turn %s failed on replica %s", job.call_id, job.replica, exc_info=exc)
-            raise EngineError(f"internal error; replica {job.replica} logged the details") from exc
-        except RayError as exc:  # the replica died or cannot be reached
-            self.lost_turns += 1
-            if job.replica is not None:
-                self.table.replica_lost(job.replica)
-            log.warning("turn %s lost with replica %s: %s", job.call_id, job.replica, type(exc).__name__)
-            raise ReplicaLostError(job.replica) from exc
-        finally:
-            self.table.finished(job.call_id)
-            if done is None:
-                stream.cancel()  # nobody reads it any more: the replica stops the engine turn
-            if job.replica is not None:
-                self.log.append(self._logged(job, session, done))
+            finally:
+                self.table.finished(job.call_id)
+                if done is None:
+                    stream.cancel()  # nobody reads it any more: the replica stops the engine turn
+                if job.replica is not None:
+                    self.log.append(self._logged(job, session, done))
 
     async def _drive(self, request: TurnRequest, sink: Sink, session: SessionRef | None, job: RemoteJob) -> None:
         try:

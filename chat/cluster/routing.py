@@ -1,20 +1,23 @@
-"""Which replica runs a turn: the routing rule, over a table of what each replica holds and runs. Pure: no Ray.
+"""Which replica runs a turn: the routing rule, over a table of what each replica runs. Pure: no Ray.
 
-The rule (``mode="prefix"``), for a turn with key :class:`RouteKey` over the live replicas:
+The rule (``mode="prefix"``) is a placement every ingress computes alike, without asking the others: rendezvous
+(highest-random-weight) hashing of the turn's **placement key** over the live replicas, moved off its replica only
+by load.
 
-1. **session**: a session turn goes to the replica its session is pinned to, whatever that replica's load: moving
-   a session costs a full re-prefill, and a session runs one turn at a time. A session's first turn is pinned by
-   rule 3 (sessions that share only a system prompt would otherwise all pin to the replica that saw it first); a
-   session that lost its pin (its replica was lost, or the ingress restarted) is pinned by rules 2-3, which find
-   the replica still holding its conversation if there is one.
-2. **prefix**: otherwise, the replica that last served the longest of the turn's block digests (see
-   :mod:`chat.cluster.prompt_keys`) is *preferred*; the turn goes there unless that replica runs more than
-   ``imbalance`` turns more than the least-loaded replica.
-3. **least_loaded**: otherwise (no digest known, or the preferred replica is over the threshold), the replica
-   with the fewest turns in progress; ties go to the one with the fewest pinned sessions, then in rotation.
+- The placement key of a WebSocket session turn is its session id; of a stateless turn (``/v1/chat/completions``,
+  ``completion.create``), the block digest that covers its conversation's opening (``chat.cluster.prompt_keys``):
+  every later turn of that conversation renders to the same opening, so it has the same key.
+- Every replica gets a weight per key (a 64-bit hash of the key and the replica's id); the replicas ranked by
+  weight are the key's **order**, its first the key's **home**. Each key's order depends only on the key and the set
+  of replicas: when a replica joins, only the keys whose new home it is move (to it); when one leaves, only its own
+  keys move, each to the next replica of its order. A replica that leaves and comes back gets its keys back.
+- **load**: the turn goes to the first replica of its order that runs at most ``imbalance`` turns more than the
+  least-loaded replica (rule ``session`` or ``prefix`` when that is the home, ``least_loaded`` when load moved it).
+  Loads are the replicas' own queue lengths, as Ray Serve's router probes them (every ingress sees the same ones);
+  where a replica did not answer, this table's count of the turns it routed there and that have not finished.
+- A turn with no key (a stateless prompt shorter than one block) goes to the least-loaded replica (ties in rotation).
 
-Every routed turn's digests then point to the replica that runs it ("last served"), so a conversation follows its
-cache when load moves it. The load of a replica is the number of turns this table routed to it that have not finished.
+The table also records, for ``/metrics``, where each session and each block digest was last routed.
 
 ``mode="round_robin"`` (for comparison) is the rule of Ray Serve's own ``RoundRobinRouter``
 (``ray.serve.experimental.round_robin_router``) and of SGLang's router's ``round_robin`` policy: one cursor, advanced
@@ -29,11 +32,12 @@ Thread-safe: Ray Serve's router may run on its own event loop thread while the i
 from __future__ import annotations
 
 import enum
+import hashlib
 import itertools
 import random
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from chat.cluster.settings import RouterMode
@@ -46,9 +50,9 @@ ROUND_ROBIN_START = 2**31  # the round-robin cursor starts below this (at random
 class Rule(enum.StrEnum):
     """Why a turn went where it went (the ``rule`` label of ``turncache_cluster_routed_total``)."""
 
-    SESSION = "session"  # the session's pinned replica
-    PREFIX = "prefix"  # the replica that last served the longest digest
-    LEAST_LOADED = "least_loaded"  # no usable prefix, or the preferred replica was over the threshold
+    SESSION = "session"  # the home of the session id
+    PREFIX = "prefix"  # the home of the conversation's opening digest
+    LEAST_LOADED = "least_loaded"  # no key, or the home (and the next ones of its order) over the threshold
     ROUND_ROBIN = "round_robin"  # --router round_robin
 
 
@@ -57,7 +61,6 @@ class SessionRef:
     """The WebSocket session a turn belongs to."""
 
     id: str  # the session id
-    first_turn: bool = False  # nothing answered in it yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +70,20 @@ class RouteKey:
     call_id: str  # unique per turn sent to a replica (the table's handle on it until `finished`)
     session: SessionRef | None = None  # None for stateless turns
     digests: tuple[int, ...] = ()  # block digests of the rendered prompt (chat.cluster.prompt_keys)
+    opening: int | None = None  # the digest covering the conversation's opening (stateless turns); None: none
+
+    @property
+    def placement(self) -> str | None:
+        """What rendezvous hashing places: the session id, else the opening's digest; None: load alone."""
+        if self.session is not None:
+            return "session:" + self.session.id
+        return None if self.opening is None else f"prefix:{self.opening:016x}"
 
 
 @dataclass(frozen=True, slots=True)
 class RoutingPolicy:
     mode: RouterMode = "prefix"
-    imbalance: int = 4  # turns the preferred replica may run beyond the least-loaded one (rule 2)
+    imbalance: int = 4  # turns a key's replica may run beyond the least-loaded one
     max_prefix_blocks: int = MAX_PREFIX_BLOCKS
     max_pinned_sessions: int = MAX_PINNED_SESSIONS
 
@@ -81,8 +92,7 @@ class RoutingPolicy:
 class Decision:
     replica: str  # where the turn goes
     rule: Rule  # why
-    matched_blocks: int  # digests of the turn known at `replica` (rule prefix), else 0
-    ranked: tuple[str, ...]  # `replica` first, then the others (by load; round robin: in rotation): tried in order
+    ranked: tuple[str, ...]  # `replica` first, then the others (the key's order; round robin: the rotation)
 
 
 @dataclass(slots=True)
@@ -98,8 +108,8 @@ class ReplicaView:
 
     replica: str
     inflight: int  # turns routed here and not finished
-    pinned_sessions: int
-    prefix_blocks: int  # digests whose last server is this replica
+    pinned_sessions: int  # sessions whose last turn was routed here
+    prefix_blocks: int  # digests whose last turn was routed here
     routed: dict[str, int] = field(default_factory=dict)  # turns routed here by rule
 
 
@@ -125,18 +135,22 @@ class RoutingTable:
 
     # ---------------------------------------------------------------- routing
 
-    def choose(self, key: RouteKey, candidates: Sequence[str]) -> Decision | None:
+    def choose(
+        self, key: RouteKey, candidates: Sequence[str], queue_lengths: Mapping[str, int] | None = None
+    ) -> Decision | None:
         """Route one turn among ``candidates`` (the replicas Ray Serve can send to); record it as in flight there.
 
-        Choosing again for the same ``key.call_id`` (Ray Serve retries) replaces the earlier choice. Returns None
-        when there is no candidate: the caller must wait for replicas.
+        ``queue_lengths``: the replicas' own counts of turns they run (Ray Serve's probes); a replica missing from it
+        counts the turns this table routed there. Choosing again for the same ``key.call_id`` (Ray Serve retries)
+        replaces the earlier choice. Returns None when there is no candidate: the caller must wait for replicas.
         """
         with self._lock:
             usable = [r for r in sorted(set(candidates)) if r not in self._lost]
             if not usable:
                 return None
             self._release(key.call_id)
-            decision = self._decide(key, usable)
+            loads = {r: (queue_lengths or {}).get(r, self._inflight[r]) for r in usable}
+            decision = self._decide(key, usable, loads)
             self._assign(key, decision.replica, decision.rule)
             return decision
 
@@ -149,6 +163,12 @@ class RoutingTable:
             self._release(call_id)
             self._routed[(assignment.replica, assignment.rule)] -= 1
             self._assign(assignment.key, replica, assignment.rule)
+
+    def assigned(self, call_id: str) -> str | None:
+        """The replica an unfinished turn was routed to."""
+        with self._lock:
+            found = self._assigned.get(call_id)
+            return found.replica if found is not None else None
 
     def finished(self, call_id: str) -> None:
         """The turn is over (done, failed, cancelled, or never sent)."""
@@ -185,6 +205,7 @@ class RoutingTable:
             return self._inflight[replica]
 
     def pinned(self, session_id: str) -> str | None:
+        """Where the session's last turn was routed (None: not known here)."""
         with self._lock:
             return self._pins.get(session_id)
 
@@ -202,37 +223,23 @@ class RoutingTable:
 
     # ---------------------------------------------------------------- internals (lock held)
 
-    def _decide(self, key: RouteKey, usable: list[str]) -> Decision:
+    def _decide(self, key: RouteKey, usable: list[str], loads: Mapping[str, int]) -> Decision:
         if self.policy.mode == "round_robin":  # the key is not read: only the order of arrival counts
             start, n = self._cursor % len(usable), len(usable)
             self._cursor += 1
             ranked = tuple(usable[(start + k) % n] for k in range(n))  # if full, the next ones in the rotation
-            return Decision(ranked[0], Rule.ROUND_ROBIN, 0, ranked)
-        session = key.session
-        pinned = self._pins.get(session.id) if session is not None else None
-        if pinned in usable:
-            return Decision(pinned, Rule.SESSION, 0, self._ranked(pinned, usable))
-        least = self._least_loaded(usable)
-        preferred, matched = (None, 0) if session and session.first_turn else self._longest_match(key.digests, usable)
-        if preferred is not None and self._inflight[preferred] - self._inflight[least] <= self.policy.imbalance:
-            return Decision(preferred, Rule.PREFIX, matched, self._ranked(preferred, usable))
-        return Decision(least, Rule.LEAST_LOADED, 0, self._ranked(least, usable))
-
-    def _least_loaded(self, usable: list[str]) -> str:
-        turn = next(self._tiebreak)
-        order = {r: (i - turn) % len(usable) for i, r in enumerate(usable)}  # rotating tie-break
-        return min(usable, key=lambda r: (self._inflight[r], self._pin_counts[r], order[r]))
-
-    def _longest_match(self, digests: tuple[int, ...], usable: list[str]) -> tuple[str | None, int]:
-        for i in range(len(digests) - 1, -1, -1):
-            replica = self._blocks.get(digests[i])
-            if replica is not None and replica in usable:
-                return replica, i + 1
-        return None, 0
-
-    def _ranked(self, first: str, usable: list[str]) -> tuple[str, ...]:
-        rest = sorted((r for r in usable if r != first), key=lambda r: (self._inflight[r], r))
-        return (first, *rest)
+            return Decision(ranked[0], Rule.ROUND_ROBIN, ranked)
+        placement = key.placement
+        if placement is None:
+            turn = next(self._tiebreak)
+            rotation = {r: (i - turn) % len(usable) for i, r in enumerate(usable)}  # rotating tie-break
+            ranked = tuple(sorted(usable, key=lambda r: (loads[r], rotation[r])))
+            return Decision(ranked[0], Rule.LEAST_LOADED, ranked)
+        order = rendezvous(placement, usable)
+        least = min(loads.values())
+        chosen = next(r for r in order if loads[r] - least <= self.policy.imbalance)  # the least loaded one qualifies
+        rule = (Rule.SESSION if key.session is not None else Rule.PREFIX) if chosen == order[0] else Rule.LEAST_LOADED
+        return Decision(chosen, rule, (chosen, *(r for r in order if r != chosen)))
 
     def _assign(self, key: RouteKey, replica: str, rule: Rule) -> None:
         self._assigned[key.call_id] = _Assignment(replica, rule, key)
@@ -240,7 +247,7 @@ class RoutingTable:
         self._routed[(replica, rule)] += 1
         if self.policy.mode == "round_robin":
             return
-        if key.session is not None:
+        if key.session is not None:  # recorded for /metrics only: placement is by hash
             self._pin(key.session.id, replica)
         for digest in key.digests:
             self._blocks[digest] = replica
@@ -274,6 +281,17 @@ class RoutingTable:
             self._unpin(session_id)
         for digest in [d for d, r in self._blocks.items() if gone(r)]:
             del self._blocks[digest]
+
+
+def weight(placement: str, replica: str) -> int:
+    """The rendezvous weight of ``replica`` for ``placement``: a 64-bit hash of both (the same in every process)."""
+    digest = hashlib.blake2b(placement.encode() + b"\0" + replica.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous(placement: str, replicas: Sequence[str]) -> list[str]:
+    """``replicas`` by decreasing weight for ``placement``: the first is its home, the next ones its fallbacks."""
+    return sorted(replicas, key=lambda r: (-weight(placement, r), r))
 
 
 _TABLES: dict[str, RoutingTable] = {}

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from chat.server.settings import ServerSettings
 
 RouterMode = Literal["prefix", "round_robin"]
+ProxyLocation = Literal["HeadOnly", "EveryNode", "Disabled"]
 KEY_FIELDS = ("auth_token", "api_keys_file", "api_keys")  # ServerSettings fields that name or hold API keys
 
 
@@ -27,17 +28,30 @@ class ClusterSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TURNCACHE_", extra="ignore")
 
     replicas: int = Field(ge=1, le=64, description="engine replicas (each: the model, its prefix cache, an engine)")
+    ingresses: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="ingress replicas (the HTTP/WebSocket front); above 1 needs a shared --sessions-db postgresql://",
+    )
+    proxy_location: ProxyLocation = Field(
+        "HeadOnly",
+        description="where Ray Serve runs an HTTP proxy, which spreads connections over the ingresses: 'HeadOnly', "
+        "'EveryNode' (each node listens on --port), 'Disabled'",
+    )
     ray_address: str | None = Field(
         None, description="a running Ray cluster to join ('auto', 'HOST:PORT'); None starts a local one"
     )
     router: RouterMode = Field(
-        "prefix", description="'prefix': sessions pinned, stateless turns by prompt prefix; 'round_robin': comparison"
+        "prefix",
+        description="'prefix': rendezvous hashing of the session or the conversation's opening, moved by load; "
+        "'round_robin': comparison",
     )
     route_imbalance: int = Field(
         4,
         ge=0,
-        description="a stateless turn leaves the replica holding its prefix when that replica runs more than this "
-        "many turns more than the least-loaded one",
+        description="a turn leaves its key's replica (for the next one of the key's order) when that replica runs "
+        "more than this many turns more than the least-loaded one",
     )
     route_block_tokens: int = Field(32, ge=1, le=4096, description="tokens per block of the prefix routing key")
     replica_cpus: float = Field(

@@ -41,6 +41,7 @@ from chat.engine.recent_replies import RecentReplies
 from chat.engine.runtime import ModelRuntime
 from chat.engine.scheduler import BatchSettings, Scheduler, priority_of
 from chat.engine.turn import Turn
+from chat.engine.volatile_lines import VolatileLines
 
 _log = logging.getLogger(__name__)
 WAKE = object()  # put in the worker's inbox to make it look at its turns again (a paused turn went on, or ended)
@@ -103,11 +104,14 @@ class Engine:
         batch: BatchSettings | None = None,
         threads: int | None = None,
         loader: Callable[[], ModelRuntime] | None = None,
+        volatile: VolatileLines | None = None,
     ) -> None:
         """An engine over ``runtime``, or over what ``loader`` returns when called in the worker thread (see
-        :meth:`load`). ``threads``: torch threads of the worker (None: torch's current setting)."""
+        :meth:`load`). ``threads``: torch threads of the worker (None: torch's current setting). ``volatile``: lines
+        dropped from every rendered prompt (or, with its ``drop`` off, only named when they cause a miss)."""
         self.runtime = runtime  # the model (used only by the worker thread)
         self.cache = cache  # None: `--no-prefix-cache`
+        self.volatile = volatile  # volatile client lines (chat.engine.volatile_lines); None: none known
         self.replies = RecentReplies()  # recent replies per namespace: a turn tells template drift by them
         self.metrics = Metrics()  # counters and histograms for /metrics
         self.batch = batch or BatchSettings()  # what one step may hold
@@ -136,6 +140,7 @@ class Engine:
         cache: PrefixCache | None,
         batch: BatchSettings | None = None,
         threads: int | None = None,
+        volatile: VolatileLines | None = None,
     ) -> Engine:
         """An engine whose model ``loader()`` loads inside its worker thread (so that only that thread ever runs
         torch in parallel); returns once the model is loaded.
@@ -143,7 +148,7 @@ class Engine:
         Raises:
             whatever ``loader`` raised (the worker has then stopped).
         """
-        engine = cls(None, cache=cache, batch=batch, threads=threads, loader=loader)
+        engine = cls(None, cache=cache, batch=batch, threads=threads, loader=loader, volatile=volatile)
         engine._ready.wait()
         if engine._load_error is not None:
             raise engine._load_error
@@ -168,6 +173,7 @@ class Engine:
             draft_tokens=self.batch.draft_tokens,
             grammar=grammar,
             replies=self.replies if self.cache is not None else None,
+            volatile=self.volatile,
         )
         handle = JobHandle(turn, sink, self._wake, self.metrics)
         self._queued.add(priority_of(turn))  # before the worker can take it (it removes it on admission)

@@ -14,9 +14,10 @@ class CacheBreakpoint:
     """A client's prompt-caching breakpoint (Anthropic's ``cache_control``, ``chat.server.surfaces.anthropic_api``):
     the prompt's first ``tokens`` tokens are to stay in the cache for ``ttl_s`` seconds after their last use.
 
-    The engine carries it on the turn and acts on none yet: this is the hook for pinning prefixes (issue 36, part
-    3). ``tokens`` counts the rendered prompt (tools and template included) up to the end of the marked block,
-    measured by the server as the tokens the whole prompt shares with the prompt rendered up to that block."""
+    Once the turn's prompt is stored, the engine pins that prefix in the tenant's cache namespace
+    (``cache.PrefixCache.pin``) and reports the outcome in ``Done.pins``. ``tokens`` counts the rendered prompt (tools
+    and template included, volatile lines dropped) up to the end of the marked block, measured by the server as the
+    tokens the whole prompt shares with the prompt rendered up to that block."""
 
     tokens: int  # a prefix of the turn's rendered prompt (<= its length)
     ttl_s: int  # 300 ("5m", the default) or 3600 ("1h")
@@ -33,7 +34,20 @@ class TurnRequest:
     template_kwargs: dict[str, Any] | None = None  # variables for the chat template (chat_template_kwargs)
     adapter: Any = None  # a LoRA adapter of the runtime (chat.models.lora.LoraAdapter) the turn computes under, or
     # None for the base model; its `namespace_component` ("lora", digest) is added to the turn's cache namespace
-    breakpoints: tuple[CacheBreakpoint, ...] = ()  # prompt-caching breakpoints, ascending (see CacheBreakpoint)
+    breakpoints: tuple[CacheBreakpoint, ...] = ()  # prompt-caching breakpoints, ascending (see CacheBreakpoint):
+    # their prefixes are pinned once the prompt is stored (see Done.pins)
+    report_prefill: bool = False  # also send a PrefillPlanned event before the first token (Anthropic's
+    # message_start carries the prompt's usage)
+
+
+@dataclass(frozen=True, slots=True)
+class PinOutcome:
+    """What became of one breakpoint (in ``Done.pins``, in the request's order)."""
+
+    breakpoint: CacheBreakpoint
+    length: int  # tokens of the prefix it stands for (its tokens, capped at the prompt's length)
+    pinned: bool  # held now (pinned, or an existing pin of the same prefix renewed)
+    reason: str | None = None  # why not (see chat.engine.turn.PIN_REFUSALS); None when pinned
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +89,17 @@ class Done:
     error: Exception | None = None  # set when finish_reason == "error"
     logprobs: tuple[TokenLogprob, ...] = ()  # per reply token (EOS excluded), when asked for
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # per prompt token (None for the first), when asked for
+    pins: tuple[PinOutcome, ...] = ()  # one per breakpoint of the request
 
 
-Event = Delta | Done
+@dataclass(frozen=True, slots=True)
+class PrefillPlanned:
+    """Sent once, only to a turn whose request has ``report_prefill``: its prompt was looked up in the cache and its
+    prefill began (the first chunk was computed), so ``usage``'s prompt and cached tokens (and the miss reason) are
+    what its Done will say; ``completion_tokens`` is 0. It comes before the turn's first Delta (with it, in the same
+    engine step, when the prompt is one chunk), so waiting for it never delays the first token."""
+
+    usage: Usage
+
+
+Event = Delta | Done | PrefillPlanned

@@ -49,14 +49,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cache import Lease, LeaseError, MediaSpan, Namespace, PrefixCache
+from cache import CacheError, Lease, LeaseError, MediaSpan, Namespace, PrefixCache
 from chat.engine.constraints import CompiledGrammar, Constraint
 from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.errors import ContextOverflowError, InvalidMediaError
-from chat.engine.events import Delta, Done, Event, Timings, TurnRequest, Usage
+from chat.engine.events import Delta, Done, Event, PinOutcome, PrefillPlanned, Timings, TurnRequest, Usage
 from chat.engine.recent_replies import RecentReplies
 from chat.engine.runtime import Feed, ModelRuntime, RenderedPrompt, Run
 from chat.engine.sampling import Penalties, StopMatcher, TokenLogprob, sample, shape, token_logprobs
+from chat.engine.volatile_lines import NEARBY_TOKENS, VolatileLines
 from modalities.errors import MediaError
 
 PREFILL_CHUNK = 256  # prefill tokens per step when a turn runs alone (the scheduler sets its own budget)
@@ -77,7 +78,17 @@ MISS_REASONS = {  # why a turn's reuse of the cache stopped before its prompt's 
     "template_drift": "the reuse stopped inside an assistant message that is a recent reply of this tenant: the chat "
     "template renders what the model wrote otherwise (dropped thinking, re-serialized tool calls); the prompt is what "
     "the template renders",
+    "volatile_line": "the reuse stopped inside a line that a volatile line pattern matches (per-request noise such as "
+    "Claude Code's billing line), kept in the prompt because the server runs with --keep-volatile-lines",
     "prompt_logprobs": "the request asked for prompt log-probabilities: the cache is not used",
+    "cache_off": "the server runs without a prefix cache",
+}
+PIN_REFUSALS = {  # why a breakpoint's prefix was not pinned (Done.pins; docs/anthropic.md)
+    "not_cached": "no cache entry restores the prompt at exactly that length (inside a media item, between recurrent "
+    "snapshots, or the prompt's entry did not fit the cache)",
+    "over_share": "pinning it would take the tenant's pinned bytes past its share of the device tier "
+    "(--tenant-cache-share; all of it with shares off), or all pinned bytes past the device budget",
+    "not_reached": "the turn ended before its prompt was computed and stored",
     "cache_off": "the server runs without a prefix cache",
 }
 _log = logging.getLogger(__name__)
@@ -191,11 +202,14 @@ class Turn:
         draft_tokens: int = DRAFT_TOKENS,
         grammar: CompiledGrammar | None = None,
         replies: RecentReplies | None = None,
+        volatile: VolatileLines | None = None,
     ) -> None:
         self.runtime = runtime  # the model
         self.cache = cache  # None: no prefix reuse (`--no-prefix-cache`)
         self.replies = replies  # recent replies of every namespace: this one's is recorded, drift is told by them
         self.request = request
+        self.volatile = volatile  # lines dropped from the rendered prompt (or only recognised, to name a miss)
+        self.messages = request.messages  # what is rendered: the request's, without volatile lines (set at begin)
         self.namespace = turn_namespace(runtime, request)
         self.phase = Phase.NEW
         self.prompt: list[int] = []  # rendered prompt tokens
@@ -223,6 +237,9 @@ class Turn:
         self._forced: list[int] = []  # tokens written next instead of sampled (a thinking budget's end marker)
         self._thinking_closed = False  # the reply has closed its thinking (or was made to)
         self._miss: tuple[str | None, int | None] = (None, None)  # why reuse stopped where it did (set at begin)
+        self._prefill_reported = not request.report_prefill  # PrefillPlanned sent (or not asked for)
+        self._breakpoints: list[int] = []  # each breakpoint's prefix length (set at begin)
+        self._pins: tuple[PinOutcome, ...] | None = None  # set once the prompt is stored and its prefixes pinned
 
     @property
     def done(self) -> bool:
@@ -270,10 +287,13 @@ class Turn:
                     extra["template_kwargs"] = req.template_kwargs
                 if getattr(rt, "prompt_encoder", None) is not None:  # a runtime that reuses earlier renders' ids:
                     extra["salt"] = req.salt  # only this tenant's (as the prefix cache's namespace)
-                rendered = rt.render_prompt(req.messages, **extra)
+                if self.volatile is not None:
+                    self.messages = self.volatile.prompt_messages(req.messages)
+                rendered = rt.render_prompt(self.messages, **extra)
             except MediaError as exc:
                 raise InvalidMediaError(str(exc.item or "messages"), str(exc)) from exc
             self.prompt, self.media = list(rendered.tokens), tuple(rendered.spans)
+        self._breakpoints = [min(bp.tokens, len(self.prompt)) for bp in req.breakpoints]
         self._rendered = rendered
         if len(self.prompt) >= rt.context_window:
             raise ContextOverflowError(len(self.prompt), rt.context_window)
@@ -307,6 +327,32 @@ class Turn:
             self.cached_tokens = match.length
             self._fed = self.prompt[: match.length]
             return
+
+    # ================================================================ breakpoints
+
+    def _pin_breakpoints(self) -> None:
+        """Pin each breakpoint's prefix (the prompt was just stored, so its entry restores every one of them)."""
+        outcomes = []
+        for bp, length in zip(self.request.breakpoints, self._breakpoints, strict=True):
+            if self.cache is None:
+                outcomes.append(PinOutcome(bp, length, False, "cache_off"))
+            elif length < 1:
+                outcomes.append(PinOutcome(bp, length, False, "not_cached"))
+            else:
+                try:
+                    result = self.cache.pin(self.namespace, self.prompt, length, bp.ttl_s, media=self.media)
+                except CacheError:  # a prefix that ends inside a media item: nothing restores it there
+                    outcomes.append(PinOutcome(bp, length, False, "not_cached"))
+                    continue
+                outcomes.append(PinOutcome(bp, length, result.pinned, result.reason))
+        self._pins = tuple(outcomes)
+
+    def _pin_outcomes(self) -> tuple[PinOutcome, ...]:
+        if self._pins is not None:
+            return self._pins
+        reason = "cache_off" if self.cache is None else "not_reached"
+        lengths = self._breakpoints or [0] * len(self.request.breakpoints)  # [] when begin did not get so far
+        return tuple(PinOutcome(bp, n, False, reason) for bp, n in zip(self.request.breakpoints, lengths, strict=True))
 
     # ================================================================ a prefix shared with a turn in flight
 
@@ -394,13 +440,14 @@ class Turn:
         restores right there)."""
         end = len(self.prompt)
         marks = {end}
-        rt, msgs = self.runtime, self.request.messages
+        rt, msgs = self.runtime, self.messages
         if rt.has_recurrent_state and self.request.prompt_tokens is None and msgs and msgs[0].get("role") == "system":
             system = rt.render(msgs[:1], add_generation_prompt=False)
             if self.cached_tokens < len(system) < end and self.prompt[: len(system)] == system:
                 marks.add(len(system))
         if rt.has_recurrent_state:
             marks.update(edge for span in self.media for edge in (span.start, span.end) if 0 < edge < end)
+            marks.update(n for n in self._breakpoints if 0 < n < end)  # restorable there, so pinnable
         return sorted(m for m in marks if m > self.cached_tokens)
 
     # ================================================================ feeds
@@ -474,6 +521,11 @@ class Turn:
         assert feed is not None
         try:
             if self.phase is Phase.PREFILL:
+                if not self._prefill_reported:  # its first chunk: what it restored can no longer change
+                    self._prefill_reported = True
+                    miss, miss_at = self._miss
+                    planned = PrefillPlanned(Usage(len(self.prompt), self.cached_tokens, 0, miss, miss_at))
+                    return [planned, *self._absorb_prefill(feed, logits)]
                 return self._absorb_prefill(feed, logits)
             assert logits is not None
             if len(feed.tokens) > 1:
@@ -536,6 +588,8 @@ class Turn:
             return []
         self.clock.prefill_end = time.perf_counter()
         self._store()  # the end of the rendered prompt: a prefix of the next turn, whatever the template does
+        if self.request.breakpoints:
+            self._pin_breakpoints()
         self.phase = Phase.DECODE
         if self.reply.max_tokens <= 0:  # max_tokens 0: the prompt only (its log-probabilities, its cache entry)
             return self._finish("length")
@@ -651,7 +705,10 @@ class Turn:
         text = "".join(self.reply.text)
         timings = self.clock.timings(len(self.reply.tokens))
         logprobs, prompt_logprobs = tuple(self.reply.logprobs), tuple(self.prompt_logprobs)
-        events.append(Done(text, tuple(self.reply.tokens), reason, usage, timings, error, logprobs, prompt_logprobs))
+        pins = self._pin_outcomes()
+        events.append(
+            Done(text, tuple(self.reply.tokens), reason, usage, timings, error, logprobs, prompt_logprobs, pins)
+        )
         return events
 
     def _miss_reason(self) -> tuple[str | None, int | None]:
@@ -668,7 +725,7 @@ class Turn:
             common, goes_on = self.cache.reach(self.namespace, self.prompt, self.media)
             evicted = self.cache.evicted_reach(self.namespace, self.prompt, self.media)
             drift = goes_on and self.replies is not None
-            drift = drift and self.replies.drift_at(self.namespace, self.prompt, common, self.request.messages)
+            drift = drift and self.replies.drift_at(self.namespace, self.prompt, common, self.messages)
         except Exception:  # a report only: never fail a turn for it
             return None, None
         if common > self.cached_tokens:
@@ -679,9 +736,24 @@ class Turn:
             return "media_changed", common
         if drift:
             return "template_drift", common
+        if goes_on and self._in_volatile_line(common):
+            return "volatile_line", common
         if goes_on:
             return "diverged", common
         return ("cold", 0) if common == 0 else ("end_of_cache", common)
+
+    def _in_volatile_line(self, position: int) -> bool:
+        """Whether prompt position ``position`` lies in a line a volatile pattern matches (only with lines kept:
+        dropped ones are not in the prompt). Reads the text around it back from the tokens."""
+        volatile, decode = self.volatile, getattr(self.runtime, "decode", None)
+        if volatile is None or volatile.drop or decode is None or not volatile.present(self.messages):
+            return False
+        try:
+            before = decode(self.prompt[:position])
+            after = decode(self.prompt[position : position + NEARBY_TOKENS])
+        except Exception:  # a report only
+            return False
+        return volatile.line_at(before, after)
 
     def _release(self) -> None:
         if self._run is not None:

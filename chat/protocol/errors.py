@@ -7,7 +7,8 @@ to the client as an ``error`` event (``ErrorEvent.of(exc)``) and keeps the conne
       parser ........ invalid_json, frame_too_large, unknown_event, invalid_event, invalid_media
       session ....... busy, not_generating, invalid_event (edit / regenerate that does not fit), context_overflow,
                       unknown_session (closed)
-      connection .... no_session, unknown_session, unknown_model; store: unknown_session, busy (full)
+      connection .... no_session, unknown_session, unknown_model; store: unknown_session, busy (full),
+                      conflict (a shared store: the session changed elsewhere)
       engine/server . context_overflow, invalid_media, unavailable, internal, unauthorized, rate_limited
                       (never raised here), key_revoked (the server closes the socket), no_chat_template (a base
                       model), template_error (the chat template raised)
@@ -50,6 +51,8 @@ class ErrorCode(enum.StrEnum):
     RATE_LIMITED = "rate_limited"  # the tenant is over one of its limits (HTTP 429 + Retry-After); nothing changed
     KEY_REVOKED = "key_revoked"  # the connection's key was removed from the keys file: the WebSocket is closed
     SLOW_CLIENT = "slow_client"  # the client read too slowly: its turns are cancelled, the connection is closed
+    CONFLICT = "conflict"  # the session was changed elsewhere (another ingress) since this connection read it: the
+    # change was not made, the session is read again (send the event again)
     NO_CHAT_TEMPLATE = "no_chat_template"  # a chat turn for a base model (no chat template; --chat-template gives one)
     TEMPLATE_ERROR = "template_error"  # the chat template raised while rendering the request's messages
     # HTTP only:

@@ -13,12 +13,13 @@ from chat.protocol.base import WireModel
 
 MAX_TOOLS = 128  # functions in one request
 MAX_TOOL_CALLS = 128  # calls in one assistant message
+MAX_TOOL_DESCRIPTION = 65_536  # characters of one tool's description (Claude Code 2.1.197's Workflow tool has 18,780)
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 class FunctionDef(WireModel):
     name: FunctionName
-    description: Annotated[str, Field(max_length=16_384)] | None = None
+    description: Annotated[str, Field(max_length=MAX_TOOL_DESCRIPTION)] | None = None
     parameters: dict[str, Any] | None = None  # JSON schema of the arguments object (None: any object)
     strict: bool | None = None  # refuse schema keywords the decoder cannot enforce (calls are always constrained)
 

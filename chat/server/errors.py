@@ -91,6 +91,7 @@ TRANSPORT: dict[ErrorCode, Transport] = {
     ErrorCode.NOT_FOUND: Transport(404, "invalid_request_error"),
     ErrorCode.BUSY: Transport(409, "invalid_request_error"),
     ErrorCode.NOT_GENERATING: Transport(409, "invalid_request_error"),
+    ErrorCode.CONFLICT: Transport(409, "invalid_request_error"),
     ErrorCode.CONTEXT_OVERFLOW: _BAD,
     ErrorCode.NO_CHAT_TEMPLATE: _BAD,
     ErrorCode.TEMPLATE_ERROR: _BAD,

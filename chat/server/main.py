@@ -11,6 +11,7 @@ import uvicorn
 from cache import PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.scheduler import BatchSettings
+from chat.engine.volatile_lines import VolatileLines
 from chat.server.app import create_app, key_store
 from chat.server.settings import MiB, ServerSettings
 from chat.server.transport.backpressure import uvicorn_http_options
@@ -39,7 +40,13 @@ def build_engine(settings: ServerSettings) -> Engine:
         cache=build_cache(settings),
         batch=batch_settings(settings),
         threads=settings.threads,
+        volatile=volatile_lines(settings),
     )
+
+
+def volatile_lines(settings: ServerSettings) -> VolatileLines:
+    """The volatile line patterns (``--volatile-line``), dropped unless ``--keep-volatile-lines``."""
+    return VolatileLines(settings.volatile_lines, drop=not settings.keep_volatile_lines)
 
 
 def batch_settings(settings: ServerSettings) -> BatchSettings:

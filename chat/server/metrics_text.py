@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from cache import CacheStats
 from chat.engine.metrics import TTFT_BUCKETS_S, Metrics
 from chat.server.persistence.session_writer import WriteStats
@@ -14,6 +16,13 @@ TENANT_SERIES = (  # (name, kind, help, TenantFigures field; None: turns running
     ("turncache_tenant_cached_tokens_total", "counter", "Of those, served from the prefix cache.", "cached_tokens"),
     ("turncache_tenant_completion_tokens_total", "counter", "Tokens generated, per tenant.", "completion_tokens"),
     ("turncache_tenant_rate_limited_total", "counter", "Requests refused for a limit, per tenant.", "rate_limited"),
+)
+TENANT_PIN_SERIES = (  # (name, kind, help, key of CacheStats.pinned_per_tenant's values)
+    ("turncache_tenant_pins", "gauge", "Live pins (prompt-caching breakpoints held), per tenant.", "pins"),
+    ("turncache_tenant_pinned_entries", "gauge", "Cache entries holding its pins, per tenant.", "entries"),
+    ("turncache_tenant_pinned_bytes", "gauge", "Bytes of those entries (device tier), per tenant.", "bytes"),
+    ("turncache_tenant_pins_refused_total", "counter", "Pins refused (not cached, or over its share).", "refused"),
+    ("turncache_tenant_pins_expired_total", "counter", "Pins whose TTL passed after their last use.", "expired"),
 )
 
 
@@ -98,14 +107,38 @@ def render_metrics(m: Metrics, cache: CacheStats | None) -> str:
         )
         metric("turncache_cache_lookups_total", "counter", "Prefix lookups.", [("", cache.lookups)])
         metric("turncache_cache_hits_total", "counter", "Prefix lookups that hit.", [("", cache.hits)])
+        metric("turncache_cache_pins", "gauge", "Live pins (prompt-caching breakpoints held).", [("", cache.pins)])
+        metric(
+            "turncache_cache_pinned_entries",
+            "gauge",
+            "Entries holding pins (kept on the device tier).",
+            [("", cache.pinned_entries)],
+        )
+        metric("turncache_cache_pinned_bytes", "gauge", "Bytes of those entries.", [("", cache.pinned_bytes)])
+        metric(
+            "turncache_cache_pins_total",
+            "counter",
+            "Pin requests by outcome (made, renewed, refused), and pins expired.",
+            [
+                ('{outcome="made"}', cache.pins_made),
+                ('{outcome="renewed"}', cache.pins_renewed),
+                ('{outcome="refused"}', cache.pins_refused),
+                ('{outcome="expired"}', cache.pins_expired),
+            ],
+        )
         if cache.disk_healthy is not None:
             _disk_metrics(metric, cache)
     return "\n".join(lines) + "\n"
 
 
-def render_tenant_metrics(figures: dict[str, TenantFigures], active: dict[str, int]) -> str:
+def render_tenant_metrics(
+    figures: dict[str, TenantFigures],
+    active: dict[str, int],
+    pins: Mapping[str, Mapping[str, int]] | None = None,
+) -> str:
     """Each tenant's figures, labelled ``tenant="ID"`` (tenant ids need no escaping: ``[A-Za-z0-9._-]``); the caller
-    chooses whose (an admin key: every tenant's; any other key: its own)."""
+    chooses whose (an admin key: every tenant's; any other key: its own). ``pins``: tenant id -> its pins' figures
+    (:func:`tenant_pins`), None without a prefix cache."""
     lines: list[str] = []
     tenants = sorted(set(figures) | set(active))
     for name, kind, help_text, attribute in TENANT_SERIES:
@@ -114,7 +147,19 @@ def render_tenant_metrics(figures: dict[str, TenantFigures], active: dict[str, i
             found = figures.get(tenant, TenantFigures())
             value = active.get(tenant, 0) if attribute is None else getattr(found, attribute)
             lines.append(f'{name}{{tenant="{tenant}"}} {value}')
+    if pins is not None:
+        for name, kind, help_text, key in TENANT_PIN_SERIES:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            lines += [f'{name}{{tenant="{t}"}} {pins.get(t, {}).get(key, 0)}' for t in tenants]
     return "\n".join(lines) + "\n"
+
+
+def tenant_pins(cache: CacheStats | None, salts: Mapping[str, str]) -> dict[str, Mapping[str, int]] | None:
+    """Tenant id -> its pins' figures (``CacheStats.pinned_per_tenant`` by cache salt), for the tenants in ``salts``
+    (tenant id -> cache salt); None without a prefix cache."""
+    if cache is None:
+        return None
+    return {tenant: cache.pinned_per_tenant[salt] for tenant, salt in salts.items() if salt in cache.pinned_per_tenant}
 
 
 def render_session_metrics(stats: WriteStats, pending: int) -> str:

@@ -7,6 +7,7 @@ import os
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from chat.engine.volatile_lines import DEFAULT_PATTERNS, VolatileLines
 from chat.protocol.limits import MAX_CHOICES_N, MAX_FRAME_BYTES, MAX_PRIORITY, MAX_REPLY_TOKENS
 from chat.server.transport.url_fetch import check_hosts
 
@@ -82,6 +83,15 @@ class ServerSettings(BaseSettings):
         le=1,
         description="most of each prefix cache tier one tenant keeps while another tenant needs room (None: no limit)",
     )
+    volatile_lines: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PATTERNS),
+        description="regular expressions of prompt lines that carry per-request noise and no meaning for a local model "
+        "(default: Claude Code's billing line); a match from a line's start is dropped from the rendered prompt, never "
+        "from what a session stores, so that such lines do not split the prefix cache",
+    )
+    keep_volatile_lines: bool = Field(
+        False, description="keep volatile lines in the prompt (a miss they cause is then named volatile_line)"
+    )
     tenant_concurrent_turns: int | None = Field(
         None, ge=1, description="turns one tenant may run at once, unless its keys file entry says (None: no limit)"
     )
@@ -106,6 +116,11 @@ class ServerSettings(BaseSettings):
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="browser origins allowed besides the server's own (e.g. http://localhost:3000)",
+    )
+    served_model_aliases: list[str] = Field(
+        default_factory=list,
+        description="other model names requests may give for the model served (an exact name, or a glob such as "
+        "'claude-*' so Claude Code's model names reach it); empty: only the served name",
     )
     max_body_mib: int = Field(32, ge=1, description="largest HTTP request body, MiB")
     media_url_hosts: list[str] = Field(
@@ -136,6 +151,22 @@ class ServerSettings(BaseSettings):
         if len(set(names)) != len(names):
             raise ValueError("an adapter name is given twice")
         return specs
+
+    @field_validator("served_model_aliases")
+    @classmethod
+    def _aliases(cls, aliases: list[str]) -> list[str]:
+        for alias in aliases:
+            if not alias or len(alias) > 256 or any(c.isspace() for c in alias):
+                raise ValueError(f"{alias!r}: a model name or glob of 1 to 256 characters, no spaces")
+            if not alias.strip("*?"):
+                raise ValueError(f"{alias!r} would accept any model name: give a prefix, e.g. 'claude-*'")
+        return aliases
+
+    @field_validator("volatile_lines")
+    @classmethod
+    def _volatile_lines(cls, patterns: list[str]) -> list[str]:
+        VolatileLines(patterns)  # raises ValueError naming a pattern that does not compile
+        return patterns
 
     @field_validator("media_url_hosts")
     @classmethod
@@ -183,5 +214,8 @@ class ServerSettings(BaseSettings):
         "grows to net.ipv4.tcp_wmem's maximum): bounds what a client that stops reading holds in the kernel",
     )
     sessions_db: str | None = Field(
-        None, description="SQLite file where sessions persist across restarts (None or '': memory only)"
+        None,
+        description="where sessions persist across restarts: an SQLite file, or a postgresql:// URL (a database "
+        "several processes share, e.g. a cluster's ingresses; stored responses are kept there too); None or '': memory "
+        "only",
     )

@@ -26,7 +26,19 @@ Rules, as written in cache/DESIGN.md:
   else belongs to a tenant over its share; else any. With shares on and entries of two tenants held, an insert
   supersedes only if the new entry fits some tier (as above) and its tenant's share of it beside its tenant's
   entries in use (and then the trial on a copy must keep it too). Every entry (or file) that leaves a tier for its
-  budget is logged in ``moves`` with the tenants' bytes there at that moment.
+  budget is logged in ``moves`` with the tenants' bytes there at that moment;
+- pins (``pin``, ``expire``; time is ``now``, set by the caller): a pin names (namespace, tokens[:length], the
+  media before length) and lives on one entry, its holder, which counts as an entry in use (*busy*) everywhere above
+  (never moved, never dropped, beside-the-entries-in-use includes it) until no pin and no lease holds it. A new pin
+  goes on the most recently used entry that serves exactly that prefix (read back from disk if need be), unless its
+  bytes would take its tenant's pinned bytes past floor((pin_share or 1) * device budget) or all pinned bytes past
+  the device budget (refused "over_share"; none serves it: "not_cached"; either way the budgets are then enforced);
+  the holder moves to the device tier and is touched. Pinning a pinned prefix renews it (its ttl the longer of
+  both, its expiry pushed to now + ttl if later) and touches its holder. A lookup hit on the holder at the pin's
+  length or beyond pushes its expiry to now + ttl if later. An insert that supersedes a holder hands its pins to
+  the new entry. ``expire`` removes the pins whose expiry is <= now (all first, in expiry then creation order), then
+  settles their holders (a superseded one that is idle now is dropped if another entry covers it), then enforces
+  the budgets once.
 """
 
 from __future__ import annotations
@@ -54,6 +66,12 @@ class RefEntry:
     file: bool = False  # has a file on the disk tier
     users: int = 0
     superseded: bool = False
+    pins: int = 0  # pins it holds
+
+    @property
+    def busy(self) -> bool:
+        """In use or pinned: never moved, never dropped."""
+        return bool(self.users or self.pins)
 
     def inside_span(self, n: int) -> bool:
         return any(s.start < n < s.end for s in self.media)
@@ -98,6 +116,16 @@ class Move:
 
 
 @dataclass
+class RefPin:
+    key: tuple  # (namespace, tokens[:length], media spans before length)
+    length: int
+    ttl: float
+    expires: float
+    holder: int
+    number: int
+
+
+@dataclass
 class ReferenceCache:
     device_budget: int | None = None
     host_budget: int | None = 0
@@ -106,6 +134,10 @@ class ReferenceCache:
     entries: dict[int, RefEntry] = field(default_factory=dict)
     moves: list[Move] = field(default_factory=list)
     clock: int = 0
+    now: float = 0.0  # the time pins are made, used and expire at (set by the caller)
+    pins: dict[tuple, RefPin] = field(default_factory=dict)
+    pin_share: float | None = None  # the share that limits pins (the real cache's, even where ``share`` is None)
+    pin_numbers: int = 0
     counters: dict[str, int] = field(
         default_factory=lambda: {"offloads": 0, "evictions": 0, "superseded": 0, "spills": 0}
     )
@@ -145,6 +177,9 @@ class ReferenceCache:
             return None
         hit = self.entries[best[2]]
         hit.recency = self._tick()
+        for pin in self.pins.values():
+            if pin.holder == hit.eid and pin.length <= best[0]:
+                pin.expires = max(pin.expires, self.now + pin.ttl)
         if hit.tier == "disk":
             hit.tier = "device"
             self.enforce(spare=hit.eid)  # read back for the acquire that follows: it stays in memory this time
@@ -166,6 +201,11 @@ class ReferenceCache:
         covered = [e for e in self.entries.values() if e.eid != eid and covers(new, e)]
         if covered and self._would_keep(eid):
             for e in covered:
+                for pin in self.pins.values():
+                    if pin.holder == e.eid:
+                        pin.holder = eid
+                new.pins += e.pins
+                e.pins = 0
                 if e.users:
                     e.superseded = True
                 else:
@@ -196,12 +236,75 @@ class ReferenceCache:
     def release(self, eid: int) -> None:
         e = self.entries[eid]
         e.users -= 1
-        if e.superseded and not e.users:
-            e.superseded = False
-            if any(o.eid != eid and covers(o, e) for o in self.entries.values()):
-                del self.entries[eid]
-                self.counters["superseded"] += 1
+        self.settle(e)
         self.enforce()
+
+    def settle(self, e: RefEntry) -> None:
+        if e.superseded and not e.busy:
+            e.superseded = False
+            if any(o.eid != e.eid and covers(o, e) for o in self.entries.values()):
+                del self.entries[e.eid]
+                self.counters["superseded"] += 1
+
+    # -- pins
+
+    def pin(self, namespace, tokens, media, length: int, ttl: float) -> tuple[bool, str | None, bool]:
+        """(pinned, refusal reason, renewed)."""
+        spans = tuple(sorted(media))
+        key = (namespace, tuple(tokens[:length]), spans_before(spans, length))
+        existing = self.pins.get(key)
+        if existing is not None:
+            existing.ttl = max(existing.ttl, ttl)
+            existing.expires = max(existing.expires, self.now + existing.ttl)
+            self.entries[existing.holder].recency = self._tick()
+            return True, None, True
+        if any(s.start < length < s.end for s in spans):
+            self.enforce()
+            return False, "not_cached", False
+        serving = [
+            e
+            for e in self.entries.values()
+            if e.namespace == namespace
+            and length in e.servable()
+            and e.tokens[:length] == list(tokens[:length])
+            and spans_before(e.media, length) == key[2]
+        ]
+        if not serving:
+            self.enforce()
+            return False, "not_cached", False
+        holder = max(serving, key=lambda e: e.recency)
+        if holder.tier == "disk":
+            holder.tier = "device"  # read back
+        if not self.pin_fits(holder):
+            self.enforce()
+            return False, "over_share", False
+        holder.tier = "device"
+        holder.pins += 1
+        self.pin_numbers += 1
+        self.pins[key] = RefPin(key, length, ttl, self.now + ttl, holder.eid, self.pin_numbers)
+        holder.recency = self._tick()
+        self.enforce()
+        return True, None, False
+
+    def pin_fits(self, holder: RefEntry) -> bool:
+        if self.device_budget is None or holder.pins:
+            return True
+        pinned = [e for e in self.entries.values() if e.pins]
+        own = sum(e.nbytes for e in pinned if e.namespace.salt == holder.namespace.salt)
+        limit = math.floor((self.pin_share if self.pin_share is not None else 1.0) * self.device_budget)
+        return own + holder.nbytes <= limit and sum(e.nbytes for e in pinned) + holder.nbytes <= self.device_budget
+
+    def expire(self) -> int:
+        due = sorted((p for p in self.pins.values() if p.expires <= self.now), key=lambda p: (p.expires, p.number))
+        for pin in due:
+            del self.pins[pin.key]
+            self.entries[pin.holder].pins -= 1
+        for pin in due:
+            if pin.holder in self.entries:
+                self.settle(self.entries[pin.holder])
+        if due:
+            self.enforce()
+        return len(due)
 
     def flush(self) -> None:
         """Give a file to every entry in memory that has none and fits the disk budget, most recent first; then
@@ -215,7 +318,7 @@ class ReferenceCache:
         self.enforce_disk()
 
     def evict_all_idle(self) -> int:
-        idle = [e for e in self.entries.values() if not e.users]
+        idle = [e for e in self.entries.values() if not e.busy]
         for e in idle:
             del self.entries[e.eid]
         self.counters["evictions"] += len(idle)
@@ -230,7 +333,7 @@ class ReferenceCache:
 
     def fits_alone(self, e: RefEntry, tier: str) -> bool:
         """Whether ``e`` fits in ``tier`` beside the entries in use (and nothing else)."""
-        in_use = [o for o in self.entries.values() if o.users and o.eid != e.eid]
+        in_use = [o for o in self.entries.values() if o.busy and o.eid != e.eid]
         if tier == "device":
             return self.device_budget is None or e.nbytes + sum(o.nbytes for o in in_use) <= self.device_budget
         if tier == "host":
@@ -267,7 +370,7 @@ class ReferenceCache:
         limit = self.limit(tier)
         if limit is None:
             return True
-        same = [o for o in self.entries.values() if o.users and o.eid != e.eid and o.namespace == e.namespace]
+        same = [o for o in self.entries.values() if o.busy and o.eid != e.eid and o.namespace == e.namespace]
         if tier == "device":
             return e.nbytes + sum(o.nbytes for o in same) <= limit
         if tier == "host":
@@ -278,7 +381,7 @@ class ReferenceCache:
         """The idle entry of ``tier`` that goes next (see the module docstring), never ``spare``; None if there is
         none."""
         idle = [self.entries[i] for i in self.lru() if self.in_tier(self.entries[i], tier)]
-        idle = [e for e in idle if not e.users and e.eid != spare]
+        idle = [e for e in idle if not e.busy and e.eid != spare]
         rules = (
             lambda e: not self.fits_alone(e, tier),
             lambda e: self.over_share(tier, e.namespace.salt) and not self.fits_share(e, tier),
@@ -295,7 +398,7 @@ class ReferenceCache:
         """``spare`` (a lookup's read-back, about to be acquired) is not counted idle: it cannot be moved."""
         idle: dict[str, int] = {}
         for o in self.entries.values():
-            if self.in_tier(o, tier) and not o.users and o.eid != spare:
+            if self.in_tier(o, tier) and not o.busy and o.eid != spare:
                 idle[o.namespace.salt] = idle.get(o.namespace.salt, 0) + 1
         fits = self.fits_alone(e, tier)
         self.moves.append(Move(tier, e.eid, e.namespace.salt, fits, self.tenant_bytes(tier), idle))
@@ -316,7 +419,7 @@ class ReferenceCache:
 
     def enforce_disk(self) -> None:
         if self.disk_budget > 0:
-            for e in [e for e in self.entries.values() if e.file and not e.users and not self.fits_alone(e, "disk")]:
+            for e in [e for e in self.entries.values() if e.file and not e.busy and not self.fits_alone(e, "disk")]:
                 self.log_move("disk", e)
                 self.lose_file(e)
             while self.tier_bytes("disk") > self.disk_budget and (e := self.victim("disk")) is not None:

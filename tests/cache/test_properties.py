@@ -23,6 +23,11 @@ After every step:
   unless the entry could not fit the tier at all (read from the reference's log of moves, which the real cache
   matches step by step).
 
+- **pins hold**: every prefix pinned and not yet due (its expiry as the pin call promised it, a lower bound: uses
+  only push it back) is still restorable from an entry held in memory, and the two caches agree on every pin (its
+  prefix, holder and expiry) and on every pin call's answer. Pins come and go with random lengths, TTLs (5 s, 5 min,
+  1 h) and time steps (the clock is stepped by hand; nothing sleeps).
+
 Three share modes: "off" (two tenants, no shares: the rules as before), "one tenant" (the real cache has a share,
 the reference none: with one tenant a share changes nothing) and "on" (three tenants, both with the same share).
 """
@@ -41,6 +46,17 @@ from cache import MediaKind, MediaSpan, Namespace, PrefixCache
 from cache.disk_format import payload_bytes
 from tests.cache.helpers import nbytes, normal, recurrent, rotating, stateless
 from tests.cache.reference import Move, RefEntry, ReferenceCache, spans_before
+
+
+class Clock:
+    """Seconds, stepped by the test."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
 
 LAYOUTS = ("normal", "rotating", "recurrent", "rotating+recurrent", "stateless")
 WINDOW = 3
@@ -195,8 +211,10 @@ def test_cache_agrees_with_linear_reference_and_keeps_what_fits(tiers, shares, d
         host=data.draw(budget(24, *KINDS[tiers][1]), label="host budget"),
         disk=data.draw(budget(64, *KINDS[tiers][2]), label="disk budget"),
     )
+    clock = Clock()
     with tempfile.TemporaryDirectory() as tmp:
         real = PrefixCache(
+            clock=clock,
             device_budget_bytes=budgets.device,
             host_budget_bytes=budgets.host,
             disk_dir=tmp,
@@ -205,16 +223,32 @@ def test_cache_agrees_with_linear_reference_and_keeps_what_fits(tiers, shares, d
             tenant_share=share if real_share else None,
         )
         ref = ReferenceCache(budgets.device, budgets.host, budgets.disk, share if ref_share else None)
+        ref.now, ref.pin_share = clock.t, share if real_share else None
         try:
-            run_steps(data, real, ref, budgets, namespaces, layouts)
+            run_steps(data, real, ref, budgets, namespaces, layouts, clock)
         finally:
             real.close(timeout=10)
 
 
-def run_steps(data, real: PrefixCache, ref: ReferenceCache, budgets: Budgets, namespaces, layouts) -> None:
+def check_pins_hold(real: PrefixCache, ref: ReferenceCache, known, promised: dict, now: float) -> None:
+    """The pins property of the module docstring."""
+    in_memory = [known[i] for i in real.entry_ids() if real.entry_tier(i) != "disk"]
+    for (ns, tokens, media), expires in promised.items():
+        if now < expires:
+            e = RefEntry(-1, ns, list(tokens), media, 0, None, 0, 0, 0)
+            assert served(in_memory, e, len(tokens)), f"pinned prefix of {len(tokens)} tokens lost before {expires}"
+    mine = sorted((p.namespace.salt, p.length, p.expires_at, p.ttl_s, p.entry) for p in real.pins())
+    theirs = sorted((p.key[0].salt, p.length, p.expires, p.ttl, p.holder) for p in ref.pins.values())
+    assert mine == theirs
+
+
+def run_steps(
+    data, real: PrefixCache, ref: ReferenceCache, budgets: Budgets, namespaces, layouts, clock: Clock
+) -> None:
     seen: dict[Namespace, list] = {ns: [] for ns in namespaces}  # sequences inserted, per namespace
     leases: list = []
     known: dict[int, RefEntry] = {}  # every entry ever added, as the reference first described it
+    promised: dict[tuple, float] = {}  # (namespace, prefix tokens, prefix media) -> the expiry a pin call promised
 
     def insert(ns, tokens, media, carry=frozenset()) -> int:
         layers, lo, points = build(layouts[ns], len(tokens), data, carry)
@@ -240,7 +274,9 @@ def run_steps(data, real: PrefixCache, ref: ReferenceCache, budgets: Budgets, na
     busy = [namespaces[0]] * 3 + namespaces[1:]  # one tenant busier than the others: it goes over its share
     for _ in range(data.draw(st.integers(5, 30), label="steps")):
         op = data.draw(
-            st.sampled_from(["insert", "lookup", "lookup", "reread", "extend", "extend", "release", "evict", "flush"])
+            st.sampled_from(
+                ["insert", "lookup", "lookup", "reread", "extend", "extend", "release", "evict", "flush", "pin", "time"]
+            )
         )
         ns = data.draw(st.sampled_from(busy), label="namespace")
         on_disk = [i for i in real.entry_ids() if real.entry_tier(i) == "disk"]
@@ -295,10 +331,31 @@ def run_steps(data, real: PrefixCache, ref: ReferenceCache, budgets: Budgets, na
         elif op == "flush":  # every queued file written: later read-backs come from the files, not the queue
             assert real.flush(timeout=10)
             ref.flush()
+        elif op == "pin" and (real.entry_ids() or seen[ns]):
+            if real.entry_ids() and data.draw(st.booleans(), label="an entry's own prefix"):
+                base = known[data.draw(st.sampled_from(real.entry_ids()), label="entry")]
+                ns, tokens, media = base.namespace, base.tokens, list(base.media)
+            elif seen[ns]:
+                tokens, media = data.draw(st.sampled_from(seen[ns]), label="earlier")
+            else:
+                continue
+            length = data.draw(st.integers(1, len(tokens)), label="pin length")
+            ttl = data.draw(st.sampled_from([5.0, 300.0, 3600.0]), label="ttl")
+            result = real.pin(ns, tokens, length, ttl, media=media)
+            assert (result.pinned, result.reason, result.renewed) == ref.pin(ns, tokens, media, length, ttl)
+            if result.pinned:
+                assert result.expires_at >= clock.t + ttl
+                key = (ns, tuple(tokens[:length]), spans_before(sorted(media), length))
+                promised[key] = max(promised.get(key, 0.0), clock.t + ttl)
+        elif op == "time":
+            clock.t += data.draw(st.sampled_from([1.0, 5.0, 299.0, 300.0, 3600.0]), label="seconds")
+            ref.now = clock.t
+            assert real.expire_pins() == ref.expire()
         real.check_invariants()
         inserted = [i for i in inserted if i >= 0]
         check_nothing_lost(real, known, before, budgets, leases, evictions_before, op, inserted)
         check_shares_respected(ref.moves[moves_before:], ref.share, budgets)
+        check_pins_hold(real, ref, known, promised, clock.t)
         assert real.entry_ids() == ref.lru()
         assert {e: real.entry_tier(e) for e in real.entry_ids()} == {e.eid: e.tier for e in ref.entries.values()}
         assert {e: real.entry_has_file(e) for e in real.entry_ids()} == {e.eid: e.file for e in ref.entries.values()}

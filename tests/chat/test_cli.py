@@ -70,6 +70,7 @@ def test_bench_cache_table_without_json(capsys):
         (["--media-url-host", "not a host"], "--media-url-host:"),
         (["--media-url-timeout-s", "0"], "--media-url-timeout-s"),
         (["--send-buffer-kib", "1"], "--send-buffer-kib"),
+        (["--served-model-alias", "*"], "--served-model-alias:"),
     ],
 )
 def test_serve_refuses_engine_settings_out_of_range_naming_the_setting(flags, named, monkeypatch, capsys):
@@ -150,6 +151,14 @@ def test_media_url_flags_reach_the_settings():
     assert (on.media_url_max_bytes, on.media_url_timeout_s, on.media_url_allow_private) == (1000, 2.5, True)
 
 
+def test_served_model_alias_flags_reach_the_settings():
+    from chat.cli import _settings, build_parser
+
+    assert _settings(build_parser().parse_args(["serve"])).served_model_aliases == []
+    args = ["serve", "--served-model-alias", "claude-*", "--served-model-alias", "gpt-4o"]
+    assert _settings(build_parser().parse_args(args)).served_model_aliases == ["claude-*", "gpt-4o"]
+
+
 def test_the_send_buffer_flag_reaches_the_settings(monkeypatch):
     from chat.cli import _settings, build_parser
 
@@ -179,6 +188,29 @@ def test_bench_http_runs_its_clients_apart_unless_told_to_keep_them_in_process(m
     from chat.tools.bench.http_bench import DEFAULT_ROUNDS
 
     assert [g["clients_apart"] for g in got] == [True, False] and got[0]["rounds"] == DEFAULT_ROUNDS == 8
+
+
+def test_the_volatile_line_flags_and_environment_reach_the_engines_filter(monkeypatch, capsys):
+    from chat.cli import _settings, build_parser
+    from chat.engine.volatile_lines import DEFAULT_PATTERNS
+    from chat.server.main import volatile_lines
+
+    monkeypatch.delenv("TURNCACHE_VOLATILE_LINES", raising=False)
+    monkeypatch.delenv("TURNCACHE_KEEP_VOLATILE_LINES", raising=False)
+    default = volatile_lines(_settings(build_parser().parse_args(["serve"])))
+    assert default.patterns == DEFAULT_PATTERNS and default.drop  # on by default
+    line = "x-anthropic-billing-header: cc_version=2.1.197.c8e; cc_entrypoint=sdk-cli;\nrest"
+    assert default.strip_text(line) == "rest"
+    kept = volatile_lines(_settings(build_parser().parse_args(["serve", "--keep-volatile-lines"])))
+    assert kept.patterns == DEFAULT_PATTERNS and not kept.drop
+    mine = volatile_lines(_settings(build_parser().parse_args(["serve", "--volatile-line", "req-id: [0-9a-f]+"])))
+    assert mine.patterns == ("req-id: [0-9a-f]+",) and mine.strip_text("req-id: 3f\nhi") == "hi"
+    monkeypatch.setenv("TURNCACHE_VOLATILE_LINES", '["trace=\\\\d+"]')
+    monkeypatch.setenv("TURNCACHE_KEEP_VOLATILE_LINES", "true")
+    from_env = volatile_lines(_settings(build_parser().parse_args(["serve"])))
+    assert from_env.patterns == (r"trace=\d+",) and not from_env.drop
+    with pytest.raises(SystemExit, match="--volatile-line"):
+        _settings(build_parser().parse_args(["serve", "--volatile-line", "(unclosed"]))
 
 
 def test_the_chat_template_flag_and_its_environment_variable_reach_the_settings(monkeypatch):

@@ -29,7 +29,7 @@ from chat.protocol.sampling import SamplingSettings
 from chat.protocol.session import Session, SessionState
 from chat.protocol.store import MAX_SESSIONS, InMemorySessionStore
 from chat.server.persistence.session_rows import open_database, read_session
-from chat.server.persistence.session_writer import Known, SessionWriter, Snapshot
+from chat.server.persistence.session_writer import Known, SessionWriter, Snapshot, WriteStats
 from chat.server.tenancy.auth import DEFAULT_TENANT
 
 log = logging.getLogger("turncache.sessions")
@@ -71,6 +71,10 @@ class SqliteSessionStore(InMemorySessionStore):
 
     def when_written(self, session_id: str, callback: Callable[[], None]) -> None:
         self.writer.when_written(session_id, callback)
+
+    def write_stats(self) -> tuple[WriteStats, int]:
+        """What the writer wrote since start, and the writes still pending (for /metrics)."""
+        return self.writer.stats, self.writer.pending
 
     def create(
         self, model: str, system: str | None = None, sampling: SamplingSettings | None = None, *, owner: str = ""

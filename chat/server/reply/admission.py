@@ -5,6 +5,8 @@ runs the request."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
 
 from chat.engine.constraints import GrammarError, GrammarSpec
 from chat.protocol.errors import ErrorCode
@@ -35,18 +37,25 @@ class Admission:
     """check model -> (the surface builds its turns, under the adapter the model named) -> check grammar -> admit,
     the same for every route."""
 
-    def __init__(self, engine, gate: TenantGate, adapters: AdapterSelector) -> None:
+    def __init__(self, engine, gate: TenantGate, adapters: AdapterSelector, aliases: Sequence[str] = ()) -> None:
         self.engine = engine  # the server's engine
         self.gate = gate  # the tenants' limits and engine views
         self.adapters = adapters  # the one model this server runs and its loaded LoRA adapters
+        self.aliases = tuple(aliases)  # other names (exact, or globs) taken for the base model (--served-model-alias)
 
     def check_model(self, name: str | None):
-        """The LoRA adapter ``name`` selects (None: the base model, by its name or no name).
+        """The LoRA adapter ``name`` selects: None for the base model, by its name, no name or an alias (a glob
+        matches case-sensitively); an adapter's own name wins over an alias that also matches it.
 
         Raises:
-            RequestError: ``model_not_found``, a name that is neither the model nor a loaded adapter.
+            RequestError: ``model_not_found``, a name that is neither the model, an alias nor a loaded adapter.
         """
+        if name is not None and name not in self.adapters.names() and self.is_alias(name):
+            return None
         return self.adapters.select(name)
+
+    def is_alias(self, name: str) -> bool:
+        return any(fnmatchcase(name, alias) for alias in self.aliases)
 
     async def admit(self, tenant: Tenant, prepared: Prepared):
         """The engine view that runs ``prepared`` for ``tenant``, once its grammar compiles and its turns fit the

@@ -10,6 +10,7 @@ It is where a reply is read back, once for every surface and the WebSocket:
 - the **settle** step (``reasoning_api.settle``, ``tools_api.settle``): once a reply that thought or called tools is
   done, the history as the next request renders it is computed in the background, so that request finds it in the
   cache. Every surface's reply goes through it here, and nowhere else;
+- the prompt's usage before the first token, when the surface asks (:class:`Prefilled`);
 - its end, with usage and timings (:class:`Finished`), or its failure (:class:`Failed`: the turn failed while
   generating, or the client read too slowly).
 
@@ -26,7 +27,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 
-from chat.engine.events import Delta, Done, TurnRequest
+from chat.engine.events import Delta, Done, PrefillPlanned, TurnRequest, Usage
 from chat.engine.reasoning import Markers, ReasoningSplitter
 from chat.engine.sampling import TokenLogprob
 from chat.engine.tool_calls import ToolCall
@@ -81,12 +82,20 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefilled:
+    """The prompt's usage, known before the first token (the prompt looked up, its prefill begun: prompt and cached
+    tokens as the end will say): only for a turn whose request has ``report_prefill`` (Anthropic's message_start)."""
+
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
 class Waiting:
     """Nothing came for ``keepalive_s`` before the first token (a long prefill, a queue): a surface may send its
     keep-alive (Anthropic's ``ping``)."""
 
 
-ReplyEvent = TextOut | ReasoningOut | CallsOut | Finished | Failed | Waiting
+ReplyEvent = TextOut | ReasoningOut | CallsOut | Finished | Failed | Waiting | Prefilled
 
 
 class ReplyReader:
@@ -181,8 +190,9 @@ async def open_replies(
     """Run ``prepared``'s turns; their reply events as ``(turn index, event)``, one list per engine batch. The first
     batch is awaited before this returns: a turn refused before computing anything (a prompt over the context, say)
     is then an HTTP error, not a broken stream. With ``keepalive_s``, it is awaited that long at most: the stream
-    then starts, and ``(-1, Waiting())`` comes every ``keepalive_s`` until it arrives (an error that comes with it is
-    raised by the iterator). A client that leaves ``max_pending`` events unread ends the replies with
+    then starts, and ``(-1, Waiting())`` comes every ``keepalive_s`` until a reply event other than :class:`Prefilled`
+    arrives (a long prefill goes on after its first chunk; an error that comes meanwhile is raised by the
+    iterator). A client that leaves ``max_pending`` events unread ends the replies with
     ``Failed(SlowClientError)`` (index -1). Close the iterator to cancel the turns still running.
 
     Raises:
@@ -201,29 +211,47 @@ async def open_replies(
 
 
 async def _read(batches, first: asyncio.Future, readers: list[ReplyReader], keepalive_s: float | None):
+    waiting = keepalive_s is not None  # Waiting events go out until the first event other than Prefilled
+    current = first  # the batch awaited, as a future while Waiting events may have to go out
     try:
-        while not first.done():
-            await asyncio.wait([first], timeout=keepalive_s)
-            if not first.done():
-                yield [(-1, Waiting())]
-        pending = first.result()
         while True:
-            out: list[tuple[int, ReplyEvent]] = []
-            for i, event in pending:
-                reader = readers[i]
-                read = reader.delta(event) if isinstance(event, Delta) else reader.done(event)
-                out.extend((i, e) for e in read)
-            if out:
-                yield out
+            while not current.done():
+                await asyncio.wait([current], timeout=keepalive_s)
+                if not current.done():
+                    yield [(-1, Waiting())]
             try:
-                pending = await anext(batches)
+                pending = current.result()
             except StopAsyncIteration:
                 return
             except SlowClientError as exc:
                 yield [(-1, Failed(exc))]
                 return
+            while True:
+                out: list[tuple[int, ReplyEvent]] = []
+                for i, event in pending:
+                    reader = readers[i]
+                    if isinstance(event, Delta):
+                        out.extend((i, e) for e in reader.delta(event))
+                    elif isinstance(event, PrefillPlanned):
+                        out.append((i, Prefilled(event.usage)))
+                    else:
+                        out.extend((i, e) for e in reader.done(event))
+                if waiting and any(not isinstance(e, Prefilled) for _, e in out):
+                    waiting = False
+                if out:
+                    yield out
+                if waiting:  # a prefill runs on: await the next batch as a future, to send Waiting meanwhile
+                    current = asyncio.ensure_future(anext(batches))
+                    break
+                try:
+                    pending = await anext(batches)
+                except StopAsyncIteration:
+                    return
+                except SlowClientError as exc:
+                    yield [(-1, Failed(exc))]
+                    return
     finally:
-        await _stop(first, batches)
+        await _stop(current, batches)
 
 
 async def _stop(first: asyncio.Future, batches) -> None:
@@ -246,7 +274,7 @@ async def whole_replies(engine, prepared: Prepared) -> list[Finished]:
     events = run_turns(engine, prepared.turns)
     async with contextlib.aclosing(events):
         async for i, event in events:
-            if isinstance(event, Delta):
+            if not isinstance(event, Done):
                 continue  # the reply is read whole at its end
             for out in readers[i].done(event):
                 if isinstance(out, Failed):

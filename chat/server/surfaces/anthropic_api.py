@@ -28,13 +28,13 @@ import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 from pydantic import BaseModel
 
-from chat.engine.events import CacheBreakpoint, Done
+from chat.engine.events import CacheBreakpoint, PinOutcome, Usage
 from chat.engine.tool_calls import ToolCall
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import describe
@@ -42,6 +42,7 @@ from chat.server.reply.reader import (
     CallsOut,
     Failed,
     Finished,
+    Prefilled,
     Prepared,
     ReasoningOut,
     TextOut,
@@ -93,15 +94,22 @@ def is_anthropic(path: str) -> bool:
 # --- reply -----------------------------------------------------------------------------------------------------
 
 
-def usage(done: Done | None, breakpoints: Sequence[CacheBreakpoint], converted: Converted, window: int | None):
+def usage(
+    used: Usage | None,
+    breakpoints: Sequence[CacheBreakpoint],
+    converted: Converted,
+    window: int | None,
+    pins: Sequence[PinOutcome] = (),
+):
     """Usage as Anthropic counts it: ``cache_read_input_tokens`` read from the cache, ``cache_creation_input_tokens``
     computed this request before the last breakpoint (each written to the cache), ``input_tokens`` the rest of the
-    prompt; our extra figures in ``turncache``. ``done`` None: the usage known before the reply (zeros)."""
-    if done is None:
+    prompt; our extra figures in ``turncache``. ``used``: the engine's (a Done's, or the prompt's alone before the
+    reply: output 0); None: nothing known (zeros). ``pins``: what became of each breakpoint (a Done's)."""
+    if used is None:
         prompt = cached = output = 0
         reason = at = None
     else:
-        u = done.usage
+        u = used
         prompt, cached, output, reason, at = (
             u.prompt_tokens,
             u.cached_tokens,
@@ -116,12 +124,20 @@ def usage(done: Done | None, breakpoints: Sequence[CacheBreakpoint], converted: 
         longest = max(b.ttl_s for b in breakpoints if b.tokens > cached)
         per_ttl["ephemeral_1h_input_tokens" if longest >= 3600 else "ephemeral_5m_input_tokens"] = created
     cap = converted.max_tokens if not prompt or window is None else min(converted.max_tokens, window - prompt)
+    pins_out = [
+        wire.PinOut(
+            where=p.breakpoint.where, tokens=p.length, ttl_s=p.breakpoint.ttl_s, pinned=p.pinned, reason=p.reason
+        )
+        for p in pins
+    ] or None
     extra = wire.TurncacheUsage(
         cache_miss_reason=reason,
         cache_miss_at=at,
         max_tokens=cap,
         thinking=converted.thinking,
         thinking_budget_tokens=converted.thinking_budget,
+        effort="not_applied" if converted.effort else None,
+        breakpoints=pins_out,
     )
     return wire.Usage(
         input_tokens=prompt - cached - created,
@@ -194,7 +210,7 @@ async def complete(engine, prepared: Prepared, reply: Reply) -> dict:
         content=content,
         stop_reason=stop,  # type: ignore[arg-type]
         stop_sequence=sequence,
-        usage=usage(finished.done, reply.breakpoints, reply.converted, reply.window),
+        usage=usage(finished.done.usage, reply.breakpoints, reply.converted, reply.window, finished.done.pins),
     )
     return message.model_dump(exclude_none=True)
 
@@ -207,7 +223,10 @@ async def stream(engine, prepared: Prepared, reply: Reply, *, max_pending: int |
     Raises:
         whatever the turn raises before computing anything.
     """
-    replies = await open_replies(engine, prepared, max_pending=max_pending, keepalive_s=KEEPALIVE_S)
+    turns = [replace(turn, report_prefill=True) for turn in prepared.turns]  # message_start says the prompt's usage
+    replies = await open_replies(
+        engine, replace(prepared, turns=turns), max_pending=max_pending, keepalive_s=KEEPALIVE_S
+    )
     return _sse(replies, reply)
 
 
@@ -269,19 +288,26 @@ def stream_error(exc: BaseException) -> bytes:
 
 
 async def _sse(replies, reply: Reply) -> AsyncIterator[bytes]:
-    """The Anthropic surface's encoder: reply events -> stream events."""
-    start = usage(None, reply.breakpoints, reply.converted, reply.window)
-    message = {
-        "id": f"msg_{uuid.uuid4().hex[:24]}",
-        "type": "message",
-        "role": "assistant",
-        "model": reply.model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": start.model_dump(exclude_none=True),
-    }
-    yield _event(wire.MessageStart(message=message))
+    """The Anthropic surface's encoder: reply events -> stream events. ``message_start`` waits for the prompt's usage
+    (:class:`Prefilled`, which comes with or before the first token; pings may go out before it while the turn
+    waits to start); a reply that ends without it (failed or cancelled before its prefill) starts with its Done's."""
+    mid = f"msg_{uuid.uuid4().hex[:24]}"
+
+    def message_start(used: Usage | None) -> bytes:
+        start = usage(used, reply.breakpoints, reply.converted, reply.window)
+        message = {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": reply.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": start.model_dump(exclude_none=True),
+        }
+        return _event(wire.MessageStart(message=message))
+
+    started = False
     blocks = _Blocks()
     async with contextlib.aclosing(replies):
         try:
@@ -290,7 +316,17 @@ async def _sse(replies, reply: Reply) -> AsyncIterator[bytes]:
                 for _, event in batch:
                     if isinstance(event, Waiting):
                         out.append(_event(wire.Ping()))
-                    elif isinstance(event, TextOut):
+                        continue
+                    if isinstance(event, Prefilled):
+                        if not started:
+                            started = True
+                            out.append(message_start(event.usage))
+                        continue
+                    if not started:
+                        started = True
+                        ended = event.done if isinstance(event, Finished | Failed) else None
+                        out.append(message_start(ended.usage if ended is not None else None))
+                    if isinstance(event, TextOut):
                         if event.text:
                             out += blocks.text(event.text)
                     elif isinstance(event, ReasoningOut):
@@ -302,7 +338,9 @@ async def _sse(replies, reply: Reply) -> AsyncIterator[bytes]:
                         out += blocks.close()
                         stop, sequence = _stop(event, reply.stops, reply.runtime)
                         body = wire.MessageDeltaBody(stop_reason=stop, stop_sequence=sequence)  # type: ignore[arg-type]
-                        used = usage(event.done, reply.breakpoints, reply.converted, reply.window)
+                        used = usage(
+                            event.done.usage, reply.breakpoints, reply.converted, reply.window, event.done.pins
+                        )
                         out.append(_event(wire.MessageDelta(delta=body, usage=used)))
                         out.append(_event(wire.MessageStop()))
                     else:

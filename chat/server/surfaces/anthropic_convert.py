@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from chat.engine.events import CacheBreakpoint, TurnRequest
+from chat.engine.volatile_lines import VolatileLines
 from chat.protocol.errors import ErrorCode
 from chat.protocol.limits import MAX_REPLY_TOKENS
 from chat.server.errors import RequestError, validation_error
@@ -40,7 +41,7 @@ def check(body: wire.MessagesRequest | wire.CountTokensRequest) -> None:
     Raises:
         RequestError: ``unsupported_parameter`` or ``invalid_request``, naming the field.
     """
-    for name in ("container", "mcp_servers", "output_config", "diagnostics", "inference_geo", "user_profile_id"):
+    for name in ("container", "mcp_servers", "diagnostics", "inference_geo", "user_profile_id"):
         if not _neutral(getattr(body, name, None)):
             raise _refuse(name)
     if not _neutral(getattr(body, "workspace_id", None)):
@@ -67,6 +68,8 @@ def check(body: wire.MessagesRequest | wire.CountTokensRequest) -> None:
                 raise _bad(where, f"a user message cannot hold a {block.type} block")
             if message.role == "assistant" and isinstance(block, wire.ToolResultBlock | wire.ImageBlock):
                 raise _bad(where, f"an assistant message cannot hold a {block.type} block")
+            if message.role == "system" and not isinstance(block, wire.TextBlock):
+                raise _bad(where, f"a system message holds text blocks only, not a {block.type} block")
     for i, block in enumerate(body.system if isinstance(body.system, list) else ()):
         if not _neutral(block.citations):
             raise _refuse(f"system.{i}.citations")
@@ -176,6 +179,16 @@ def chat_messages(body, markers) -> tuple[list[dict], list[Mark]]:
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
             continue
+        if message.role == "system":  # a mid-conversation system message: a system message where it stands
+            out.append(
+                {"role": "system", "content": _texts([{"type": "text", "text": b.text} for b in message.content])}
+            )
+            marks += [
+                Mark(f"{where}.content.{j}", len(out) - 1, j, b.cache_control.ttl_s)
+                for j, b in enumerate(message.content)
+                if b.cache_control
+            ]
+            continue
         if message.role == "assistant":
             thinking, text, calls, last = [], [], [], None
             for j, block in enumerate(message.content):
@@ -248,6 +261,13 @@ def _tool_choice(choice) -> tuple[Any, bool | None]:
     return choice.type, parallel  # auto / none
 
 
+def _response_format(config: wire.OutputConfig | None) -> dict | None:
+    """OpenAI's ``response_format`` for ``output_config.format`` (a JSON schema the reply's text matches)."""
+    if config is None or config.format is None:
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": config.format.schema_, "strict": True}}
+
+
 @dataclass(frozen=True, slots=True)
 class Converted:
     chat: openai_api.ChatCompletionRequest  # the chat request the Anthropic request amounts to
@@ -255,6 +275,7 @@ class Converted:
     max_tokens: int  # the reply cap asked for (the engine caps it further to the context's room)
     thinking: str | None  # how `thinking` is honoured: "template", "unsupported", "off", or None (not asked)
     thinking_budget: int | None  # the budget as applied
+    effort: bool = False  # output_config.effort was given (accepted, not applied)
 
 
 def to_chat(body, runtime) -> Converted:
@@ -306,12 +327,15 @@ def to_chat(body, runtime) -> Converted:
         "parallel_tool_calls": parallel if tools else None,
         "chat_template_kwargs": kwargs,
         "thinking_budget": budget,
+        "response_format": _response_format(getattr(body, "output_config", None)),
     }
     try:
         chat = openai_api.ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
         raise validation_error(list(exc.errors())) from None
-    return Converted(chat, marks, max_tokens, thinking, budget)
+    config = getattr(body, "output_config", None)
+    effort = config is not None and config.effort is not None
+    return Converted(chat, marks, max_tokens, thinking, budget, effort)
 
 
 def prepare(converted: Converted, salt: str, runtime) -> Prepared:
@@ -335,14 +359,17 @@ def _truncated(chat: openai_api.ChatCompletionRequest, mark: Mark) -> openai_api
     return chat.model_copy(update={"messages": messages or chat.messages[:0]})
 
 
-def _render(runtime, turn: TurnRequest) -> list[int] | None:
+def _render(runtime, turn: TurnRequest, volatile: VolatileLines | None = None) -> list[int] | None:
+    """The turn's prompt as the engine renders it (``volatile``: the engine's volatile lines, dropped as it drops
+    them), or None where this process cannot render."""
     render = getattr(runtime, "render_prompt", None)
     if render is None:  # a cluster's ingress: its replicas render
         return None
     extra: dict = {"tools": turn.tools} if turn.tools else {}
     if turn.template_kwargs:
         extra["template_kwargs"] = turn.template_kwargs
-    return list(render(turn.messages, **extra).tokens)
+    messages = turn.messages if volatile is None else volatile.prompt_messages(turn.messages)
+    return list(render(messages, **extra).tokens)
 
 
 def _shared(a: Sequence[int], b: Sequence[int]) -> int:
@@ -354,17 +381,19 @@ def _shared(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def breakpoint_tokens(converted: Converted, turn: TurnRequest, salt: str, runtime) -> tuple[CacheBreakpoint, ...]:
+def breakpoint_tokens(
+    converted: Converted, turn: TurnRequest, salt: str, runtime, volatile: VolatileLines | None = None
+) -> tuple[CacheBreakpoint, ...]:
     """The request's breakpoints in tokens of its rendered prompt: for each, the tokens the whole prompt shares with
-    the prompt rendered up to the marked block (the same tools, template and settings). Empty when this process
-    cannot render (a cluster's ingress).
+    the prompt rendered up to the marked block (the same tools, template and settings, and the engine's volatile
+    lines dropped as the engine drops them). Empty when this process cannot render (a cluster's ingress).
 
     Raises:
         whatever rendering raises (media errors): the engine would raise the same.
     """
     if not converted.marks:
         return ()
-    full = _render(runtime, turn)
+    full = _render(runtime, turn, volatile)
     if full is None:
         return ()
     out = []
@@ -374,20 +403,21 @@ def breakpoint_tokens(converted: Converted, turn: TurnRequest, salt: str, runtim
         else:
             cut = _truncated(converted.chat, mark)
             (head,) = openai_api.prepare(cut, salt, runtime).turns
-            tokens = _shared(full, _render(runtime, head) or [])
+            tokens = _shared(full, _render(runtime, head, volatile) or [])
         out.append(CacheBreakpoint(tokens, mark.ttl_s, mark.where))
     return tuple(sorted(out, key=lambda b: b.tokens))
 
 
-def count_tokens(body: wire.CountTokensRequest, salt: str, runtime) -> dict:
-    """``{"input_tokens": N}``: the tokens of the prompt the request would render (tools and template included).
+def count_tokens(body: wire.CountTokensRequest, salt: str, runtime, volatile: VolatileLines | None = None) -> dict:
+    """``{"input_tokens": N}``: the tokens of the prompt the request would render (tools and template included,
+    volatile lines dropped as the engine drops them).
 
     Raises:
         RequestError, UnsupportedMediaError, SamplingFieldError; media errors.
     """
     converted = to_chat(body, runtime)
     (turn,) = prepare(converted, salt, runtime).turns
-    tokens = _render(runtime, turn)
+    tokens = _render(runtime, turn, volatile)
     if tokens is None:
         raise RequestError(ErrorCode.INVALID_REQUEST, "count_tokens needs the model's tokenizer in this process")
     return wire.CountTokensResponse(input_tokens=len(tokens)).model_dump()

@@ -100,7 +100,8 @@ ContentBlock = Annotated[
 
 
 class MessageParam(Wire):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: a mid-conversation system message (Claude Code's
+    # mid-conversation-system beta); text blocks only
     content: str | list[ContentBlock]
 
 
@@ -199,6 +200,22 @@ class ContextManagement(Wire):
     edits: list[ClearThinkingEdit | OtherEdit] | None = None
 
 
+class JsonSchemaFormat(Wire):
+    """Structured output: the reply's text is JSON matching ``schema`` (constrained as OpenAI's
+    ``response_format: json_schema`` is)."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Wire):
+    """``output_config``: ``effort`` is accepted and reported (``usage.turncache.effort``), not applied: a local
+    model has no effort setting; ``format`` constrains the reply to a JSON schema."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonSchemaFormat | None = None
+
+
 class MessagesRequest(Wire):
     """The body of ``POST /v1/messages``."""
 
@@ -218,10 +235,10 @@ class MessagesRequest(Wire):
     context_management: ContextManagement | None = None
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here: both are honoured
     cache_control: CacheControl | None = None  # automatic caching: a breakpoint at the end of the prompt
+    output_config: OutputConfig | None = None
     # Anthropic's fields this server does not honour: refused unless absent or neutral
     container: Any = None
     mcp_servers: Any = None
-    output_config: Any = None
     diagnostics: Any = None
     inference_geo: Any = None
     speed: Any = None
@@ -240,21 +257,34 @@ class CountTokensRequest(Wire):
     thinking: Thinking | None = None
     context_management: ContextManagement | None = None
     cache_control: CacheControl | None = None
+    output_config: OutputConfig | None = None
     mcp_servers: Any = None
-    output_config: Any = None
 
 
 # --- reply -----------------------------------------------------------------------------------------------------
 
 
+class PinOut(BaseModel):
+    """What became of one ``cache_control`` breakpoint (``usage.turncache.breakpoints``, in prompt order)."""
+
+    where: str  # the marked block ("system.2", "messages.0.content.3")
+    tokens: int  # the prompt prefix it stands for
+    ttl_s: int  # 300 or 3600
+    pinned: bool  # held in the cache for ttl_s after its last use
+    reason: str | None = None  # why not: not_cached, over_share, not_reached, cache_off (docs/anthropic.md)
+
+
 class TurncacheUsage(BaseModel):
-    """Our extra usage figures (``usage.turncache``): why the cache's reuse stopped early, and what was capped."""
+    """Our extra usage figures (``usage.turncache``): why the cache's reuse stopped early, what was capped, and what
+    became of each breakpoint."""
 
     cache_miss_reason: str | None = None  # see docs/openai.md (the same reasons)
     cache_miss_at: int | None = None  # the prompt position it names
     max_tokens: int  # the reply's token cap as applied: the request's, or less where the context leaves less
     thinking: Literal["template", "unsupported", "off"] | None = None  # how a `thinking` request was honoured
     thinking_budget_tokens: int | None = None  # the thinking budget as applied (capped to the context)
+    effort: Literal["not_applied"] | None = None  # output_config.effort was given: accepted, not applied
+    breakpoints: list[PinOut] | None = None  # one per cache_control breakpoint, once the prompt is stored
 
 
 class Usage(BaseModel):

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from chat.engine.events import Done, TurnRequest
@@ -33,14 +34,15 @@ from chat.server.errors import RequestError
 from chat.server.reply.choices import completion_logprobs, with_seeds
 from chat.server.reply.reader import Failed, Finished, Prepared, TextOut, open_replies, whole_replies
 from chat.server.reply.turns import sampling_params
+from chat.server.surfaces import completions_types as wire
 from chat.server.surfaces.openai_api import (
     GENERATION_FAILED,
     StreamOptions,
     grammar_field,
     refuse_unsupported,
     sampling_of,
-    usage_and_timings,
 )
+from chat.server.surfaces.openai_types import CompletionUsage, PromptTokensDetails, Timings, encode, usage_of
 
 TokenIds = list[int]
 Prompt = str | list[str] | TokenIds | list[TokenIds]
@@ -156,7 +158,11 @@ def _prompt_text(runtime, turn: TurnRequest) -> str:
     return runtime.decode(list(turn.prompt_tokens or ()))
 
 
-def _choice(runtime, req: CompletionRequest, turn: TurnRequest, done: Done, index: int) -> dict:
+def _logprobs(table: dict[str, list] | None) -> wire.CompletionLogprobs | None:
+    return wire.CompletionLogprobs(**table) if table is not None else None
+
+
+def _choice(runtime, req: CompletionRequest, turn: TurnRequest, done: Done, index: int) -> wire.CompletionChoice:
     text, logprobs = done.text, None
     reply_tokens = [lp.token for lp in done.logprobs]
     if req.echo:
@@ -169,16 +175,23 @@ def _choice(runtime, req: CompletionRequest, turn: TurnRequest, done: Done, inde
         else:
             logprobs = completion_logprobs(runtime, done.logprobs, reply_tokens)
     finish = "length" if done.finish_reason == "length" else "stop"
-    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
+    return wire.CompletionChoice(text=text, index=index, logprobs=_logprobs(logprobs), finish_reason=finish)
 
 
-def _usage(turns: Sequence[TurnRequest], dones: dict[int, Done], n: int) -> dict:
-    """Each prompt counted once (with the cached tokens of its first reply), every reply's tokens."""
+def _usage(turns: Sequence[TurnRequest], dones: dict[int, Done], n: int) -> tuple[CompletionUsage, Timings]:
+    """Each prompt counted once (with the cached tokens of its first reply), every reply's tokens; the first reply's
+    timings."""
     groups = [[dones[g * n + j] for j in range(n)] for g in range(len(turns) // n)]
-    parts = [usage_and_timings(group) for group in groups]
-    usage = {k: sum(p["usage"][k] for p in parts) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    cached = sum(p["usage"]["prompt_tokens_details"]["cached_tokens"] for p in parts)
-    return {"usage": {**usage, "prompt_tokens_details": {"cached_tokens": cached}}, "timings": parts[0]["timings"]}
+    parts = [usage_of(group) for group in groups]
+    usage = CompletionUsage(
+        prompt_tokens=sum(u.prompt_tokens for u, _ in parts),
+        completion_tokens=sum(u.completion_tokens for u, _ in parts),
+        total_tokens=sum(u.total_tokens for u, _ in parts),
+        prompt_tokens_details=PromptTokensDetails(
+            cached_tokens=sum(u.prompt_tokens_details.cached_tokens for u, _ in parts)
+        ),
+    )
+    return usage, parts[0][1]
 
 
 def prepare(req: CompletionRequest, salt: str, runtime, reply_cap: int | None = None) -> Prepared:
@@ -190,18 +203,20 @@ def prepare(req: CompletionRequest, salt: str, runtime, reply_cap: int | None = 
     return Prepared(build_turns(req, salt, runtime, reply_cap=reply_cap), grammar_field=grammar_field(req))
 
 
-async def complete(engine, req: CompletionRequest, turns: Sequence[TurnRequest], model: str) -> dict:
+async def complete(engine, req: CompletionRequest, turns: Sequence[TurnRequest], model: str) -> Response:
     finished = await whole_replies(engine, Prepared(turns))
     dones = {i: reply.done for i, reply in enumerate(finished)}
     runtime = engine.runtime
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [_choice(runtime, req, turns[i], dones[i], i) for i in range(len(turns))],
-        **_usage(turns, dones, req.n or 1),
-    }
+    usage, timings = _usage(turns, dones, req.n or 1)
+    body = wire.Completion(
+        id=f"cmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=model,
+        choices=[_choice(runtime, req, turns[i], dones[i], i) for i in range(len(turns))],
+        usage=usage,
+        timings=timings,
+    )
+    return Response(encode(body), media_type="application/json")  # compact, as a JSON response always was
 
 
 async def stream(
@@ -225,10 +240,16 @@ async def _sse(runtime, req, turns, model, replies) -> AsyncIterator[str]:
     offsets = [0] * len(turns)  # characters of each choice's text sent so far (for text_offset)
     echoed = [False] * len(turns)
 
-    def chunk(index: int, text: str, logprobs: Any = None, finish: str | None = None, **extra) -> str:
-        choice = {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
-        body = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
-        return f"data: {json.dumps({**body, **extra})}\n\n"
+    envelope = wire.ChunkTemplate(cid, created, model)
+
+    def chunk(index: int, text: str, logprobs: Any = None, finish: str | None = None, usage=None) -> str:
+        if finish is None:  # a chunk of text (almost every one): written into the stream's template
+            return envelope.text(index, text, _logprobs(logprobs))
+        choice = wire.CompletionChoice(text=text, index=index, logprobs=_logprobs(logprobs), finish_reason=finish)
+        head = {"id": cid, "created": created, "model": model, "choices": [choice]}
+        if usage is None:
+            return f"data: {wire.dumps(wire.CompletionChunk(**head))}\n\n"
+        return f"data: {wire.dumps(wire.FinalCompletionChunk(**head, usage=usage[0], timings=usage[1]))}\n\n"
 
     def echo(i: int, done_prompt: Sequence | None) -> str:
         echoed[i] = True
@@ -268,6 +289,6 @@ async def _sse(runtime, req, turns, model, replies) -> AsyncIterator[str]:
                             lp = completion_logprobs(runtime, done.logprobs, reply, offsets[i])
                             yield chunk(i, done.text, lp if req.logprobs is not None else None)
                     finish = "length" if done.finish_reason == "length" else "stop"
-                    extra = _usage(turns, dones, req.n or 1) if len(dones) == len(turns) else {}
-                    yield chunk(i, "", None, finish, **extra)
+                    usage = _usage(turns, dones, req.n or 1) if len(dones) == len(turns) else None
+                    yield chunk(i, "", None, finish, usage)
     yield "data: [DONE]\n\n"

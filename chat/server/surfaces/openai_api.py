@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 import orjson
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from chat.engine.events import Done, TurnRequest
@@ -40,7 +41,7 @@ from chat.protocol.sampling import SamplingSettings
 from chat.protocol.tools import MAX_TOOLS, ToolChoiceWire, ToolDef
 from chat.server.errors import RequestError
 from chat.server.reply import reasoning_api, tools_api
-from chat.server.reply.choices import chat_logprobs, with_seeds
+from chat.server.reply.choices import finite, token_text, with_seeds
 from chat.server.reply.reader import (
     CallsOut,
     Failed,
@@ -52,7 +53,8 @@ from chat.server.reply.reader import (
     whole_replies,
 )
 from chat.server.reply.tools_api import ToolPlan
-from chat.server.reply.turns import turn_request, wire_timings, wire_usage
+from chat.server.reply.turns import turn_request
+from chat.server.surfaces import openai_types as wire
 
 SAMPLING_FIELDS = (  # the request fields that are SamplingSettings' (same names)
     "temperature",
@@ -283,12 +285,10 @@ def prepare(body: ChatCompletionRequest, salt: str, runtime, reply_cap: int | No
 
 
 def usage_and_timings(dones: Sequence[Done]) -> dict:
-    """The request's usage (the prompt counted once, every reply's tokens) and the first reply's timings."""
-    first = dones[0]
-    usage = wire_usage(first).model_dump(exclude_none=True)  # cache_miss_* only when reuse stopped early
-    completion = sum(d.usage.completion_tokens for d in dones)
-    usage.update(completion_tokens=completion, total_tokens=usage["prompt_tokens"] + completion)
-    return {"usage": usage, "timings": wire_timings(first).model_dump(exclude_none=True)}
+    """The request's usage (the prompt counted once, every reply's tokens) and the first reply's timings, as dicts
+    (the legacy completions surface adds them up)."""
+    usage, timings = wire.usage_of(list(dones))
+    return orjson.loads(wire.encode({"usage": usage, "timings": timings}))
 
 
 def _finish(finished: Finished) -> str:
@@ -296,41 +296,58 @@ def _finish(finished: Finished) -> str:
     return "stop" if finished.finish == "cancelled" else finished.finish
 
 
-def _message(finished: Finished) -> dict:
+def _logprobs(runtime, logprobs) -> list[wire.TokenLogprob]:
+    out = []
+    for lp in logprobs:
+        text, raw = token_text(runtime, lp.token)
+        top = []
+        for token, value in lp.top:
+            t, b = token_text(runtime, token)
+            top.append(wire.TopLogprob(t, finite(value), b))
+        out.append(wire.TokenLogprob(text, finite(lp.logprob), raw, top))
+    return out
+
+
+def _calls(calls) -> list[wire.ToolCall]:
+    return [wire.ToolCall(id=c["id"], function=wire.Function(**c["function"])) for c in tools_api.wire_calls(calls)]
+
+
+def _message(finished: Finished) -> wire.ChatCompletionMessage:
     """The assistant message of a finished reply (its thinking apart, its calls read back)."""
-    message: dict[str, Any] = {"role": "assistant", "content": finished.content, "refusal": None}
-    if finished.reasoning is not None:
-        message["reasoning_content"] = finished.reasoning
-    if finished.calls:
-        message["tool_calls"] = tools_api.wire_calls(finished.calls)
-    return message
+    return wire.ChatCompletionMessage(
+        content=finished.content,
+        reasoning_content=finished.reasoning,
+        tool_calls=_calls(finished.calls) if finished.calls else None,
+    )
 
 
 async def complete(
     engine, turns: Sequence[TurnRequest], model: str, plan: ToolPlan | None = None, markers: Markers | None = None
-) -> dict:
+) -> Response:
     """A whole (non-streaming) chat completion with ``len(turns)`` choices."""
     finished = await whole_replies(engine, Prepared(turns, plan, markers))
     runtime = engine.runtime
-    choices = []
-    for i, reply in enumerate(finished):
-        logprobs = {"content": chat_logprobs(runtime, reply.done.logprobs), "refusal": None}
-        choices.append(
-            {
-                "index": i,
-                "message": _message(reply),
-                "logprobs": logprobs if turns[i].params.logprobs else None,
-                "finish_reason": _finish(reply),
-            }
+    choices = [
+        wire.Choice(
+            index=i,
+            message=_message(reply),
+            logprobs=wire.ChoiceLogprobs(content=_logprobs(runtime, reply.done.logprobs))
+            if turns[i].params.logprobs
+            else None,
+            finish_reason=_finish(reply),  # type: ignore[arg-type]
         )
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        **usage_and_timings([reply.done for reply in finished]),
-    }
+        for i, reply in enumerate(finished)
+    ]
+    usage, timings = wire.usage_of([reply.done for reply in finished])
+    body = wire.ChatCompletion(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=model,
+        choices=choices,
+        usage=usage,
+        timings=timings,
+    )
+    return Response(wire.encode(body), media_type="application/json")
 
 
 async def stream(
@@ -356,21 +373,52 @@ async def stream(
 
 
 class ChunkEncoder:
-    """The ``data:`` lines of one stream's chunks. Its id, time and model are the same in every chunk, so a plain
-    content delta (the chunk of almost every token) is its text encoded into a prefix and suffix made once."""
+    """The ``data:`` lines of one stream's chunks (:class:`~chat.server.surfaces.openai_types.ChatCompletionChunk`).
+    Its id, time and model are the same in every chunk, so a chunk is its choice's index, delta and log-probabilities
+    written between bytes cut once from an encoded chunk (the bytes orjson writes for the whole chunk: see
+    :meth:`whole`); a plain content delta (the chunk of almost every token) writes only its text."""
+
+    INDEX, TEXT = 987654321, "\ue000"  # stand-ins, cut out of the encoded chunk
 
     def __init__(self, cid: str, created: int, model: str) -> None:
-        self.body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}  # every chunk
-        self._head = b"data: " + orjson.dumps(self.body)[:-1] + b',"choices":[{"index":'  # up to the index
-        self._tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        self.id, self.created, self.model = cid, created, model
+        probe = self.whole(self.INDEX, wire.ContentDelta(content=self.TEXT))
+        head, rest = probe.split(b"%d" % self.INDEX)
+        delta, tail = rest.split(orjson.dumps(wire.ContentDelta(content=self.TEXT)))
+        logprobs, end = tail.split(b"null", 1)  # ',"logprobs":' and ',"finish_reason":null}]}\n\n'
+        text_at = orjson.dumps(wire.ContentDelta(content=self.TEXT)).split(orjson.dumps(self.TEXT))
+        self._head, self._delta, self._logprobs, self._end = head, delta, logprobs, end
+        self._middle, self._tail = delta + text_at[0], text_at[1] + tail
 
     def content(self, index: int, text: str) -> bytes:
         """A chunk that carries ``text`` of choice ``index`` and nothing else."""
-        return b'%s%d,"delta":{"content":%s}%s' % (self._head, index, orjson.dumps(text), self._tail)
+        return b"%s%d%s%s%s" % (self._head, index, self._middle, orjson.dumps(text), self._tail)
 
-    def chunk(self, index: int, delta: dict, finish: str | None = None, logprobs: Any = None, **extra) -> bytes:
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return b"data: %s\n\n" % orjson.dumps({**self.body, "choices": [choice], **extra})
+    def encoded(self, index: int, delta: wire.Delta, logprobs: wire.ChunkLogprobs | None = None) -> bytes:
+        """The chunk of one choice's delta (the same bytes as :meth:`whole`)."""
+        return b"%s%d%s%s%s%s%s" % (
+            self._head,
+            index,
+            self._delta,
+            orjson.dumps(delta),
+            self._logprobs,
+            orjson.dumps(logprobs),
+            self._end,
+        )
+
+    def whole(self, index: int, delta: wire.Delta, logprobs: wire.ChunkLogprobs | None = None) -> bytes:
+        """The chunk encoded whole from its model."""
+        choice = wire.ChunkChoice(index=index, delta=delta, logprobs=logprobs)
+        chunk = wire.ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
+        return b"data: %s\n\n" % orjson.dumps(chunk)
+
+    def final(self, index: int, finish: str, usage: tuple[wire.CompletionUsage, wire.Timings] | None) -> bytes:
+        """A choice's last chunk; the stream's last carries the usage and timings."""
+        choice = wire.ChunkChoice(index=index, delta=wire.EmptyDelta(), finish_reason=finish)  # type: ignore[arg-type]
+        head = {"id": self.id, "created": self.created, "model": self.model, "choices": [choice]}
+        if usage is None:
+            return b"data: %s\n\n" % orjson.dumps(wire.ChatCompletionChunk(**head))
+        return b"data: %s\n\n" % wire.encode(wire.FinalChunk(**head, usage=usage[0], timings=usage[1]))
 
 
 GENERATION_FAILED = {"message": "generation failed; the server logged the details", "type": "server_error"}
@@ -379,9 +427,9 @@ GENERATION_FAILED = {"message": "generation failed; the server logged the detail
 async def _sse(runtime, replies, turns: Sequence[TurnRequest], model: str) -> AsyncIterator[bytes]:
     """The chat surface's encoder: reply events -> chunks."""
     encoder = ChunkEncoder(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model)
-    chunk = encoder.chunk
+    encoded = encoder.encoded
     wants_logprobs = [t.params.logprobs for t in turns]
-    yield b"".join(chunk(i, {"role": "assistant", "content": ""}) for i in range(len(turns)))
+    yield b"".join(encoded(i, wire.RoleDelta()) for i in range(len(turns)))
     finished: dict[int, Finished] = {}
     async with contextlib.aclosing(replies):
         async for batch in replies:
@@ -389,29 +437,27 @@ async def _sse(runtime, replies, turns: Sequence[TurnRequest], model: str) -> As
             for i, event in batch:
                 if isinstance(event, TextOut):
                     if wants_logprobs[i] and (event.logprobs or event.token_ids):  # not text held back by a splitter
-                        out.append(
-                            chunk(
-                                i, {"content": event.text}, logprobs={"content": chat_logprobs(runtime, event.logprobs)}
-                            )
-                        )
+                        logprobs = wire.ChunkLogprobs(_logprobs(runtime, event.logprobs))
+                        out.append(encoded(i, wire.ContentDelta(event.text), logprobs))
                     elif event.text:
                         out.append(encoder.content(i, event.text))
                 elif isinstance(event, ReasoningOut):
-                    out.append(chunk(i, {"reasoning_content": event.text}))
+                    out.append(encoded(i, wire.ReasoningDelta(event.text)))
                 elif isinstance(event, CallsOut):
-                    out.append(chunk(i, {"tool_calls": tools_api.wire_calls(event.calls, with_index=True)}))
+                    calls = [
+                        wire.ToolCallDelta(index=c["index"], id=c["id"], function=wire.Function(**c["function"]))
+                        for c in tools_api.wire_calls(event.calls, with_index=True)
+                    ]
+                    out.append(encoded(i, wire.ToolCallsDelta(tool_calls=calls)))
                 elif isinstance(event, Finished):
                     finished[i] = event
-                    extra = (
-                        usage_and_timings([finished[k].done for k in sorted(finished)])
-                        if len(finished) == len(turns)
-                        else {}
-                    )
-                    out.append(chunk(i, {}, _finish(event), **extra))
-                else:
-                    assert isinstance(event, Failed)
+                    last = len(finished) == len(turns)
+                    usage = wire.usage_of([finished[k].done for k in sorted(finished)]) if last else None
+                    out.append(encoder.final(i, _finish(event), usage))
+                elif isinstance(event, Failed):
                     error = GENERATION_FAILED if event.done is not None else event.error.body()
-                    out.append(b"data: %s\n\ndata: [DONE]\n\n" % orjson.dumps({"error": error}))
+                    body = wire.StreamError(error=wire.StreamErrorBody(**error))
+                    out.append(b"data: %s\n\ndata: [DONE]\n\n" % wire.encode(body))
                     yield b"".join(out)
                     return
             if out:

@@ -27,6 +27,15 @@ steps 2+; target >= 0.9), ``cached_ratio_responses`` (the same over ``/v1/respon
 what a cache that kept every earlier turn would reach, so that the figure before it can be judged; the marker that
 opens the new message may match too, a token a step more), ``errors``
 (failed requests; target 0), ``wall_s_chat``, ``wall_s_responses``, ``wall_s_messages``, ``model``, ``cpu``.
+
+5. **A Claude-Code-shaped phase** (:func:`claude_code_phase`, on ``tiny-hermes`` with its context widened to 40960):
+   a ~25k-token system + tools prefix (two marked system blocks, 24 tools) behind a billing line whose last 3 hex
+   characters differ per session, 4 sessions x 4 steps over ``/v1/messages``. ``cached_ratio_cross_session``:
+   cache_read / prompt tokens over the first steps of sessions 2-4 (target >= 0.9); ``claude_code_prompt_tokens``:
+   the first step's prompt. ``pinned_hit_after_flood``: on a server whose device tier holds 1.5 sessions, a session's
+   breakpoints are pinned, other tenants send fresh prompts worth ``flood_bytes_over_budget`` times the device budget
+   (4; ``flood_evictions`` entries evicted meanwhile), and a new session reads the pinned system prefix from the
+   cache: 1.0 (target), else 0.0. Its errors count in ``errors``; ``wall_s_claude_code``.
 """
 
 from __future__ import annotations
@@ -309,7 +318,9 @@ def run(
     steps: int = 6,
     max_tokens: int = 160,
     thinking_model: str = "tiny-thinking",
+    claude_code_size: tuple[int, int] | None = None,
 ) -> dict:
+    """``claude_code_size``: (tools, rules repeats) of the Claude-Code-shaped prefix (None: 24 tools, ~25k tokens)."""
     from chat.models import load_model
 
     leave_parallelism_to_engines()
@@ -325,6 +336,9 @@ def run(
     )
     thinker = in_fresh_thread(lambda: load_model(thinking_model))
     thinking, _ = _serve(thinker, lambda c, m: _concurrently(loops, lambda i: _thinking_loop(c, m, i, steps)))
+    start = time.perf_counter()
+    claude_code = claude_code_phase(size=claude_code_size or (24, CC_PREFIX_REPEATS))
+    wall_claude_code = time.perf_counter() - start
     calls = Tally()
     calls.add(chat)
     calls.add(responses)
@@ -342,10 +356,21 @@ def run(
         "messages_tool_calls": messages.calls,
         "messages_tool_calls_valid": messages.valid / messages.calls if messages.calls else 1.0,
         "cached_ratio_messages": messages.ratio(),
-        "errors": chat.errors + responses.errors + thinking.errors + messages.errors,
+        "cached_ratio_cross_session": claude_code["cached_ratio_cross_session"],
+        "pinned_hit_after_flood": claude_code["pinned_hit_after_flood"],
+        "claude_code_prompt_tokens": claude_code.get("claude_code_prompt_tokens", 0),
+        "flood_bytes_over_budget": claude_code["flood_bytes_over_budget"],
+        "flood_evictions": claude_code["flood_evictions"],
+        "errors": chat.errors
+        + responses.errors
+        + thinking.errors
+        + messages.errors
+        + claude_code["errors"]
+        + claude_code["errors_claude_code_flood"],
         "wall_s_chat": wall_chat,
         "wall_s_responses": wall_responses,
         "wall_s_messages": wall_messages,
+        "wall_s_claude_code": wall_claude_code,
     }
 
 
@@ -356,6 +381,8 @@ TARGETS = {
     "cached_ratio_after_thinking": (">=", 0.9),
     "messages_tool_calls_valid": ("==", 1.0),
     "cached_ratio_messages": (">=", 0.95),
+    "cached_ratio_cross_session": (">=", 0.9),
+    "pinned_hit_after_flood": ("==", 1.0),
     "errors": ("==", 0),
 }
 
@@ -363,3 +390,186 @@ TARGETS = {
 def main(as_json: bool, model: str = "smollm2") -> int:
     emit(run(model), TARGETS, as_json)
     return 0
+
+
+# --- a Claude-Code-shaped phase: a long shared prefix, a volatile first line, breakpoints that hold -------------
+
+CC_MODEL = "tiny-hermes"  # a template that renders tools in the system prompt, as Claude Code's targets do
+CC_CONTEXT = 40960  # the tiny model's context, widened (4096 as built) so that the ~25k-token prefix fits
+CC_PREFIX_REPEATS = 130  # repeats of the rules paragraph: with the 24 tools (~14.7k tokens), a prefix of ~25k tokens
+CC_RULES = (
+    "Read a file before you edit it. Prefer small, reviewable changes and run the tests after each one. "
+    "Never commit secrets. "
+)
+
+
+def _cc_tools(count: int = 24) -> list[dict]:
+    """``count`` tools with JSON schemas, as Claude Code sends 24 (names and schemas made up)."""
+    tools = []
+    for i in range(count):
+        props = {f"arg_{k}": {"type": "string", "description": f"argument {k} of tool {i}"} for k in range(6)}
+        tools.append(
+            {
+                "name": f"Tool{i}",
+                "description": f"Tool number {i}: does one kind of thing to the workspace. " * 4,
+                "input_schema": {"type": "object", "properties": props, "required": ["arg_0"]},
+            }
+        )
+    return tools
+
+
+def _cc_body(session: int, history: list[dict], size: tuple[int, int] = (24, CC_PREFIX_REPEATS)) -> dict:
+    """One step of a Claude Code session: the billing line (its last 3 hex characters per session), two marked
+    system blocks, 24 tools, the conversation with its newest block marked."""
+    cc = {"type": "ephemeral"}
+    billing = (
+        f"x-anthropic-billing-header: cc_version=2.1.197.{session * 2654435761 % 4096:03x}; cc_entrypoint=sdk-cli;"
+    )
+    sent = [dict(m, content=[dict(b) for b in m["content"]]) for m in history]
+    sent[-1]["content"][-1]["cache_control"] = cc
+    return {
+        "model": CC_MODEL,
+        "max_tokens": 8,
+        "system": [
+            {"type": "text", "text": billing},
+            {"type": "text", "text": "You are Claude Code, a coding agent.", "cache_control": cc},
+            {"type": "text", "text": CC_RULES * size[1], "cache_control": cc},
+        ],
+        "tools": _cc_tools(size[0]),
+        "messages": sent,
+        "temperature": 0,
+    }
+
+
+def _cc_step(client, url: str, session: int, history: list[dict], size: tuple[int, int]) -> dict:
+    r = client.post(f"{url}/v1/messages?beta=true", json=_cc_body(session, history, size))
+    r.raise_for_status()
+    reply = r.json()
+    text = "".join(b.get("text", "") for b in reply["content"] if b["type"] == "text") or "ok"
+    history.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
+    return reply["usage"]
+
+
+def _cc_engine(runtime, device_bytes: int):
+    from cache import PrefixCache
+    from chat.engine.engine import Engine
+    from chat.engine.volatile_lines import VolatileLines
+
+    cache = PrefixCache(device_budget_bytes=device_bytes, host_budget_bytes=0)
+    return Engine(runtime, cache=cache, threads=engine_threads(), volatile=VolatileLines())
+
+
+def claude_code_phase(
+    sessions: int = 4, steps: int = 4, flood_times: int = 4, size: tuple[int, int] = (24, CC_PREFIX_REPEATS)
+) -> dict:
+    """``sessions`` sessions x ``steps`` steps, one after another, over ``/v1/messages`` on a server with the default
+    volatile lines: ``cached_ratio_cross_session`` is cache_read / prompt tokens over the first steps of sessions 2+.
+    Then, on a server whose device tier holds a little more than one session: a session pins its prefix, other
+    tenants (their own bearer tokens) send fresh prompts until they have inserted ``flood_times`` times the device
+    budget, and ``pinned_hit_after_flood`` is 1.0 if a new session then reads the pinned system prefix from the cache
+    (0.0 if not). ``size``: (tools, repeats of the rules paragraph) of the prefix (tests make it small)."""
+    import httpx
+
+    from chat.models import load_model
+    from chat.server.app import create_app
+    from chat.server.runner import BackgroundServer
+    from chat.server.settings import ServerSettings
+
+    runtime = in_fresh_thread(lambda: load_model(CC_MODEL))
+    runtime.context_window = CC_CONTEXT
+    out = {"errors": 0}
+    engine = _cc_engine(runtime, 2 * 1024**3)
+    cached = prompt = 0
+    try:
+        with BackgroundServer(create_app(engine, ServerSettings(), model_name=runtime.name)) as server:
+            client = httpx.Client(timeout=600)
+            for s in range(sessions):
+                history = [{"role": "user", "content": [{"type": "text", "text": f"Session {s}: fix bug {s}."}]}]
+                for step in range(steps):
+                    try:
+                        u = _cc_step(client, server.url, s, history, size)
+                    except httpx.HTTPError:
+                        out["errors"] += 1
+                        break
+                    total = u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+                    if step == 0:
+                        out.setdefault("claude_code_prompt_tokens", total)
+                        if s > 0:
+                            cached += u["cache_read_input_tokens"]
+                            prompt += total
+                    history.append({"role": "user", "content": [{"type": "text", "text": f"Step {step + 1}: go on."}]})
+    finally:
+        engine.close()
+    out["cached_ratio_cross_session"] = cached / prompt if prompt else 0.0
+    out.update(_pinned_after_flood(runtime, flood_times, size))
+    return out
+
+
+def _pinned_after_flood(runtime, flood_times: int, size: tuple[int, int]) -> dict:
+    import httpx
+
+    from chat.server.app import create_app
+    from chat.server.runner import BackgroundServer
+    from chat.server.settings import ServerSettings
+
+    probe = _cc_engine(runtime, 2 * 1024**3)  # the bytes of one session's entry, to size the device tier
+    try:
+        with BackgroundServer(create_app(probe, ServerSettings(), model_name=runtime.name)) as server:
+            _cc_step(
+                httpx.Client(timeout=600),
+                server.url,
+                0,
+                [{"role": "user", "content": [{"type": "text", "text": "size"}]}],
+                size,
+            )
+        entry_bytes = probe.cache.stats().bytes_per_tier["device"]
+    finally:
+        probe.close()
+    budget = entry_bytes * 3 // 2
+    engine = _cc_engine(runtime, budget)
+    errors, hit, flooded, pins = 0, 0.0, 0, 0
+    try:
+        with BackgroundServer(create_app(engine, ServerSettings(), model_name=runtime.name)) as server:
+            client = httpx.Client(timeout=600)
+            history = [{"role": "user", "content": [{"type": "text", "text": "Pin me."}]}]
+            first = _cc_step(client, server.url, 1, history, size)
+            marks = first["turncache"].get("breakpoints") or []
+            pins = sum(1 for m in marks if m["pinned"])
+            system_tokens = max((m["tokens"] for m in marks if m["where"].startswith("system")), default=0)
+            evictions_before = engine.cache.stats().evictions
+            k, words = 0, max(20, first_total(first) // 36)  # prompts of about an eighth of a session each
+            while flooded < flood_times * budget:  # other tenants' fresh prompts
+                body = {
+                    "model": CC_MODEL,
+                    "max_tokens": 2,
+                    "messages": [{"role": "user", "content": f"flood {k}: " + f"unrelated text {k} " * words}],
+                }
+                headers = {"authorization": f"Bearer flood-tenant-{k % 4}"}
+                r = client.post(f"{server.url}/v1/messages", json=body, headers=headers)
+                if r.status_code != 200:
+                    errors += 1
+                    break
+                u = r.json()["usage"]
+                flooded += (u["input_tokens"] + u["cache_creation_input_tokens"]) * entry_bytes // first_total(first)
+                k += 1
+            evicted = engine.cache.stats().evictions - evictions_before
+            again = _cc_step(
+                client, server.url, 2, [{"role": "user", "content": [{"type": "text", "text": "New."}]}], size
+            )
+            hit = 1.0 if system_tokens and again["cache_read_input_tokens"] >= system_tokens else 0.0
+    except httpx.HTTPError:
+        errors += 1
+        evicted = 0
+    finally:
+        engine.close()
+    return {
+        "pinned_hit_after_flood": hit,
+        "flood_bytes_over_budget": round(flooded / budget, 2) if budget else 0.0,
+        "flood_evictions": evicted,
+        "pins_made_before_flood": pins,
+        "errors_claude_code_flood": errors,
+    }
+
+
+def first_total(usage: dict) -> int:
+    return usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]

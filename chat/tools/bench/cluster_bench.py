@@ -46,13 +46,16 @@ class ClusterTurn:
     cached_tokens: int
     ttft_ms: float | None  # client-side; None when the turn failed
     error: str | None = None
+    completion_tokens: int = 0
 
 
-async def _conversation(url: str, index: int, turns: Sequence[Turn], token: str | None) -> list[ClusterTurn]:
+async def _conversation(
+    url: str, index: int, turns: Sequence[Turn], token: str | None, system: str = SYSTEM
+) -> list[ClusterTurn]:
     from chat.tools.client import AsyncChatClient, ChatError, ClientError
 
     records: list[ClusterTurn] = []
-    messages: list[dict] = [{"role": "system", "content": SYSTEM}]
+    messages: list[dict] = [{"role": "system", "content": system}]
     try:
         async with AsyncChatClient(url, token=token, timeout=600) as client:
             for t, turn in enumerate(turns):
@@ -64,7 +67,9 @@ async def _conversation(url: str, index: int, turns: Sequence[Turn], token: str 
                 reply = stream.reply
                 assert reply is not None
                 ttft = (first - sent) * 1e3 if first is not None else None
-                records.append(ClusterTurn(index, t, reply.prompt_tokens, reply.cached_tokens, ttft))
+                records.append(
+                    ClusterTurn(index, t, reply.prompt_tokens, reply.cached_tokens, ttft, None, reply.completion_tokens)
+                )
                 messages.append({"role": "assistant", "content": reply.text})
     except (ChatError, ClientError) as exc:  # the conversation cannot go on without its reply
         records.append(ClusterTurn(index, len(records), 0, 0, None, f"{type(exc).__name__}: {exc}"))
@@ -72,12 +77,13 @@ async def _conversation(url: str, index: int, turns: Sequence[Turn], token: str 
 
 
 async def run_workload(
-    url: str, workload: list[list[Turn]], token: str | None = None
+    url: str, workload: list[list[Turn]], token: str | None = None, system: str = SYSTEM
 ) -> tuple[list[ClusterTurn], float]:
-    """Every conversation at once against the WebSocket ``url`` (with the API key ``token``, if the cluster has keys);
-    returns (records, wall seconds)."""
+    """Every conversation at once against the WebSocket ``url`` (with the API key ``token``, if the cluster has keys),
+    each opening with ``system``; returns (records, wall seconds)."""
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(_conversation(url, i, turns, token) for i, turns in enumerate(workload)))
+    runs = (_conversation(url, i, turns, token, system) for i, turns in enumerate(workload))
+    results = await asyncio.gather(*runs)
     return [r for rs in results for r in rs], time.perf_counter() - t0
 
 
@@ -153,6 +159,10 @@ TARGETS = {
     "errors": ("==", 0),
     "cached_token_ratio_affine": (">=", 0.55),
     "ratio_gain": (">=", 1.5),
+    "cached_ratio_2_ingresses_vs_1": (">=", 0.97),
+    "ingress_kill_lost_turns": ("==", 0),
+    "cached_ratio_after_vs_before_ingress_kill": (">=", 0.9),
+    "replica_kill_lost_conversations": ("==", 0),
 }
 
 
@@ -164,10 +174,15 @@ def main(
 ) -> int:
     from chat.cluster.launch import free_port, local_ray
     from chat.models import load_model
+    from chat.tools.bench.cluster_failover import run_ingress_phases
+    from chat.tools.pg_local import local_postgres
 
     runtime = load_model(model)  # renders the workload's messages to count their tokens
     cfg = MultiTurnConfig(conversations=conversations)
-    with local_ray():
-        result = run_on_cluster(runtime, cfg, model=model, replicas=replicas, port=free_port())
-    emit(result, TARGETS, as_json)
+    with local_postgres() as db_url, local_ray():
+        port = free_port()
+        result = run_on_cluster(runtime, cfg, model=model, replicas=replicas, port=port)
+        phases = run_ingress_phases(runtime, cfg, model=model, replicas=replicas, port=port, db_url=db_url)
+    result["errors"] += phases.pop("errors_ingress_phases")
+    emit({**result, **phases}, TARGETS, as_json)
     return 0

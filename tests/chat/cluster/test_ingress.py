@@ -30,7 +30,8 @@ class NoHandle:
 @pytest.fixture
 def no_serve(monkeypatch):
     """Ray Serve's replica context and Ray's node id, as an ingress replica sees them; no replica to describe."""
-    monkeypatch.setattr(ingress_module.serve, "get_replica_context", lambda: SimpleNamespace(app_name="test-ingress"))
+    context = SimpleNamespace(app_name="test-ingress", replica_id=SimpleNamespace(unique_id="i1"))
+    monkeypatch.setattr(ingress_module.serve, "get_replica_context", lambda: context)
     monkeypatch.setattr(ingress_module.ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: "n1"))
 
     async def describe(self):

@@ -67,3 +67,24 @@ def test_each_turn_of_a_conversation_keeps_the_digests_of_the_turn_before(tiny_l
         assert len(digests) > len(previous) and digests[: len(previous)] == previous
         previous = digests
         messages.append({"role": "assistant", "content": f"answer {turn}: the sea is wide and deep and blue"})
+
+
+def test_a_conversations_opening_key_is_the_same_every_turn_and_its_own(tiny_llama):
+    keyer = PromptKeyer(tiny_llama.render, 8)
+    system = {"role": "system", "content": "You are a helpful assistant who answers in detail, always. " * 3}
+
+    def openings(topic: str) -> list[int]:
+        messages, keys = [system], []
+        for turn in range(3):
+            messages.append({"role": "user", "content": f"question {turn} about {topic}: tell me more, please"})
+            digests, opening = keyer.keys(messages, "salt")
+            assert opening in digests
+            keys.append(opening)
+            messages.append({"role": "assistant", "content": f"answer {turn}: {topic} is wide and deep"})
+        return keys
+
+    sea, sky = openings("the sea"), openings("the sky")
+    assert len(set(sea)) == 1 and len(set(sky)) == 1  # one key per conversation, whatever the turn
+    assert sea[0] != sky[0]  # conversations that share only a system prompt get different keys
+    short = PromptKeyer(tiny_llama.render, 4096).keys([{"role": "user", "content": "hi"}], "salt")
+    assert short == ((), None)  # shorter than a block: no key

@@ -9,7 +9,7 @@ pytest.importorskip("ray", reason="the cluster extra (turncache[cluster]) is not
 from ray.exceptions import ActorDiedError
 
 from chat.cluster.remote_engine import RemoteEngine, SessionTracker, SocketEngine
-from chat.cluster.routing import RoutingTable, SessionRef
+from chat.cluster.routing import RoutingTable, SessionRef, rendezvous
 from chat.cluster.wire import Failed, ReplicaLostError, Served
 from chat.engine.errors import ContextOverflowError
 from chat.engine.events import Delta, Done, Timings, TurnRequest, Usage
@@ -147,14 +147,14 @@ def test_a_cancel_before_any_replica_was_asked_ends_cancelled_without_a_call():
     assert not [m for m, _ in remote._handle.calls if m == "run_turn"]
 
 
-def test_a_session_turn_is_claimed_once_and_knows_it_is_the_first():
+def test_a_session_turn_is_claimed_once():
     remote, _ = engine(FakeStream([]))
     store = InMemorySessionStore()
     tracker = SessionTracker(store)
     session = tracker.create("tiny-llama")
     assert tracker.bound is session and remote.claim(session) is None  # idle: nothing to claim
     session.create_turn(TurnCreate(type="turn.create", content="hello"))
-    assert remote.claim(session) == SessionRef(session.id, first_turn=True)
+    assert remote.claim(session) == SessionRef(session.id)
     assert remote.claim(session) is None  # a completion.create sent during the turn is stateless
     other_socket = SessionTracker(store)
     assert other_socket.get(session.id) is session and remote.claim(other_socket.bound) is None
@@ -171,7 +171,7 @@ def test_a_socket_engine_tags_only_its_sessions_turns():
     session = tracker.create("tiny-llama")
     session.create_turn(TurnCreate(type="turn.create", content="hello"))
     socket.submit(request, print)
-    assert seen == [None, SessionRef(session.id, first_turn=True)]
+    assert seen == [None, SessionRef(session.id)]
     assert socket.runtime is remote.runtime
 
 
@@ -248,3 +248,27 @@ def test_a_replica_pauses_and_resumes_the_turn_it_runs_and_says_whether_it_ran_t
         return here, paused, await replica.pause_turn(ToReplica("r1"), "c9", True)
 
     assert asyncio.run(run()) == (True, True, False) and not job.paused
+
+
+def test_a_turn_sent_to_a_replica_already_gone_is_sent_on_to_the_next_one_unseen_by_the_client():
+    """The replica died between turns; the router did not know yet: nothing began there, so the next replica of the
+    turn's order runs it, and the client sees only that replica's events."""
+    table = RoutingTable()
+    table.replicas_changed(["r1", "r2"])
+    gone, alive = FakeStream([], error=ActorDiedError()), FakeStream([Served("r2", "node", 8), Delta("hi", (1,)), DONE])
+    sent_to = []
+
+    class RoutingHandle(FakeHandle):
+        def __getattr__(self, method):
+            def remote(call):
+                decision = table.choose(call.route, table.live())  # what the router does
+                sent_to.append(decision.replica)
+                return gone if decision.replica == "r1" else alive
+
+            return type("Method", (), {"remote": staticmethod(remote)})()
+
+    remote = RemoteEngine(RoutingHandle(None), runtime=object(), table=table, keyer=None)
+    session = SessionRef(next(f"s{i}" for i in range(100) if rendezvous(f"session:s{i}", ["r1", "r2"])[0] == "r1"))
+    events = collect(remote, session)
+    assert sent_to == ["r1", "r2"] and events == [Delta("hi", (1,)), DONE]
+    assert remote.lost_turns == 0 and table.live() == ("r2",) and table.inflight() == 0

@@ -1,18 +1,19 @@
 """The routing rule over a RoutingTable: no Ray, replicas are names."""
 
+import hashlib
 import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chat.cluster.routing import RouteKey, RoutingPolicy, RoutingTable, Rule, SessionRef
+from chat.cluster.routing import RouteKey, RoutingPolicy, RoutingTable, Rule, SessionRef, rendezvous
 
 ids = itertools.count()
 
 
-def key(session=None, digests=(), first_turn=False):
-    ref = SessionRef(session, first_turn) if session is not None else None
-    return RouteKey(f"call-{next(ids)}", ref, tuple(digests))
+def key(session=None, digests=(), opening=None):
+    ref = SessionRef(session) if session is not None else None
+    return RouteKey(f"call-{next(ids)}", ref, tuple(digests), opening)
 
 
 def table(mode="prefix", imbalance=4, replicas=("a", "b"), **policy):
@@ -21,108 +22,97 @@ def table(mode="prefix", imbalance=4, replicas=("a", "b"), **policy):
     return t
 
 
-def test_a_session_stays_on_its_replica_whatever_the_load():
-    t = table(imbalance=0)
-    first = t.choose(key("s1"), ["a", "b"])
-    assert first.rule is Rule.LEAST_LOADED
-    for _ in range(5):  # load piles up on the session's replica; the session still goes there
-        decision = t.choose(key("s1"), ["a", "b"])
-        assert (decision.replica, decision.rule) == (first.replica, Rule.SESSION)
-    assert t.pinned("s1") == first.replica
+def reference_home(placement: str, replicas) -> str:
+    """Rendezvous hashing as its definition says: the replica of highest weight, the weight a 64-bit hash of the key
+    and the replica (written independently of chat.cluster.routing)."""
+    best, best_weight = None, -1
+    for replica in replicas:
+        h = hashlib.blake2b(digest_size=8)
+        h.update(placement.encode())
+        h.update(b"\0")
+        h.update(replica.encode())
+        w = int.from_bytes(h.digest(), "big")
+        if w > best_weight or (w == best_weight and replica < best):
+            best, best_weight = replica, w
+    return best
 
 
-def test_new_sessions_spread_over_idle_replicas():
+def test_a_session_goes_to_the_home_of_its_id_and_stays_there_under_load_within_the_threshold():
+    t = table(imbalance=2, replicas=("a", "b", "c"))
+    home = reference_home("session:s1", "abc")
+    for _ in range(3):  # its own turns pile up on home (3 - 0 > 2 only after the third)
+        decision = t.choose(key("s1"), ["a", "b", "c"])
+        assert (decision.replica, decision.rule) == (home, Rule.SESSION)
+    moved = t.choose(key("s1"), ["a", "b", "c"])  # home runs 3, the others 0: load moves it
+    assert moved.rule is Rule.LEAST_LOADED and moved.replica == rendezvous("session:s1", "abc")[1]
+    assert moved.ranked[0] == moved.replica and sorted(moved.ranked) == ["a", "b", "c"]
+
+
+def test_every_ingress_places_every_key_alike_from_the_replicas_queue_lengths():
+    """Two tables (two ingresses) that routed different turns themselves agree, given the replicas' own loads."""
+    one, two = table(imbalance=1, replicas="abcd"), table(imbalance=1, replicas="abcd")
+    for i in range(6):  # only `one` routed these: its own counts differ from `two`'s
+        one.choose(key(opening=1000 + i), "abcd")
+    lengths = {"a": 3, "b": 0, "c": 1, "d": 2}
+    for i in range(50):
+        k = f"s{i}"
+        a = one.choose(key(k), "abcd", lengths)
+        b = two.choose(key(k), "abcd", lengths)
+        assert (a.replica, a.rule, a.ranked) == (b.replica, b.rule, b.ranked)
+        first_ok = next(r for r in rendezvous("session:" + k, "abcd") if lengths[r] - 0 <= 1)
+        assert a.replica == first_ok
+
+
+def test_a_stateless_conversation_keeps_its_replica_by_its_opening_and_conversations_spread():
+    t = table(imbalance=100, replicas=("a", "b", "c"))
+    turns = [t.choose(key(digests=[1, 2, 3 + n], opening=2), "abc") for n in range(4)]
+    assert {d.replica for d in turns} == {reference_home("prefix:0000000000000002", "abc")}
+    assert all(d.rule is Rule.PREFIX for d in turns)
+    homes = {t.choose(key(opening=o), "abc").replica for o in range(40)}  # 40 conversations: all replicas used
+    assert homes == {"a", "b", "c"}
+
+
+def test_a_turn_without_a_key_goes_to_the_least_loaded_replica():
     t = table()
-    chosen = [t.choose(key(f"s{i}"), ["a", "b"]).replica for i in range(4)]
-    assert sorted(chosen) == ["a", "a", "b", "b"]  # ties go to the replica with fewer pinned sessions
+    decision = t.choose(key(), ["a", "b"], {"a": 5, "b": 1})
+    assert (decision.replica, decision.rule, decision.ranked) == ("b", Rule.LEAST_LOADED, ("b", "a"))
 
 
-def test_first_turns_of_sessions_are_pinned_by_load_not_by_a_shared_system_prompt():
-    t = table()
-    system = [11, 12]  # the digests every session's first prompt shares
-    chosen = [t.choose(key(f"s{i}", digests=[*system, 100 + i], first_turn=True), ["a", "b"]) for i in range(4)]
-    assert sorted(d.replica for d in chosen) == ["a", "a", "b", "b"]
-    assert all(d.rule is Rule.LEAST_LOADED for d in chosen)
-
-
-def test_a_session_that_lost_its_pin_is_routed_to_its_conversation_by_prefix():
-    t = table(imbalance=100)
-    t.choose(key(digests=[1, 2, 3]), ["b"])  # b holds the conversation (served before the ingress restarted)
-    decision = t.choose(key("resumed", digests=[1, 2, 3, 4]), ["a", "b"])
-    assert (decision.replica, decision.rule, t.pinned("resumed")) == ("b", Rule.PREFIX, "b")
-
-
-def test_a_longer_conversation_finds_the_replica_of_its_shorter_prefix():
-    t = table()
-    served = t.choose(key(digests=[1, 2]), ["a", "b"])
-    t.choose(key(digests=[9]), ["a", "b"])  # another conversation: load on the other replica
-    longer = t.choose(key(digests=[1, 2, 3, 4]), ["a", "b"])
-    assert (longer.replica, longer.rule, longer.matched_blocks) == (served.replica, Rule.PREFIX, 2)
-
-
-def test_the_longest_known_digest_wins():
-    t = table(imbalance=100)
-    t.choose(key(digests=[1]), ["a"])  # only a can take it: a served [1]
-    t.choose(key(digests=[1, 2, 3]), ["b"])  # b served the longer prefix
-    decision = t.choose(key(digests=[1, 2, 3, 4]), ["a", "b"])
-    assert (decision.replica, decision.matched_blocks) == ("b", 3)
-
-
-def test_an_overloaded_preferred_replica_gives_way_to_the_least_loaded_one():
+def test_the_replicas_queue_lengths_override_the_tables_own_counts():
     t = table(imbalance=2)
-    home = t.choose(key(digests=[7]), ["a", "b"]).replica
+    home = reference_home("session:s", "ab")
     other = "b" if home == "a" else "a"
-    for _ in range(2):  # home runs 3 turns, the other none: 3 - 0 > 2
-        t.choose(key(digests=[100 + next(ids)]), [home])
-    moved = t.choose(key(digests=[7, 8]), ["a", "b"])
-    assert (moved.replica, moved.rule) == (other, Rule.LEAST_LOADED)
-    again = t.choose(key(digests=[7, 8, 9]), ["a", "b"])  # the conversation follows its cache ("last served")
-    assert (again.replica, again.rule) == (other, Rule.PREFIX)
-
-
-def test_at_the_threshold_the_preferred_replica_keeps_the_turn():
-    t = table(imbalance=2)
-    home = t.choose(key(digests=[7]), ["a", "b"]).replica
-    t.choose(key(digests=[55]), [home])  # home runs 2, the other 0: 2 - 0 == 2
-    assert t.choose(key(digests=[7, 8]), ["a", "b"]).replica == home
+    assert t.choose(key("s"), "ab", {home: 3, other: 0}).replica == other  # 3 - 0 > 2, whatever this table counted
+    assert t.choose(key("s"), "ab", {home: 2, other: 0}).replica == home  # at the threshold: it stays
+    assert t.choose(key("s"), "ab", {other: 0}).replica == home  # home did not answer: this table's count (2) stands
 
 
 def test_finished_turns_release_their_load():
     t = table(imbalance=0)
-    k = key(digests=[3])
+    k = key(opening=3)
     home = t.choose(k, ["a", "b"]).replica
     assert t.load(home) == 1 and t.inflight() == 1
     t.finished(k.call_id)
     t.finished(k.call_id)  # twice is harmless
     assert t.load(home) == 0 and t.inflight() == 0
-    assert t.choose(key(digests=[3, 4]), ["a", "b"]).replica == home  # 0 - 0 <= 0: affinity kept
+    assert t.choose(key(opening=3), ["a", "b"]).replica == home  # 0 - 0 <= 0: its home again
 
 
 def test_choosing_again_for_the_same_call_replaces_the_first_choice():
     t = table()
-    k = key(digests=[5])
+    k = key(opening=5)
     t.choose(k, ["a", "b"])
     t.choose(k, ["a", "b"])  # Ray Serve retried the routing of this call
     assert t.inflight() == 1
 
 
-def test_routed_elsewhere_moves_load_pins_and_prefixes():
+def test_routed_elsewhere_moves_the_load_and_the_record():
     t = table(imbalance=100)
     k = key("s", digests=[1, 2])
     first = t.choose(k, ["a", "b"]).replica
     other = "b" if first == "a" else "a"
     t.routed(k.call_id, other)  # the first choice was full; Ray Serve took the next rank
     assert (t.load(first), t.load(other), t.pinned("s")) == (0, 1, other)
-    assert t.choose(key(digests=[1, 2, 3]), ["a", "b"]).replica == other
-
-
-def test_ranks_put_the_choice_first_then_the_others_by_load():
-    t = table(replicas=("a", "b", "c"))
-    t.choose(key(digests=[1]), ["b"])
-    t.choose(key(digests=[2]), ["b"])
-    t.choose(key(digests=[3]), ["c"])
-    decision = t.choose(key(digests=[1, 9]), ["a", "b", "c"])
-    assert decision.ranked == ("b", "a", "c")
 
 
 def test_round_robin_ignores_sessions_and_prefixes():
@@ -147,31 +137,31 @@ def test_round_robin_rotates_per_turn_in_arrival_order_whoever_sent_it_and_whate
     assert after == ["abc"[(start + 8 + i) % 3] for i in range(3)]
 
 
-def test_a_lost_replica_is_never_chosen_again_and_its_sessions_are_pinned_anew():
-    t = table()
-    home = t.choose(key("s", digests=[1]), ["a", "b"]).replica
-    other = "b" if home == "a" else "a"
+def test_a_lost_replica_is_never_chosen_again_and_its_keys_go_to_the_next_of_their_order():
+    t = table(replicas=("a", "b", "c"))
+    placement = "session:s"
+    home, second = rendezvous(placement, "abc")[:2]
+    assert t.choose(key("s"), "abc").replica == home
     t.replica_lost(home)
-    assert t.pinned("s") is None
     for _ in range(3):  # Ray Serve may still list it for a while
-        decision = t.choose(key("s", digests=[1, 2]), ["a", "b"])
-        assert decision.replica == other
-    assert t.pinned("s") == other and t.live() == (other,)
+        assert t.choose(key("s"), "abc").replica == second
+    assert home not in t.live()
     assert t.choose(key(), [home]) is None  # nothing usable: the caller waits for replicas
 
 
-def test_a_replaced_replica_drops_its_entries_and_the_new_one_takes_new_sessions():
-    t = table()
-    home = t.choose(key("s1", digests=[1]), ["a", "b"]).replica
-    other = "b" if home == "a" else "a"
-    t.replicas_changed([other, "c"])  # home is gone, c restarted in its place
-    assert t.pinned("s1") is None
-    assert [v.replica for v in t.snapshot()] == sorted([other, "c"])
-    assert t.choose(key("s2"), [other, "c"]).replica in (other, "c")
-    assert t.choose(key("s3"), [other, "c"]).replica != t.pinned("s2")  # one session each
+def test_a_replica_that_comes_back_gets_its_keys_back():
+    t = table(imbalance=100, replicas=("a", "b", "c"))
+    keys = [f"s{i}" for i in range(30)]
+    before = {k: t.choose(key(k), "abc").replica for k in keys}
+    t.replicas_changed(["a", "b"])
+    during = {k: t.choose(key(k), "ab").replica for k in keys}
+    t.replicas_changed(["a", "b", "c"])
+    after = {k: t.choose(key(k), "abc").replica for k in keys}
+    assert after == before
+    assert {k for k in keys if during[k] != before[k]} == {k for k in keys if before[k] == "c"}
 
 
-def test_prefix_blocks_and_pins_are_bounded():
+def test_records_are_bounded():
     t = table(max_prefix_blocks=3, max_pinned_sessions=2)
     for i in range(5):
         k = key(f"s{i}", digests=[10 * i, 10 * i + 1])
@@ -184,12 +174,44 @@ def test_prefix_blocks_and_pins_are_bounded():
 
 
 def test_snapshot_counts_turns_by_rule():
-    t = table()
-    k = key("s")
-    t.choose(k, ["a", "b"])
+    t = table(imbalance=0)
+    home = reference_home("session:s", "ab")
     t.choose(key("s"), ["a", "b"])
-    (view,) = [v for v in t.snapshot() if v.pinned_sessions]
-    assert view.routed == {"least_loaded": 1, "session": 1} and view.inflight == 2
+    t.choose(key("s"), ["a", "b"], {home: 0})  # home answered 0: still home
+    views = {v.replica: v for v in t.snapshot()}
+    assert views[home].routed == {"session": 2} and views[home].inflight == 2
+
+
+replica_names = st.sets(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=8)
+placements = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=40, unique=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(replica_names, placements, st.text("abcdefgh", min_size=4, max_size=4))
+def test_rendezvous_matches_the_reference_and_a_join_or_leave_moves_only_that_replicas_keys(replicas, keys, newcomer):
+    replicas = sorted(replicas)
+    homes = {k: rendezvous(k, replicas)[0] for k in keys}
+    assert homes == {k: reference_home(k, replicas) for k in keys}
+    if newcomer not in replicas:  # a replica joins: a key moves only if the newcomer is its new home
+        joined = {k: reference_home(k, [*replicas, newcomer]) for k in keys}
+        assert all(joined[k] in (homes[k], newcomer) for k in keys)
+        assert {k for k in keys if joined[k] == newcomer} == {k for k in keys if joined[k] != homes[k]}
+    if len(replicas) > 1:  # a replica leaves: only its keys move, each to the next of its order
+        gone = replicas[len(keys) % len(replicas)]
+        left = [r for r in replicas if r != gone]
+        for k in keys:
+            after = rendezvous(k, left)[0]
+            assert after == (homes[k] if homes[k] != gone else rendezvous(k, replicas)[1])
+
+
+@settings(max_examples=100, deadline=None)
+@given(replica_names, placements)
+def test_the_table_places_every_key_at_its_rendezvous_home_when_loads_are_even(replicas, keys):
+    replicas = sorted(replicas)
+    t = table(imbalance=0, replicas=replicas)
+    for k in keys:
+        decision = t.choose(key(k), replicas, dict.fromkeys(replicas, 0))
+        assert (decision.replica, decision.rule) == (reference_home("session:" + k, replicas), Rule.SESSION)
 
 
 operations = st.lists(
@@ -211,16 +233,19 @@ def test_invariants_hold_under_any_sequence(ops, mode, imbalance):
     previous: tuple[str, frozenset] | None = None  # round robin: the last turn's replica, and the replicas lost then
     for op, arg, digests in ops:
         if op == "turn":
-            pinned = t.pinned(arg) if arg else None
-            k = key(arg, digests)
+            k = key(arg, digests, digests[0] if digests else None)
             decision = t.choose(k, ["a", "b", "c"])
             if decision is None:
                 assert lost == {"a", "b", "c"}
                 continue
             assert decision.replica not in lost
             assert sorted(decision.ranked) == sorted(set("abc") - lost)
-            if mode == "prefix" and pinned is not None:
-                assert decision.replica == pinned and decision.rule is Rule.SESSION
+            if mode == "prefix" and k.placement is not None:  # the first of the key's order within the threshold
+                usable = sorted(set("abc") - lost)
+                loads = {r: t.load(r) - (r == decision.replica) for r in usable}  # as they were before this turn
+                low = min(loads.values())
+                expected = next(r for r in rendezvous(k.placement, usable) if loads[r] - low <= imbalance)
+                assert decision.replica == expected
             if mode == "round_robin" and previous is not None and previous[1] == lost:  # the next one in rotation
                 usable = sorted(set("abc") - lost)
                 assert decision.replica == usable[(usable.index(previous[0]) + 1) % len(usable)]
@@ -233,6 +258,5 @@ def test_invariants_hold_under_any_sequence(ops, mode, imbalance):
         elif op == "lose":
             t.replica_lost(arg)
             lost.add(arg)
-            assert all(t.pinned(s) != arg for s in ("s1", "s2", "s3"))
         for replica in "abc":
             assert t.load(replica) == sum(r == replica for r in outstanding.values())

@@ -220,3 +220,25 @@ def test_the_worker_tells_the_cache_when_it_computes_so_that_disk_writes_wait_be
         assert done.finish_reason in ("stop", "length") and calls == [False, True, False]  # told once per change
     finally:
         eng.close()
+
+
+def test_a_turn_that_asks_reports_its_prompts_usage_once_before_its_first_token(engine):
+    """``report_prefill``: a PrefillPlanned once the prompt is looked up and its prefill begun, before any Delta, its
+    prompt and cached tokens as the Done says them; without it, none (every other consumer sees Delta ... Done)."""
+    from dataclasses import replace
+
+    from chat.engine.events import PrefillPlanned
+
+    async def events(request: TurnRequest) -> list:
+        return [event async for event in engine.generate(request)]
+
+    plain = ask("short reply please " * 30)
+    asked = replace(plain, report_prefill=True)
+    for request in (asked, asked):  # cold, then from the cache
+        got = asyncio.run(events(request))
+        planned = [i for i, e in enumerate(got) if isinstance(e, PrefillPlanned)]
+        assert planned == [0] and isinstance(got[1], Delta) and isinstance(got[-1], Done)
+        done = got[-1]
+        assert got[0].usage == replace(done.usage, completion_tokens=0)
+    assert got[0].usage.cached_tokens > 0  # the second read its prompt from the cache
+    assert not any(isinstance(e, PrefillPlanned) for e in asyncio.run(events(plain)))

@@ -401,13 +401,52 @@ def test_a_claude_code_shaped_session_streams_and_its_second_step_reads_the_pref
 
 def test_a_ping_goes_out_while_a_long_prefill_runs(monkeypatch):
     monkeypatch.setattr(anthropic_api, "KEEPALIVE_S", 0.05)
-    engine, srv = make_server(runtime=FakeRuntime(script=script, delay_s=0.4))
+    from cache import PrefixCache
+    from chat.engine.engine import Engine
+    from chat.engine.scheduler import BatchSettings
+    from chat.server.app import create_app
+    from chat.server.runner import BackgroundServer
+    from chat.server.settings import ServerSettings
+
+    runtime = FakeRuntime(script=script, delay_s=0.2)
+    engine = Engine(runtime, cache=PrefixCache(), batch=BatchSettings(token_budget=16))  # 16-token prefill chunks
+    srv = BackgroundServer(create_app(engine, ServerSettings(), model_name="fake"))
     with srv:
-        body = {"model": "fake", "max_tokens": 5, "messages": USER, "stream": True}
+        long = [{"role": "user", "content": "Say hello. " * 12}]  # ~9 chunks of prefill
+        body = {"model": "fake", "max_tokens": 5, "messages": long, "stream": True}
         events = _events(httpx.post(f"{srv.url}/v1/messages", json=body, timeout=30))
     engine.close()
     kinds = [e["type"] for e in events]
-    assert kinds[0] == "message_start" and kinds[1] == "ping" and kinds[-1] == "message_stop"
+    # message_start waits for the prompt's usage (the first prefill chunk): the pings of that wait come before it;
+    # then pings go on while the rest of the prompt is computed, until the first block
+    assert kinds[0] == "ping" and kinds[-1] == "message_stop"
+    start, first_block = kinds.index("message_start"), kinds.index("content_block_start")
+    assert set(kinds[:start]) == {"ping"} and set(kinds[start + 1 : first_block]) == {"ping"}
+    assert first_block > start + 1
+    assert events[start]["message"]["usage"]["input_tokens"] > 0
+
+
+def test_message_start_carries_the_prompts_usage_as_the_end_reports_it(fake):
+    """Anthropic's clients read input and cache usage from message_start: it says what message_delta says of the
+    prompt (read from the cache, written up to the breakpoint, the rest), before the first token."""
+    srv, _ = fake
+    system = [{"type": "text", "text": "You are terse. " * 20, "cache_control": {"type": "ephemeral"}}]
+    messages = [{"role": "user", "content": "Say hello to message_start."}]
+    body = {"model": "fake", "max_tokens": 20, "system": system, "messages": messages, "stream": True}
+    keys = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "cache_creation")
+    seen = []
+    for _ in range(2):  # cold (written up to the breakpoint), then read from the cache
+        events = _events(httpx.post(f"{srv.url}/v1/messages", json=body, timeout=30))
+        start = events[0]["message"]["usage"]
+        end = events[-2]["usage"]
+        assert events[0]["type"] == "message_start" and events[-2]["type"] == "message_delta"
+        assert {k: start[k] for k in keys} == {k: end[k] for k in keys}
+        assert start["output_tokens"] == 0 and end["output_tokens"] > 0
+        assert start["turncache"].get("cache_miss_reason") == end["turncache"].get("cache_miss_reason")
+        seen.append(start)
+    first, second = seen  # the first may read a template header other tests stored
+    assert first["cache_creation_input_tokens"] > 100 and second["cache_creation_input_tokens"] == 0
+    assert second["cache_read_input_tokens"] >= first["cache_read_input_tokens"] + first["cache_creation_input_tokens"]
 
 
 def _png() -> str:
@@ -466,3 +505,82 @@ def test_a_tenant_over_its_rate_is_refused_with_429_rate_limit_error():
             client.messages.create(model="fake", max_tokens=5, messages=USER)
     engine.close()
     assert caught.value.body["error"]["type"] == "rate_limit_error" and caught.value.response.headers["retry-after"]
+
+
+def test_served_model_aliases_let_claude_codes_model_names_through_and_nothing_else():
+    """``--served-model-alias``: Claude Code's main and small/fast model names reach the model served through a
+    glob; an exact alias works on every route; any other name stays a 404; an alias that accepts every name is
+    refused at start."""
+    from pydantic import ValidationError
+
+    from chat.server.settings import ServerSettings
+
+    engine, srv = make_server(runtime=FakeRuntime(script=script), served_model_aliases=["claude-*", "gpt-4o"])
+    with srv:
+        client = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+        for name in ("claude-sonnet-4-5-20250929", "claude-haiku-4-5-20251001"):
+            reply = client.messages.create(model=name, max_tokens=5, messages=USER)
+            assert reply.model == name and reply.content[0].text  # the name asked for, as Anthropic echoes it
+            assert client.messages.count_tokens(model=name, messages=USER).input_tokens > 0
+        chat = {"model": "gpt-4o", "messages": USER, "max_tokens": 3}
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=chat, timeout=30)
+        assert r.status_code == 200 and r.json()["model"] == "fake"
+        for name in ("claude", "Claude-3", "gpt-4o-mini", "other"):
+            with pytest.raises(anthropic.NotFoundError):
+                client.messages.create(model=name, max_tokens=5, messages=USER)
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json={**chat, "model": "gpt-4"}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    engine.close()
+    for everything in ("*", "**", "?*", " claude-*"):
+        with pytest.raises(ValidationError):
+            ServerSettings(served_model_aliases=[everything])
+
+
+def test_claude_codes_mid_conversation_system_message_and_effort_are_taken(fake):
+    """Claude Code 2.1.197 sends a ``system`` message inside ``messages`` (its mid-conversation-system beta) and
+    ``output_config: {"effort": "high"}`` on its first request: the system message renders where it stands (a
+    breakpoint on it counts), effort is accepted and said not applied; anything but text in such a message is
+    refused naming the field. Its tools' descriptions run to 18,780 characters."""
+    _, client = fake
+    note = "Available agent types for the Agent tool: none."
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "say hi", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": note},
+    ]
+    effort = {"output_config": {"effort": "high"}}
+    body = {"model": "fake", "max_tokens": 10, "messages": messages, "extra_body": effort}
+    reply = client.messages.create(**body)
+    assert reply.usage.turncache["effort"] == "not_applied"
+    without = client.messages.count_tokens(model="fake", messages=messages[:1])
+    counted = client.messages.count_tokens(model="fake", messages=messages)
+    assert counted.input_tokens > without.input_tokens + len(note) // 2  # the system message is in the prompt
+    blocks = [{"role": "system", "content": [{"type": "text", "text": note, "cache_control": {"type": "ephemeral"}}]}]
+    marked = client.messages.create(model="fake", max_tokens=10, messages=[*messages[:1], *blocks])
+    assert marked.usage.cache_creation_input_tokens + marked.usage.cache_read_input_tokens >= counted.input_tokens - 8
+    image = [{"role": "system", "content": [{"type": "image", "source": {"type": "url", "url": "data:,"}}]}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(model="fake", max_tokens=10, messages=[*messages[:1], *image])
+    assert "messages.1.content.0" in caught.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(**{**body, "extra_body": {"output_config": {"format": {"type": "json_schema"}}}})
+    assert "output_config.format.schema" in caught.value.body["error"]["message"]  # a format without its schema
+    workflow = [{**TOOLS[0], "description": "w" * 18_780}]  # its Workflow tool's description is this long
+    assert client.messages.count_tokens(model="fake", tools=workflow, messages=USER).input_tokens > 18_780
+
+
+def test_output_config_format_constrains_the_reply_to_its_schema(fake):
+    """Claude Code asks for a session title with ``output_config.format`` (a JSON schema, no tools): the reply's
+    text matches the schema (constrained decoding, as OpenAI's response_format json_schema)."""
+    _, client = fake
+    schema = {
+        "type": "object",
+        "properties": {"title": {"type": "string"}},
+        "required": ["title"],
+        "additionalProperties": False,
+    }
+    config = {"output_config": {"format": {"type": "json_schema", "schema": schema}, "effort": "high"}}
+    reply = client.messages.create(model="fake", max_tokens=60, messages=USER, extra_body=config)
+    text = reply.content[0].text  # the fake's text forced into the schema (it may run to max_tokens inside the string)
+    assert reply.content[0].type == "text" and text.replace(" ", "").startswith('{"title":"')
+    free = client.messages.create(model="fake", max_tokens=60, messages=USER)
+    assert free.content[0].text == "Hello there."  # what the fake writes unconstrained

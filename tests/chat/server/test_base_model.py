@@ -120,6 +120,22 @@ def test_chat_routes_and_responses_answer_no_chat_template(base):
     assert post(srv, "/v1/completions", {"prompt": TEXT, "max_tokens": 1}).status_code == 200
 
 
+def test_anthropic_messages_and_count_tokens_answer_no_chat_template_in_anthropics_shape(base):
+    srv, _ = base
+    body = {"model": "tiny-base", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    for path, request in (
+        ("/v1/messages", body),
+        ("/v1/messages", {**body, "stream": True}),
+        ("/v1/messages/count_tokens", {"model": "tiny-base", "messages": body["messages"]}),
+    ):
+        r = post(srv, path, request)
+        assert r.status_code == 400, (path, r.text)
+        answer = r.json()
+        assert answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error", answer
+        assert "--chat-template" in answer["error"]["message"], answer
+    assert post(srv, "/v1/completions", {"prompt": TEXT, "max_tokens": 1}).status_code == 200
+
+
 def test_a_websocket_turn_gets_a_typed_error_and_the_session_is_untouched(base):
     srv, _ = base
     url = srv.url.replace("http://", "ws://") + "/v1/ws"

@@ -6,6 +6,7 @@ import orjson
 from chat.engine.events import Delta
 from chat.server.reply.choices import run_turn_batches
 from chat.server.surfaces.openai_api import ChunkEncoder
+from chat.server.surfaces.openai_types import ChunkLogprobs, ContentDelta, ReasoningDelta, TokenLogprob, TopLogprob
 from chat.server.transport.relay import LoopRelay, relay_for
 
 
@@ -99,6 +100,10 @@ def test_events_that_arrive_while_the_consumer_is_busy_come_as_one_batch():
 def test_a_content_chunk_encoded_from_its_template_is_the_generic_chunk():
     encoder = ChunkEncoder("chatcmpl-x", 123, 'm"odel')
     for text in ("plain", 'quote " and \\ and \n', "ünï ✓ \u2028", ""):
-        fast, generic = encoder.content(3, text), encoder.chunk(3, {"content": text})
+        fast, generic = encoder.content(3, text), encoder.whole(3, ContentDelta(content=text))
         assert fast.startswith(b"data: ") and fast.endswith(b"\n\n")
-        assert orjson.loads(fast[6:]) == orjson.loads(generic[6:])
+        assert fast == generic and orjson.loads(fast[6:])["choices"][0]["delta"] == {"content": text}
+        top = [TopLogprob(token=text, logprob=-1.0, bytes=[1])]
+        logprobs = ChunkLogprobs(content=[TokenLogprob(token=text, logprob=-0.5, bytes=[1], top_logprobs=top)])
+        for delta, lp in ((ReasoningDelta(reasoning_content=text), None), (ContentDelta(content=text), logprobs)):
+            assert encoder.encoded(3, delta, lp) == encoder.whole(3, delta, lp)

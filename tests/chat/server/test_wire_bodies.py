@@ -1,0 +1,138 @@
+"""The bytes each OpenAI surface writes, pinned: a representative whole and streamed body of chat completions
+(text, log-probabilities, tool calls, thinking, n=2), legacy completions (echo with log-probabilities, two prompts)
+and responses (text, a function call), compared with files under ``data/wire`` (ids, times and timings' figures
+normalized). The typed wire models must write exactly these bytes. ``TURNCACHE_UPDATE_WIRE=1`` rewrites the files
+(then read the diff)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from chat.engine.reasoning import Markers
+from tests.chat.engine.fakes import FakeRuntime
+from tests.chat.server.conftest import make_server
+
+DATA = Path(__file__).parent / "data" / "wire"
+CALL = '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}}]}'
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+IDS = re.compile(r"\b(chatcmpl-|cmpl-|resp_|msg_|rs_|fc_|call_)[0-9a-f]{16,32}\b")
+TIMES = re.compile(r'("created(?:_at)?": ?)\d+')
+TIMINGS = re.compile(r'"timings": ?\{[^}]*\}')
+
+
+def _text(prompt) -> str:
+    return bytes(t for t in prompt if t < 256).decode(errors="ignore")
+
+
+def script(prompt) -> str:
+    text = _text(prompt)
+    if "weather" in text.lower():
+        return CALL
+    if "think" in text:
+        return "<think>\nTwo and two.\n</think>\n\nFour, caf\u00e9."
+    return "Hello there, caf\u00e9 \u2603."
+
+
+class ThinkingFake(FakeRuntime):
+    reasoning = Markers()
+
+    def render_prompt(self, messages, template_kwargs=None):
+        return super().render_prompt(messages)
+
+
+@pytest.fixture(scope="module")
+def urls():
+    # no prefix cache: usage is the same whichever tests ran before
+    engine, srv = make_server(prefix_cache=False, runtime=FakeRuntime(script=script))
+    thinker, tsrv = make_server(prefix_cache=False, runtime=ThinkingFake(script=script))
+    with srv, tsrv:
+        yield srv.url, tsrv.url
+    engine.close()
+    thinker.close()
+
+
+def normalized(body: str) -> str:
+    seen: dict[str, str] = {}
+
+    def ident(match: re.Match) -> str:
+        return seen.setdefault(match.group(0), f"{match.group(1)}ID{len(seen) + 1}")
+
+    body = IDS.sub(ident, body)
+    body = TIMES.sub(lambda m: m.group(1) + "0", body)
+    return TIMINGS.sub(lambda m: re.sub(r"\d+(\.\d+)?", "N", m.group(0)), body)
+
+
+def pinned(name: str, body: str) -> None:
+    path = DATA / f"{name}.txt"
+    got = normalized(body)
+    if os.environ.get("TURNCACHE_UPDATE_WIRE"):
+        path.write_text(got)
+    assert got == path.read_text()
+
+
+USER = [{"role": "user", "content": "hi"}]
+CASES = {
+    "chat_text": ("/v1/chat/completions", {"messages": USER, "max_tokens": 20}),
+    "chat_logprobs": ("/v1/chat/completions", {"messages": USER, "max_tokens": 4, "logprobs": True, "top_logprobs": 2}),
+    "chat_tools": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "weather in Oslo?"}], "tools": TOOLS, "max_tokens": 80},
+    ),
+    "chat_n2": ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "n": 2}),
+    "completions_echo": (
+        "/v1/completions",
+        {"prompt": ["hi", "yo"], "max_tokens": 3, "echo": True, "logprobs": 1},
+    ),
+    "completions_text": ("/v1/completions", {"prompt": "hi", "max_tokens": 30}),
+    "responses_text": ("/v1/responses", {"input": "hi", "max_output_tokens": 30, "store": False}),
+    "responses_tools": (
+        "/v1/responses",
+        {
+            "input": "weather in Oslo?",
+            "tools": [{"type": "function", **TOOLS[0]["function"]}],
+            "max_output_tokens": 80,
+            "store": False,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_surface_writes_the_bytes_it_wrote_before(urls, case, stream):
+    path, body = CASES[case]
+    r = httpx.post(f"{urls[0]}{path}", json={**body, "model": "fake", "stream": stream}, timeout=30)
+    assert r.status_code == 200
+    pinned(f"{case}_{'stream' if stream else 'whole'}", r.text)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_thinking_reply_writes_the_bytes_it_wrote_before(urls, stream):
+    messages = [{"role": "user", "content": "think"}]
+    body = {"model": "fake", "messages": messages, "max_tokens": 60, "stream": stream}
+    r = httpx.post(f"{urls[1]}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200
+    pinned(f"chat_thinking_{'stream' if stream else 'whole'}", r.text)
+
+
+def test_a_completion_chunk_written_into_its_template_is_the_chunk_encoded_whole():
+    from chat.server.surfaces.completions_types import ChunkTemplate, CompletionLogprobs
+
+    template = ChunkTemplate("cmpl-x", 123, 'm"odel')
+    table = CompletionLogprobs(tokens=["a"], token_logprobs=[None], top_logprobs=[{"a": -0.5}], text_offset=[0])
+    for text in ("plain", 'quote " and \\ and \n', "ünï ✓ \u2028", ""):
+        for logprobs in (None, table):
+            assert template.text(3, text, logprobs) == template.whole(3, text, logprobs)
