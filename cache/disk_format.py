@@ -54,9 +54,15 @@ class DiskFormatError(Exception):
 
 
 def namespace_digest(namespace: Namespace) -> str:
-    """A one-way digest of (model fingerprint, dtype, salt): what files store instead of the namespace."""
-    text = f"turncache-namespace\0{namespace.model}\0{namespace.dtype}\0{namespace.salt}".encode()
-    return hashlib.blake2b(text, digest_size=16).hexdigest()
+    """A one-way digest of (model fingerprint, dtype, salt, tagged components): what files store instead of the
+    namespace. A namespace without components hashes as it did before components existed; one with them hashes a
+    JSON array of every field under another prefix, so that no salt can spell a component (nor the reverse)."""
+    if not namespace.components:
+        text = f"turncache-namespace\0{namespace.model}\0{namespace.dtype}\0{namespace.salt}"
+    else:
+        fields = [namespace.model, namespace.dtype, namespace.salt, [list(pair) for pair in namespace.components]]
+        text = "turncache-namespace-2" + json.dumps(fields)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def layout_digest(layers: Sequence[LayerState]) -> str:

@@ -24,6 +24,8 @@ def _settings(args: argparse.Namespace):
         "dtype": args.dtype,
         "weights": args.weights,
         "kv_dtype": args.kv_dtype,
+        "lora": args.lora or None,
+        "max_loras": args.max_loras,
         "chat_template": args.chat_template,
         "max_batch": args.max_batch,
         "threads": args.threads,
@@ -76,6 +78,7 @@ REPEATED_FLAGS = {  # list settings' flags
     "media_url_hosts": "media-url-host",
     "served_model_aliases": "served-model-alias",
     "volatile_lines": "volatile-line",
+    "lora": "lora",
 }
 
 
@@ -379,6 +382,12 @@ def _bench_tenants(args: argparse.Namespace) -> int:
     )
 
 
+def _bench_lora(args: argparse.Namespace) -> int:
+    from chat.tools.bench.lora_bench import main
+
+    return main(as_json=args.json, model=args.model, sessions=args.sessions, rounds=args.rounds)
+
+
 def _bench_all(args: argparse.Namespace) -> int:
     from chat.tools.bench.suite import main
 
@@ -401,6 +410,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (8000)")
     _model_flags(serve, defaults=False)
+    adapters = serve.add_argument_group(
+        "LoRA adapters",
+        "fine-tunes of the model served beside it: a request's model: NAME selects one (docs/openai.md); admin keys "
+        "load and unload them at run time with POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's)",
+    )
+    adapters.add_argument(
+        "--lora",
+        action="append",
+        metavar="NAME=PATH[:SCALE]",
+        help="load an adapter at start (repeat): a PEFT adapter directory (adapter_config.json + "
+        "adapter_model.safetensors) or a llama.cpp GGUF LoRA file; SCALE multiplies its update (1)",
+    )
+    adapters.add_argument(
+        "--max-loras",
+        type=int,
+        metavar="N",
+        help="adapters kept in computing form at once; more wait on the host and are swapped in (4)",
+    )
     serve.add_argument("--max-batch", type=int, help="most turns in one batched forward (32)")
     serve.add_argument("--threads", type=int, help="torch threads of the engine (the number of CPU cores)")
     serve.add_argument("--token-budget", type=int, help="most tokens in one batched forward (256)")
@@ -773,6 +800,17 @@ def build_parser() -> argparse.ArgumentParser:
         "and the engine) instead of a process of their own",
     )
     http.set_defaults(run=_bench_http)
+    lora = bench_sub.add_parser(
+        "lora",
+        help="8 multi-turn chat sessions spread over 4 LoRA adapters (made with peft for the model's config) and the "
+        "base in one engine, against the same sessions on the base alone: tokens/s ratio, cached ratio per adapter, "
+        "cross-adapter cache hits",
+    )
+    lora.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    lora.add_argument("--model", default="smollm2", help=BENCH_MODEL_HELP)
+    lora.add_argument("--sessions", type=_positive_int, default=None, help="concurrent sessions (8)")
+    lora.add_argument("--rounds", type=_positive_int, default=None, help="rounds of both phases, alternating (2)")
+    lora.set_defaults(run=_bench_lora)
     chat_bench = bench_sub.add_parser(
         "chat",
         help="N conversations x 4 turns (~40-word messages, 64-token greedy replies) with the server's default "

@@ -181,6 +181,15 @@ class Speculation:
         self.length.update(drafted, kept)
 
 
+def turn_namespace(runtime: ModelRuntime, request: TurnRequest) -> Namespace:
+    """The cache namespace of a turn: the model's fingerprint and K/V dtype, the tenant's salt, and, under a LoRA
+    adapter, its tagged component ``("lora", digest of its weights and scale)`` (never its name)."""
+    namespace = Namespace(runtime.fingerprint, runtime.dtype, request.salt)
+    if request.adapter is not None:
+        namespace = namespace.with_component(*request.adapter.namespace_component)
+    return namespace
+
+
 class Turn:
     """One reply to one request. Not thread-safe: one scheduler thread drives it (``cancel`` may come from any)."""
 
@@ -201,7 +210,7 @@ class Turn:
         self.request = request
         self.volatile = volatile  # lines dropped from the rendered prompt (or only recognised, to name a miss)
         self.messages = request.messages  # what is rendered: the request's, without volatile lines (set at begin)
-        self.namespace = Namespace(runtime.fingerprint, runtime.dtype, request.salt)
+        self.namespace = turn_namespace(runtime, request)
         self.phase = Phase.NEW
         self.prompt: list[int] = []  # rendered prompt tokens
         self.media: tuple[MediaSpan, ...] = ()  # media items of the prompt
@@ -297,7 +306,7 @@ class Turn:
             self._restore()
         self._miss = self._miss_reason()  # before this turn stores anything
         try:
-            self._run = rt.new_run(self._lease, rendered)
+            self._run = rt.new_run(self._lease, rendered, **self._adapter_arg())
         except BaseException:
             self._release()
             raise
@@ -405,7 +414,7 @@ class Turn:
         except LeaseError:
             return False
         try:
-            run = self.runtime.new_run(lease, self._rendered)
+            run = self.runtime.new_run(lease, self._rendered, **self._adapter_arg())
         except Exception:
             _log.warning(
                 "a turn could not restore the prefix a turn in flight stored; it computes it itself", exc_info=True
@@ -419,6 +428,10 @@ class Turn:
         self._stops_at = self._prefill_stops()
         self._miss = self._miss_reason()
         return True
+
+    def _adapter_arg(self) -> dict:
+        """``new_run``'s keyword for the turn's LoRA adapter (none for the base: runtimes without adapters)."""
+        return {} if self.request.adapter is None else {"adapter": self.request.adapter}
 
     def _prefill_stops(self) -> list[int]:
         """Where prefill stops: the end of the prompt; on models with recurrent layers also the end of the system

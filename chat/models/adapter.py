@@ -63,6 +63,7 @@ class RunState:
     # recurrent states recorded by this run
     broken: bool = False  # a forward failed half-way: the state is inconsistent
     media: Any = None  # multimodal adapters: the prompt's media items and position plan (chat.models.multimodal)
+    lora: Any = None  # DecoderAdapter: the chat.models.lora.LoraAdapter the run computes under (None: the base)
 
 
 class ModelAdapter:

@@ -421,6 +421,7 @@ class Decoder(nn.Module):
         self.device = weights["norm"].device  # where it computes
         self.head = matrices["head"]  # [vocab, hidden]
         self.rotary = Rotary(args, device=self.device)
+        self.smoothing: dict[str, torch.Tensor] = {}  # int8: matrix -> the factor its input was divided by
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed
@@ -573,6 +574,7 @@ def build_decoder(
     args = decoder_args(config)
     named = canonical_weights(state, args)
     named["embed"] = named["embed"].float()  # activations are float32 whatever the weights (a copy if bfloat16)
+    smoothing: dict[str, torch.Tensor] = {}
     if hasattr(fmt, "from_layers"):
         if layers is None:
             raise ValueError(f"the {weights} format is built from the checkpoint's modules: pass layers")
@@ -582,7 +584,7 @@ def build_decoder(
             from chat.models.smoothing import smooth_decoder
 
             draft = Decoder(args, named, _matrices(named, args, _float32, time_blas=False), config)
-            named = smooth_decoder(draft, named, calibration)
+            named = smooth_decoder(draft, named, calibration, factors=smoothing)
         maker = _maker(fmt)
         matrices = _matrices(named, args, maker, time_blas=time_blas and weights == "float32")
     if weights != "float32":  # only the format's copies stay: the float tensors go
@@ -594,7 +596,9 @@ def build_decoder(
             shared = tied and isinstance(head, BlockMatrix) and head.packed is not None and head.columns is None
             named["embed"] = BlockEmbedding(head if shared else embedding)  # the lookups read the file's blocks
         named = {name: _own(t) for name, t in named.items() if name in _KEPT or _kept(name)}
-    return Decoder(args, named, matrices, config)
+    decoder = Decoder(args, named, matrices, config)
+    decoder.smoothing = smoothing  # a LoRA adapter's products take the same factors (chat.models.lora)
+    return decoder
 
 
 def linear_modules(model: nn.Module, args: DecoderArgs) -> dict[str, list[nn.Module]]:

@@ -18,6 +18,7 @@ from chat.models.adapter import DEFAULT_ROTATING_MARGIN, ModelAdapter, RunState
 from chat.models.decoder import Decoder
 from chat.models.errors import RunStateError
 from chat.models.kv_rows import AttentionRows, drop_last_of_run
+from chat.models.lora import AdapterBank, LoraAdapter
 
 _log = logging.getLogger(__name__)
 
@@ -56,11 +57,17 @@ class DecoderAdapter(ModelAdapter):
         self._margin = rotating_margin  # rows kept beyond W - 1 in sliding layers: rewinds of up to this many
         if self.device.type == "cpu":
             native.kernels()  # built (once per machine) or loaded now, at load time, rather than by the first request
+        self.adapters = AdapterBank(  # LoRA adapters by name (chat.models.lora); int8 products for exact formats
+            decoder, self.device, int8=weights not in ("float32", "bfloat16")
+        )
 
     # ================================================================ runs
 
-    def new_run(self, lease: Lease | None = None, prompt: Any = None) -> RunState:
-        """A run that is empty, or holds ``lease``'s state at ``lease.length`` (``prompt`` is not needed).
+    def new_run(
+        self, lease: Lease | None = None, prompt: Any = None, *, adapter: LoraAdapter | None = None
+    ) -> RunState:
+        """A run that is empty, or holds ``lease``'s state at ``lease.length`` (``prompt`` is not needed), computed
+        under the LoRA ``adapter`` (None: the base model). The lease must come from the adapter's namespace.
 
         Attention K/V are adopted by reference; the run copies them only if it must append where another run
         already did (see :mod:`chat.models.kv_rows`). Keep the lease until the run is closed.
@@ -73,7 +80,9 @@ class DecoderAdapter(ModelAdapter):
             AttentionRows(w, 0 if w is None else w - 1 + self._margin, self.context_window, self._rows_dtype)
             for w in windows
         ]
-        run = RunState(owner=id(self), state=rows, length=0)
+        if adapter is not None and not isinstance(adapter, LoraAdapter):
+            raise RunStateError(f"expected a LoraAdapter, got {type(adapter).__name__}")
+        run = RunState(owner=id(self), state=rows, length=0, lora=adapter)
         if lease is None:
             return run
         if len(lease.layers) != len(rows):
@@ -118,11 +127,40 @@ class DecoderAdapter(ModelAdapter):
             ready.append((i, run, ids, feed.logits))
         if len({id(run) for _, run, _, _ in ready}) != len(ready):
             raise RunStateError("a run appears twice in one batch")
+        for part in self._by_residency(ready):  # one forward unless more adapters than --max-loras take part
+            self._forward_ready(part, outcomes, interrupt)
+            interrupt = None  # a forward done is kept: later parts run to the end
+        return outcomes
+
+    def _by_residency(self, ready: list) -> list[list]:
+        """``ready`` cut into parts of at most ``max_loras`` adapters each (base rows go with the first part)."""
+        most = max(1, self.adapters.max_loras)
+        parts: list[list] = [[]]
+        held: list[set[str]] = [set()]  # the adapters of each part
+        for item in ready:
+            lora, where = item[1].lora, 0
+            if lora is not None:
+                found = [i for i, ids in enumerate(held) if lora.identity in ids]
+                room = [i for i, ids in enumerate(held) if len(ids) < most]
+                if found or room:
+                    where = (found or room)[0]
+                else:
+                    parts.append([])
+                    held.append(set())
+                    where = len(parts) - 1
+                held[where].add(lora.identity)
+            parts[where].append(item)
+        return [p for p in parts if p]
+
+    def _forward_ready(
+        self, ready: list, outcomes: list[torch.Tensor | Exception | None], interrupt: Callable[[], bool] | None
+    ) -> None:
+        """Compute the ``ready`` feeds in one forward (each alone if that fails), their results into ``outcomes``."""
         if len(ready) > 1:
             try:
                 for (i, _, _, _), logits in zip(ready, self._forward(ready, interrupt), strict=True):
                     outcomes[i] = logits
-                return outcomes
+                return
             except StepInterrupted:  # rolled back: nothing was computed, nothing failed
                 raise
             except Exception as exc:  # rolled back: each feed runs alone below; only those that fail alone get one
@@ -136,7 +174,6 @@ class DecoderAdapter(ModelAdapter):
             except Exception as exc:
                 item[1].broken = True
                 outcomes[item[0]] = exc
-        return outcomes
 
     @property
     def can_rewind(self) -> bool:
@@ -187,6 +224,7 @@ class DecoderAdapter(ModelAdapter):
         points = [[r.checkpoint() for r in run.state] for _, run, _, _ in items]
         try:
             with torch.inference_mode():
+                self.adapters.begin(self._lora_rows(items, step))
                 kernel = attention.kernel_for(self.device, self._rows_dtype)
                 logits = self._model(input_ids=step.tokens, step=step, kernel=kernel, interrupt=interrupt)
         except BaseException:
@@ -194,6 +232,8 @@ class DecoderAdapter(ModelAdapter):
                 for rows, point in zip(run.state, run_points, strict=True):
                     rows.rollback(point)
             raise
+        finally:
+            self.adapters.end()
         out: list[torch.Tensor | None] = []
         at = 0
         for _, run, ids, n in items:
@@ -201,3 +241,10 @@ class DecoderAdapter(ModelAdapter):
             out.append(logits[at : at + n] if n else None)
             at += n
         return out
+
+    def _lora_rows(self, items: Sequence[tuple[int, RunState, list[int], int]], step: Any) -> list:
+        """The adapter of each token row of the step (None: the base model)."""
+        rows: list[LoraAdapter | None] = []
+        for (_, run, _, _), seq in zip(items, step.seqs, strict=True):
+            rows.extend([run.lora] * (seq.end - seq.start))
+        return rows

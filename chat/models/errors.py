@@ -5,8 +5,12 @@
     ├── UnsupportedArchitectureError   a model family this adapter refuses (``.architecture`` names it)
     ├── InvalidSettingError            a setting out of range (``.field`` names it, e.g. "dtype")
     ├── ModelLoadError                 a model directory or the built-in weights could not be read or converted
-    │   └── ModelFileError             a model file (GGUF) that is missing, not GGUF, truncated or corrupt, or holds
-    │                                  tensor types that cannot be read (``.path``)
+    │   ├── ModelFileError             a model file (GGUF) that is missing, not GGUF, truncated or corrupt, or holds
+    │   │                              tensor types that cannot be read (``.path``)
+    │   └── AdapterFileError           a LoRA adapter path that is missing, unreadable, corrupt, or holds settings
+    │                                  or modules that are not served (``.path``)
+    ├── AdapterMismatchError           a LoRA adapter whose layers or shapes do not fit the base model (``.module``)
+    ├── UnknownAdapterError            no adapter is loaded under that name (``.name``)
     └── RunStateError                  a run or lease that does not fit this model (wrong layout, nothing to export)
 
 All derive from ``ValueError`` too, except :class:`ModelLoadError` (an environment problem or a bad file) and
@@ -83,3 +87,32 @@ class RunStateError(ModelError, RuntimeError):
     """A run or a lease was used with a model it does not belong to, or in a state that cannot serve the call."""
 
     code = "run_state"
+
+
+class AdapterFileError(ModelFileError):
+    """A LoRA adapter (PEFT directory or GGUF LoRA file) cannot be read or holds what is not served."""
+
+    code = "adapter_file_invalid"
+
+
+class AdapterMismatchError(ModelError, ValueError):
+    """A LoRA adapter does not fit the base model: a layer it changes is not there, or has other shapes."""
+
+    code = "adapter_mismatch"
+
+    def __init__(self, module: str, problem: str) -> None:
+        self.module = module  # the adapter's module (our name, e.g. "layers.3.q") that does not fit
+        super().__init__(f"the adapter's module {module}: {problem}")
+
+
+class UnknownAdapterError(ModelError, KeyError):
+    """No LoRA adapter is loaded under the name asked for."""
+
+    code = "unknown_adapter"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no LoRA adapter named {name!r} is loaded")
+
+    def __str__(self) -> str:
+        return str(self.args[0])

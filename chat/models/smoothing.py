@@ -132,11 +132,19 @@ def _final_norm(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def smooth_decoder(draft: Any, weights: dict[str, Any], token_ids: list[int], alpha: float = ALPHA) -> dict[str, Any]:
+def smooth_decoder(
+    draft: Any,
+    weights: dict[str, Any],
+    token_ids: list[int],
+    alpha: float = ALPHA,
+    factors: dict[str, torch.Tensor] | None = None,
+) -> dict[str, Any]:
     """The weights of a :class:`chat.models.decoder.Decoder` (our names, float32) with smoothing factors folded in
     (the same rule as :func:`smooth`), from one forward of ``draft`` (a float32 decoder over those weights) over
     ``token_ids``. New tensors throughout: the given ones (a tied head's embedding among them) are left as they were.
-    For families whose norms scale by their weight (not Gemma's ``1 + weight``)."""
+    For families whose norms scale by their weight (not Gemma's ``1 + weight``). ``factors``, when given, receives
+    each matrix's ``s`` (``layers.{i}.qkv``, ``.gate_up``, ``.down``, ``head``: its input was divided by it), which
+    a LoRA adapter's products on the same inputs need (:mod:`chat.models.lora`)."""
     from chat.models import attention
     from chat.models.kv_rows import AttentionRows
 
@@ -163,7 +171,10 @@ def smooth_decoder(draft: Any, weights: dict[str, Any], token_ids: list[int], al
 
     def factor(name: str, weight: torch.Tensor) -> torch.Tensor:
         weight_peak = weight.abs().amax(dim=0).clamp_min(1e-5)
-        return (peaks[name].float().clamp_min(1e-5) ** alpha / weight_peak ** (1 - alpha)).clamp_min(1e-5)
+        s = (peaks[name].float().clamp_min(1e-5) ** alpha / weight_peak ** (1 - alpha)).clamp_min(1e-5)
+        if factors is not None:
+            factors[name] = s
+        return s
 
     with torch.no_grad():
         for i in range(draft.args.layers):

@@ -3,13 +3,14 @@ results and errors back into wire responses; every decision about content lives 
 
 Routes: ``/`` (the web UI), ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /v1/models``,
 ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``, Anthropic's ``POST /v1/messages`` and
-``/v1/messages/count_tokens``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's), and the chat WebSocket ``/v1/ws``
-(see docs/protocol.md, docs/openai.md, docs/anthropic.md), each registered by its module of ``chat.server.routes``.
-Every route that generates goes through the one reply pipeline (``chat.server.reply``). Here: the app's state (keys,
-tenants, stores), the guard in front of it, and the list of route modules. A base model (no chat template) serves
-completions, ``/tokenize`` of a prompt and ``/detokenize``; its chat routes, ``/v1/responses``, ``/v1/messages``,
-``/tokenize`` of messages and WebSocket turns answer ``no_chat_template`` (``/v1/models`` lists it with
-``"chat": false``).
+``/v1/messages/count_tokens``, ``POST /tokenize`` and ``/detokenize`` (as vLLM's), ``POST /v1/load_lora_adapter``
+and ``/v1/unload_lora_adapter`` (as vLLM's; ``surfaces/lora_api.py``), and the chat WebSocket ``/v1/ws`` (see
+docs/protocol.md, docs/openai.md, docs/anthropic.md), each registered by its module of ``chat.server.routes``.
+Every route that generates goes through the one reply pipeline (``chat.server.reply``); a request's ``model`` may
+name a loaded LoRA adapter (``reply/adapters.py``). Here: the app's state (keys, tenants, stores, adapters), the
+guard in front of it, and the list of route modules. A base model (no chat template) serves completions,
+``/tokenize`` of a prompt and ``/detokenize``; its chat routes, ``/v1/responses``, ``/v1/messages``, ``/tokenize``
+of messages and WebSocket turns answer ``no_chat_template`` (``/v1/models`` lists it with ``"chat": false``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from fastapi import FastAPI
 from chat.engine.engine import Engine
 from chat.protocol.store import InMemorySessionStore
 from chat.server.persistence.session_backends import open_session_store, response_store_for
+from chat.server.reply.adapters import AdapterSelector
 from chat.server.reply.admission import Admission
 from chat.server.routes import anthropic, chat_socket, errors, openai, ops, tokens, web
 from chat.server.routes.errors import refusal
 from chat.server.routes.parts import ServerParts
 from chat.server.settings import MiB, ServerSettings
+from chat.server.surfaces import lora_api
 from chat.server.tenancy.auth import KeyRing, Tenant
 from chat.server.tenancy.key_store import KeyStore, watch_keys
 from chat.server.tenancy.policy import TenantPolicy
@@ -135,6 +138,9 @@ def create_app(
     app.state.sessions = store
     response_store = response_store_for(store)  # /v1/responses kept for previous_response_id, per tenant
     app.state.responses = response_store
+    adapters = AdapterSelector(engine.runtime, model_name)  # `model` -> a LoRA adapter (or the base)
+    app.state.adapters = adapters
+    lora_api.install_routes(app, adapters)
 
     if settings.media_url_hosts:  # inside the guard (added first): only requests with a valid key fetch anything
         app.add_middleware(
@@ -160,9 +166,9 @@ def create_app(
         refusal_hold_s=settings.refusal_hold_s,
     )
 
-    admission = Admission(engine, gate, model_name, settings.served_model_aliases)
+    admission = Admission(engine, gate, adapters, settings.served_model_aliases)
     app.state.admission = admission
-    parts = ServerParts(engine, settings, model_name, keys, gate, store, response_store, admission)
+    parts = ServerParts(engine, settings, model_name, keys, gate, store, response_store, admission, adapters)
     for routes in (errors, ops, openai, anthropic, tokens, chat_socket, web):  # in this order (web: mounted last)
         routes.register(app, parts)
     return app

@@ -17,6 +17,9 @@ Exceptions and their wire code::
     UnsupportedMediaError                  invalid_media   (.item names the part)
     InvalidMediaError, MediaError          invalid_media   (.item)
     EngineClosedError                      unavailable
+    AdapterFileError, AdapterMismatchError invalid_request (a LoRA adapter that cannot be loaded: the message names
+                                            the file or the module that does not fit)
+    UnknownAdapterError                    model_not_found (no LoRA adapter of that name)
     RateLimitedError                       rate_limited    (HTTP 429 with Retry-After; on the WebSocket an
                                                             `error` event, the connection stays usable)
     SlowClientError (below)                slow_client     (a stream's client read too slowly: more than
@@ -46,6 +49,7 @@ from chat.engine.errors import (
     NoChatTemplateError,
     UnsupportedMediaError,
 )
+from chat.models.errors import AdapterFileError, AdapterMismatchError, UnknownAdapterError
 from chat.protocol.content import INVALID_MEDIA
 from chat.protocol.errors import ErrorCode, ProtocolError
 from chat.server.reply.turns import SamplingFieldError
@@ -111,6 +115,9 @@ _BY_EXCEPTION: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (MediaError, ErrorCode.INVALID_MEDIA),
     (EngineClosedError, ErrorCode.UNAVAILABLE),
     (RateLimitedError, ErrorCode.RATE_LIMITED),
+    (AdapterFileError, ErrorCode.INVALID_REQUEST),
+    (AdapterMismatchError, ErrorCode.INVALID_REQUEST),
+    (UnknownAdapterError, ErrorCode.MODEL_NOT_FOUND),
 )
 
 

@@ -23,13 +23,20 @@ SHUTDOWN_FLUSH_S = 10.0  # at most this long to write the prefix cache's queued 
 def build_engine(settings: ServerSettings) -> Engine:
     """The engine, its model loaded inside the engine's worker thread, which alone runs torch with
     ``settings.threads`` threads (see chat.engine.engine: two threads with OpenMP pools of their own slow every step
-    down 3x). Raises chat.models' typed errors (unknown model, unsupported architecture, bad dtype)."""
+    down 3x), and its ``--lora`` adapters with it. Raises chat.models' typed errors (unknown model, unsupported
+    architecture, bad dtype, an adapter that cannot be loaded or a model that takes none)."""
     from chat.models import load_model
+    from chat.server.surfaces.lora_api import load_adapters
+
+    def load():
+        runtime = load_model(
+            settings.model, settings.dtype, settings.weights, settings.kv_dtype, chat_template=settings.chat_template
+        )
+        load_adapters(runtime, settings.lora, settings.max_loras)  # --lora NAME=PATH[:SCALE], --max-loras
+        return runtime
 
     return Engine.load(
-        lambda: load_model(
-            settings.model, settings.dtype, settings.weights, settings.kv_dtype, chat_template=settings.chat_template
-        ),
+        load,
         cache=build_cache(settings),
         batch=batch_settings(settings),
         threads=settings.threads,

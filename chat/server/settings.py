@@ -40,6 +40,17 @@ class ServerSettings(BaseSettings):
         description="what attention K/V are stored in (default: float16 with int8 or block-format weights where the "
         "native kernels run, else the dtype)",
     )
+    lora: list[str] = Field(
+        default_factory=list,
+        description="LoRA adapters loaded at start, NAME=PATH[:SCALE] each (a PEFT adapter directory or a GGUF LoRA "
+        "file); a request selects one with model: NAME",
+    )
+    max_loras: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="LoRA adapters kept in computing form at once (others wait on the host and are swapped in)",
+    )
     chat_template: str | None = Field(
         None,
         description="a chat template file, or the template text (Jinja, rendered sandboxed), instead of the model's "
@@ -130,6 +141,16 @@ class ServerSettings(BaseSettings):
         if 0 < value < YIELD_BUDGET_LEAST:
             raise ValueError(f"must be 0 (off) or at least {YIELD_BUDGET_LEAST}")
         return value
+
+    @field_validator("lora")
+    @classmethod
+    def _lora(cls, specs: list[str]) -> list[str]:
+        from chat.server.surfaces.lora_api import parse_lora_spec
+
+        names = [parse_lora_spec(spec)[0] for spec in specs]
+        if len(set(names)) != len(names):
+            raise ValueError("an adapter name is given twice")
+        return specs
 
     @field_validator("served_model_aliases")
     @classmethod

@@ -1,5 +1,6 @@
-"""One admission for every surface: the model named, the grammar compiled, the tenant's limits, then the tenant's
-view of the engine (its default priority, its turns counted) that runs the request."""
+"""One admission for every surface: the model named (the base model or one of its LoRA adapters), the grammar
+compiled, the tenant's limits, then the tenant's view of the engine (its default priority, its turns counted) that
+runs the request."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fnmatch import fnmatchcase
 from chat.engine.constraints import GrammarError, GrammarSpec
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
+from chat.server.reply.adapters import AdapterSelector
 from chat.server.reply.reader import Prepared
 from chat.server.tenancy.auth import Tenant
 from chat.server.tenancy.tenant_gate import TenantGate
@@ -32,23 +34,28 @@ async def check_grammar(engine, spec: GrammarSpec | None, field: str) -> None:
 
 
 class Admission:
-    """check model -> (the surface builds its turns) -> check grammar -> admit, the same for every route."""
+    """check model -> (the surface builds its turns, under the adapter the model named) -> check grammar -> admit,
+    the same for every route."""
 
-    def __init__(self, engine, gate: TenantGate, model_name: str, aliases: Sequence[str] = ()) -> None:
+    def __init__(self, engine, gate: TenantGate, adapters: AdapterSelector, aliases: Sequence[str] = ()) -> None:
         self.engine = engine  # the server's engine
         self.gate = gate  # the tenants' limits and engine views
-        self.model_name = model_name  # the one model this server runs
-        self.aliases = tuple(aliases)  # other names (exact, or globs) taken for it (``--served-model-alias``)
+        self.adapters = adapters  # the one model this server runs and its loaded LoRA adapters
+        self.aliases = tuple(aliases)  # other names (exact, or globs) taken for the base model (--served-model-alias)
 
-    def serves(self, name: str | None) -> bool:
-        """Whether ``name`` names the model served: None, its name, or an alias (a glob matches case-sensitively)."""
-        return name in (None, self.model_name) or any(fnmatchcase(name, alias) for alias in self.aliases)
+    def check_model(self, name: str | None):
+        """The LoRA adapter ``name`` selects: None for the base model, by its name, no name or an alias (a glob
+        matches case-sensitively); an adapter's own name wins over an alias that also matches it.
 
-    def check_model(self, name: str | None) -> None:
-        """Raises RequestError ``model_not_found``: a model this server does not run."""
-        if not self.serves(name):
-            message = f"unknown model {name!r}; this server runs {self.model_name!r}"
-            raise RequestError(ErrorCode.MODEL_NOT_FOUND, message, param="model")
+        Raises:
+            RequestError: ``model_not_found``, a name that is neither the model, an alias nor a loaded adapter.
+        """
+        if name is not None and name not in self.adapters.names() and self.is_alias(name):
+            return None
+        return self.adapters.select(name)
+
+    def is_alias(self, name: str) -> bool:
+        return any(fnmatchcase(name, alias) for alias in self.aliases)
 
     async def admit(self, tenant: Tenant, prepared: Prepared):
         """The engine view that runs ``prepared`` for ``tenant``, once its grammar compiles and its turns fit the

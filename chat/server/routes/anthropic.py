@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from fastapi import FastAPI, Request
 
+from chat.server.reply.adapters import prepared_under
 from chat.server.reply.turns import require_chat
 from chat.server.routes.parts import ServerParts
 from chat.server.surfaces import anthropic_api, anthropic_convert, anthropic_types
@@ -20,7 +21,7 @@ def register(app: FastAPI, parts: ServerParts) -> None:
     @app.post("/v1/messages")
     async def messages(body: anthropic_types.MessagesRequest, request: Request):
         """Anthropic's Messages API (``?beta=true`` accepted: the query is not read)."""
-        check_model(body.model)
+        adapter = check_model(body.model)
         require_chat(engine.runtime)
         anthropic_convert.check(body)
         tenant: Tenant = request.state.tenant
@@ -32,6 +33,7 @@ def register(app: FastAPI, parts: ServerParts) -> None:
             anthropic_convert.breakpoint_tokens, converted, prepared.turns[0], tenant.salt, runtime, volatile
         )
         prepared = replace(prepared, turns=anthropic_convert.with_breakpoints(prepared.turns, breakpoints))
+        prepared = prepared_under(prepared, adapter)
         tenant_engine = await admission.admit(tenant, prepared)
         reply = anthropic_api.Reply(body.model, converted, breakpoints, runtime, tuple(body.stop_sequences or ()))
         if body.stream:

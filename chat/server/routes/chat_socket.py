@@ -24,4 +24,5 @@ def register(app: FastAPI, parts: ServerParts) -> None:
             reply_cap=settings.max_reply_tokens,
             max_pending=settings.stream_buffer_events,
             send_timeout_s=settings.send_timeout_s,
+            adapters=parts.adapters,
         )

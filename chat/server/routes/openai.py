@@ -1,5 +1,6 @@
 """OpenAI's surfaces: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses`` and
-``GET`` / ``DELETE /v1/responses/{id}``: check model -> the surface's turns -> admit -> stream or complete."""
+``GET`` / ``DELETE /v1/responses/{id}``: check model (the base or a LoRA adapter) -> the surface's turns (under the
+adapter) -> admit -> stream or complete."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from fastapi import FastAPI, Request
 
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
+from chat.server.reply.adapters import prepared_under
 from chat.server.reply.turns import require_chat
 from chat.server.routes.parts import ServerParts
 from chat.server.surfaces import completions_api, openai_api, responses_api
@@ -20,11 +22,12 @@ def register(app: FastAPI, parts: ServerParts) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: openai_api.ChatCompletionRequest, request: Request):
-        check_model(body.model)
+        adapter = check_model(body.model)
         require_chat(engine.runtime)
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
         prepared = openai_api.prepare(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
+        prepared = prepared_under(prepared, adapter)
         tenant_engine = await admission.admit(tenant, prepared)
         args = (tenant_engine, prepared.turns, model_name, prepared.plan, prepared.markers)
         if body.stream:
@@ -33,10 +36,11 @@ def register(app: FastAPI, parts: ServerParts) -> None:
 
     @app.post("/v1/completions")
     async def completions(body: completions_api.CompletionRequest, request: Request):
-        check_model(body.model)
+        adapter = check_model(body.model)
         body.check(settings.max_n)
         tenant: Tenant = request.state.tenant
         prepared = completions_api.prepare(body, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens)
+        prepared = prepared_under(prepared, adapter)
         tenant_engine = await admission.admit(tenant, prepared)
         if body.stream:
             events = await completions_api.stream(
@@ -47,7 +51,7 @@ def register(app: FastAPI, parts: ServerParts) -> None:
 
     @app.post("/v1/responses")
     async def responses(body: responses_api.ResponsesRequest, request: Request):
-        check_model(body.model)
+        adapter = check_model(body.model)
         require_chat(engine.runtime)
         body.check()
         tenant: Tenant = request.state.tenant
@@ -61,6 +65,7 @@ def register(app: FastAPI, parts: ServerParts) -> None:
         prepared, conversation = responses_api.prepare(
             body, history, tenant.salt, engine.runtime, reply_cap=settings.max_reply_tokens, max_n=settings.max_n
         )
+        prepared = prepared_under(prepared, adapter)
         tenant_engine = await admission.admit(tenant, prepared)
         (turn,) = prepared.turns
         args = (tenant_engine, turn, body, model_name, prepared.plan, prepared.markers, response_store, tenant.id)

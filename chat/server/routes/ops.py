@@ -41,4 +41,6 @@ def register(app: FastAPI, parts: ServerParts) -> None:
     async def models() -> dict:
         listed = {"id": model_name, "object": "model", "created": 0, "owned_by": "local"}
         # extension: whether the model has a chat template (false: a base model, completions only)
-        return {"object": "list", "data": [{**listed, "chat": chats(engine.runtime)}]}
+        chat = chats(engine.runtime)
+        cards = ({**card, "chat": chat} for card in parts.adapters.cards())  # each with its parent (the model)
+        return {"object": "list", "data": [{**listed, "chat": chat}, *cards]}

@@ -1,5 +1,5 @@
 """What the route modules share: the engine, the settings, the model's name, the tenants' keys and gate, the session
-and response stores, the one admission; and how a stream is answered."""
+and response stores, the one admission, the LoRA adapters; and how a stream is answered."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chat.server.persistence.response_store import ResponseStore
+from chat.server.reply.adapters import AdapterSelector
 from chat.server.reply.admission import Admission
 from chat.server.settings import ServerSettings
 from chat.server.tenancy.key_store import KeyStore
@@ -24,6 +25,7 @@ class ServerParts:
     sessions: Any  # the WebSocket's session store (InMemorySessionStore or SqliteSessionStore)
     responses: ResponseStore  # /v1/responses kept for previous_response_id, per tenant
     admission: Admission  # check model -> check grammar -> admit, for every route
+    adapters: AdapterSelector  # the LoRA adapters loaded now, which a request's `model` may name
 
     def stream(self, events) -> TimedStreamingResponse:
         """A server-sent event stream of ``events`` (bytes or str), each write bounded by ``--send-timeout-s``."""

@@ -50,6 +50,7 @@ from chat.protocol.store import SessionStore
 from chat.protocol.tools import AssistantToolCall
 from chat.server.errors import TRANSPORT, RequestError, code_of, describe
 from chat.server.reply import reasoning_api, tools_api
+from chat.server.reply.adapters import AdapterSelector, LiveModels, with_adapter
 from chat.server.reply.choices import chat_logprobs
 from chat.server.reply.reader import CallsOut, Failed, Finished, ReplyEvent, ReplyReader, TextOut
 from chat.server.reply.turns import chats, turn_request, wire_timings, wire_usage
@@ -102,6 +103,7 @@ class ChatSocket:
         credential: str | None = None,
         max_pending: int | None = None,
         send_timeout_s: float | None = None,
+        adapters: AdapterSelector | None = None,
     ) -> None:
         self.ws = ws
         self.engine = gate.engine_for(engine, tenant.id)  # the tenant's view: default priority, turn accounting
@@ -110,6 +112,9 @@ class ChatSocket:
         self.credential = credential  # the key it presented: checked again when the keys are reloaded
         self.store = store  # where sessions live
         self.conn = Connection(store, models=[model_name], tenant=tenant.id)
+        self.adapters = adapters  # a session's `model` may name a LoRA adapter loaded now (chat.server.reply.adapters)
+        if adapters is not None:
+            self.conn.models = LiveModels(adapters)
         self.salt = tenant.salt  # the tenant's cache namespace salt
         self.reply_cap = reply_cap  # reply length of a turn without max_tokens (None: the context's room)
         self.loop = asyncio.get_running_loop()
@@ -299,7 +304,8 @@ class ChatSocket:
         if plan.session_id is not None:
             self.turn_sessions[plan.turn_id] = plan.session_id
         try:
-            request, reader = build_turn(plan, self.salt, self.engine.runtime, self.reply_cap, self.engine)
+            adapter = self.adapters.select(plan.model) if self.adapters is not None else None
+            request, reader = build_turn(plan, self.salt, self.engine.runtime, self.reply_cap, self.engine, adapter)
             self.readers[plan.turn_id] = reader
             relay, turn_id = self.relay, plan.turn_id
             self.jobs[turn_id] = self.engine.submit(request, lambda event: relay.call(self._on_event, turn_id, event))
@@ -363,11 +369,12 @@ class ChatSocket:
 
 
 def build_turn(
-    plan: TurnPlan, salt: str, runtime, reply_cap: int | None = None, engine=None
+    plan: TurnPlan, salt: str, runtime, reply_cap: int | None = None, engine=None, adapter=None
 ) -> tuple[TurnRequest, ReplyReader]:
     """The engine's request for a session or stateless turn, with its tools rendered in the model's call format and
-    its history's calls and results, exactly as ``/v1/chat/completions`` builds it; and how to read its reply (its
-    thinking left in the text, as the protocol shows it; settled on ``engine`` when given).
+    its history's calls and results, exactly as ``/v1/chat/completions`` builds it, computed under the LoRA
+    ``adapter`` (None: the base model); and how to read its reply (its thinking left in the text, as the protocol
+    shows it; settled on ``engine`` when given, under the same adapter).
 
     Raises:
         UnsupportedMediaError, RequestError, SamplingFieldError.
@@ -376,7 +383,7 @@ def build_turn(
     fields = tools_api.history_calls(plan.messages)
     request = turn_request(plan.messages, plan.sampling, salt=salt, runtime=runtime, reply_cap=reply_cap)
     request = tools_api.apply(tools, request, fields)
-    request = reasoning_api.apply(request, runtime, None, None)
+    request = with_adapter(reasoning_api.apply(request, runtime, None, None), adapter)
     markers = reasoning_api.thinking_markers(runtime, None)
     return request, ReplyReader(request, tools, markers, engine=engine, split_thinking=False)
 
@@ -408,6 +415,7 @@ async def serve_socket(
     reply_cap: int | None = None,
     max_pending: int | None = None,
     send_timeout_s: float | None = None,
+    adapters: AdapterSelector | None = None,
 ) -> None:
     if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), allowed_origins):
         await ws.close(code=TRANSPORT[ErrorCode.ORIGIN_NOT_ALLOWED].ws_close, reason="origin not allowed")
@@ -418,7 +426,9 @@ async def serve_socket(
         await ws.close(code=TRANSPORT[ErrorCode.UNAUTHORIZED].ws_close, reason="missing or wrong token")
         return
     await ws.accept()
-    socket = ChatSocket(ws, engine, store, model_name, tenant, gate, reply_cap, credential, max_pending, send_timeout_s)
+    socket = ChatSocket(
+        ws, engine, store, model_name, tenant, gate, reply_cap, credential, max_pending, send_timeout_s, adapters
+    )
     stop = keys.subscribe(socket.on_keys)
     try:
         await socket.run()
