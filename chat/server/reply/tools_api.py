@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -122,8 +123,17 @@ def apply(plan: ToolPlan, turn: TurnRequest, fields: Sequence[dict[str, Any]]) -
     return replace(turn, messages=prompt, params=params, tools=definitions)
 
 
+# The opening of a reply the model wrote in the generic format. A reply cut short (max_tokens) before its JSON closed
+# reaches the client as that raw text; it comes back as such and is rendered as written, which is what the model
+# wrote and what the cache holds (wrapped in {"response": ...} it missed the cache from its first token on).
+CUT_GENERIC_REPLY = re.compile(r'\{\s*"(?:tool_calls|response)"\s*:')
+
+
 def _as_response(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant's plain answer as the generic format's ``{"response": ...}`` (a cut reply: as written)."""
     if message["role"] != "assistant" or message.get("tool_calls") or not isinstance(message.get("content"), str):
+        return message
+    if CUT_GENERIC_REPLY.match(message["content"]):
         return message
     answer = json.dumps({"response": message["content"]}, separators=(",", ":"), ensure_ascii=False)
     return {**message, "content": answer}
@@ -151,9 +161,16 @@ def settle(engine, turn: TurnRequest, plan: ToolPlan | None, markers, done: Done
       what was parsed. Such a reply is settled when its re-rendered text or that text's tokens differ from what the
       model produced.
 
-    The earlier prompt is cached: only the re-rendered reply is computed. Nothing is done for replies that failed
-    or were cut, or without tools offered. Unmetered, like the thinking settle (``reasoning_api.settle``)."""
-    if plan is None or not plan.calls_possible or done.finish_reason != "stop" or turn.prompt_tokens is not None:
+    A reply cut short by ``max_tokens`` is settled too, as the next request renders it (a cut generic reply: as
+    written, see ``CUT_GENERIC_REPLY``). The earlier prompt is cached: only the re-rendered reply is computed.
+    Nothing is done for replies that failed or were cancelled, or without tools offered. Unmetered, like the
+    thinking settle (``reasoning_api.settle``)."""
+    if (
+        plan is None
+        or not plan.calls_possible
+        or done.finish_reason not in ("stop", "length")
+        or turn.prompt_tokens is not None
+    ):
         return
     answer = markers.split(done.text)[1] if markers is not None else done.text
     parsed = plan.format.parse(answer)

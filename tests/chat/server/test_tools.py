@@ -70,6 +70,19 @@ def test_a_tool_round_trip_calls_then_answers_and_the_second_step_hits_the_cache
     assert usage.prompt_tokens_details.cached_tokens / usage.prompt_tokens >= 0.9
 
 
+def test_a_reply_cut_inside_the_generic_json_comes_back_as_written_and_the_next_step_hits_it(agent):
+    """A generic-format reply cut by max_tokens reaches the client as its raw JSON text; sent back, it is rendered as
+    the model wrote it (not wrapped as {"response": ...}), so the next step finds the whole reply in the cache."""
+    _, client = agent
+    first = client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, max_tokens=20)
+    choice = first.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content == CALL[:20]
+    messages = [*USER, {"role": "assistant", "content": choice.message.content}, {"role": "user", "content": "Go on."}]
+    second = client.chat.completions.create(model="fake", messages=messages, tools=TOOLS, max_tokens=5)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 1, (cached, first.usage)
+
+
 def test_tool_calls_stream_as_openais_deltas(agent):
     _, client = agent
     chunks = list(client.chat.completions.create(model="fake", messages=USER, tools=TOOLS, max_tokens=200, stream=True))
@@ -265,7 +278,7 @@ class _Recorder:
         self.submitted.append(request)
 
 
-def _generic_settle(text: str, token_ids) -> tuple[list, list]:
+def _generic_settle(text: str, token_ids, finish: str = "stop") -> tuple[list, list]:
     """What the settle submits after a generic-format reply ``text`` written as ``token_ids``, and the turn's
     messages."""
     from chat.engine.events import Done, Timings, TurnRequest, Usage
@@ -275,7 +288,7 @@ def _generic_settle(text: str, token_ids) -> tuple[list, list]:
     runtime = FakeRuntime()
     plan = tools_api.plan_tools([ToolDef.model_validate(t) for t in TOOLS], "auto", None, runtime)
     turn = tools_api.apply(plan, TurnRequest(messages=list(USER)), [{} for _ in USER])
-    done = Done(text, tuple(token_ids), "stop", Usage(10, 0, len(token_ids)), Timings(1.0, 1.0, 1.0, 2.0))
+    done = Done(text, tuple(token_ids), finish, Usage(10, 0, len(token_ids)), Timings(1.0, 1.0, 1.0, 2.0))
     engine = _Recorder(runtime)
     tools_api.settle(engine, turn, plan, None, done)
     return engine.submitted, list(turn.messages)
@@ -303,3 +316,14 @@ def test_a_generic_reply_is_settled_when_the_history_would_render_other_tokens(t
         rendered = json.dumps(json.loads(text), separators=(",", ":"))
         assert request.messages == [*messages, {"role": "assistant", "content": rendered}]
         assert request.params.max_tokens == 0
+
+
+@pytest.mark.parametrize(("tokens", "settled"), [(list(CALL[:20].encode()), False), ([*CALL.encode()[:5], 999], True)])
+def test_a_cut_generic_reply_is_settled_as_written_when_its_tokens_differ(tokens, settled):
+    """A reply cut by max_tokens inside the generic JSON comes back as written (see the HTTP test above): it is
+    computed ahead as such when the model wrote it in other tokens than the history's, and costs nothing else."""
+    submitted, _ = _generic_settle(CALL[:20], tokens, finish="length")
+    assert bool(submitted) is settled
+    if settled:
+        (request,) = submitted
+        assert request.messages[-1] == {"role": "assistant", "content": CALL[:20]}
