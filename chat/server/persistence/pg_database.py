@@ -26,6 +26,7 @@ loop and the ASGI worker threads). Rows hold conversations in the clear: protect
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -200,6 +201,10 @@ class PgDatabase:
             raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
+        """Let go of this process's holder locks, then of the connection. The locks are released explicitly: a
+        closed connection's server process ends a moment later, and until then its locks still name it as alive."""
         with self._lock:
             if not self._conn.closed:
+                with contextlib.suppress(self._psycopg.Error):
+                    self._conn.execute("SELECT pg_advisory_unlock_all()")
                 self._conn.close()

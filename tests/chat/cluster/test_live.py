@@ -259,8 +259,11 @@ def test_a_session_turn_and_a_stateless_turn_run_at_once_on_one_socket(live):
 
 def test_stateless_conversations_hit_the_cache_with_prefix_routing_and_less_with_round_robin(live):
     affine = openai_conversations(live.http, conversations=8, turns=4)
+    # A turn may leave its home replica when that one is far busier (routing's load threshold): one of a turn's
+    # eight conversations elsewhere costs the turn ~0.1 (0.79 seen once under a loaded machine).
+    assert ratio([u for c in affine for u in c[1:]]) >= 0.8
     for t in range(1, 4):
-        assert ratio([c[t] for c in affine]) >= 0.8, t
+        assert ratio([c[t] for c in affine]) >= 0.65, t
     # One request at a time, so the rotation is exact: each turn lands on the other replica than the turn before
     # (two replicas), and turn 1 finds none of its conversation's opening there. (Eight conversations at once left
     # the rotation to arrival order: round robin's ratio then ranged 0.5-0.8 from run to run.)

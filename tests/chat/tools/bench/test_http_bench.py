@@ -39,7 +39,10 @@ def test_bench_http_prints_one_json_object_with_every_key_measured(capsys):
     assert result["served_ratio_http"][1] == result["http_tokens_per_s"][1] / result["engine_tokens_per_s"][1]
     assert 0 < result["client_cpu_share"] < 1
     assert result["bad_client_level"] == 3 and result["bad_client_settings"]["pause_s"] == 1.0
-    assert result["bad_client_turn_pauses"]["clean"] == 0  # the sessions read as fast as they are sent
+    pauses = result["bad_client_turn_pauses"]
+    # the slow readers fall behind and are paused; healthy readers are paused only when the machine starves their
+    # process (6 seen once with the suite's other worker busy), so their count is only read back
+    assert pauses["loaded"] > 0 and isinstance(pauses["clean"], int) and pauses["clean"] >= 0
     ratio = result["bad_client_loaded_tokens_per_s"] / result["bad_client_clean_tokens_per_s"]
     assert result["bad_client_tokens_per_s_ratio"] == ratio > 0  # one round: its own ratio is the ratio of medians
     assert 0 < result["bad_client_cpu_share"] < 1 and isinstance(result["bad_client_rss_growth_mib"], float)
