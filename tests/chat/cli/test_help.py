@@ -5,6 +5,8 @@ and read the diff."""
 
 import argparse
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,17 @@ def test_every_command_and_benchmark_has_a_snapshot_and_no_snapshot_is_left_over
     assert list(commands) == ["serve", "chat", "eval", "bench"]
     assert tuple(subcommands(commands["bench"])) == BENCHMARKS
     assert sorted(DATA.glob("*.txt")) == sorted(snapshot(words) for words in COMMANDS)
+
+
+def test_python_dash_m_chat_cli_is_the_command():
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "COLUMNS": "120", "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-m", "chat.cli", "bench", "tenants", "--help"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout == snapshot(("bench", "tenants")).read_text(), done.stderr
