@@ -260,8 +260,9 @@ def test_load_adapters_at_start_refusals(made, tmp_path):
 
 
 def test_serve_flags_reach_the_settings():
-    from chat.cli import _settings, build_parser
+    from chat.cli import build_parser
+    from chat.cli.serve import server_settings
 
     args = build_parser().parse_args(["serve", "--lora", "a=/x:2", "--lora", "b=/y", "--max-loras", "3"])
-    settings = _settings(args)
+    settings = server_settings(args)
     assert settings.lora == ["a=/x:2", "b=/y"] and settings.max_loras == 3

@@ -75,9 +75,16 @@ def test_the_logprob_difference_covers_the_tokens_and_their_alternatives():
 
 
 def test_the_cli_registers_the_benchmark():
-    from chat.cli import _bench_constrained, build_parser
+    from chat.cli import build_parser
+    from chat.cli.bench import run_one
 
     args = build_parser().parse_args(["bench", "constrained", "--json", "--conversations", "3"])
-    assert (args.run, args.json, args.model, args.conversations) == (_bench_constrained, True, "smollm2", 3)
+    assert (args.run, args.benchmark, args.json, args.model, args.conversations) == (
+        run_one,
+        "constrained",
+        True,
+        "smollm2",
+        3,
+    )
     args = build_parser().parse_args(["bench", "constrained"])
     assert (args.json, args.conversations) == (False, 8)

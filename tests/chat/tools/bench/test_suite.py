@@ -3,7 +3,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from chat.cli import _bench_all, _bench_multiturn, build_parser
+from chat.cli import build_parser
+from chat.cli.bench import run_all as run_the_suite
+from chat.cli.bench import run_one
 from chat.tools.bench import suite
 from chat.tools.bench.charts import CHARTS, draw_all
 from chat.tools.bench.suite import Suite, run_all
@@ -84,8 +86,8 @@ def test_charts_are_skipped_when_their_benchmark_failed(tmp_path):
 
 def test_bench_without_a_benchmark_runs_them_all_and_multiturn_is_a_benchmark():
     args = build_parser().parse_args(["bench"])
-    assert args.run is _bench_all and args.out == Path("bench-results") and args.all_model == "smollm2"
+    assert args.run is run_the_suite and args.out == Path("bench-results") and args.all_model == "smollm2"
     args = build_parser().parse_args(["bench", "--out", "x", "--model", "tiny-llama", "--json"])
     assert args.out == Path("x") and args.all_model == "tiny-llama" and args.all_json
     args = build_parser().parse_args(["bench", "multiturn", "--conversations", "2", "--json"])
-    assert args.run is _bench_multiturn and args.conversations == 2 and args.json
+    assert args.run is run_one and args.benchmark == "multiturn" and args.conversations == 2 and args.json

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from chat.cli import _bench_tenants, build_parser
+from chat.cli import build_parser
+from chat.cli.bench import run_one
 from chat.tools.bench.tenants_bench import (
     TARGETS,
     TenantsConfig,
@@ -70,7 +71,7 @@ def test_held_rows_are_whole_buffers():
 
 def test_the_cli_registers_the_benchmark():
     args = build_parser().parse_args(["bench", "tenants", "--json", "--turns", "3", "--conversations", "5"])
-    assert args.run is _bench_tenants and args.json and args.model == "smollm2"
+    assert args.run is run_one and args.benchmark == "tenants" and args.json and args.model == "smollm2"
     assert (args.turns, args.conversations, args.quiet_priority, args.token_budget) == (3, 5, None, None)
     assert (args.yield_budget, args.yield_hold_s, args.threads) == (None, None, None)
     given = build_parser().parse_args(["bench", "tenants", "--yield-budget", "0", "--yield-hold-s", "2.5"])
