@@ -209,6 +209,15 @@ def test_a_responses_stream_cut_for_a_slow_client_writes_the_bytes_it_wrote_befo
     pinned("responses_slow_client_stream", asyncio.run(read()))
 
 
+def test_a_responses_text_delta_written_into_its_template_is_the_delta_encoded_whole():
+    from chat.server.surfaces.responses_types import EventWriter
+
+    fast, whole = EventWriter('msg_"x\\'), EventWriter('msg_"x\\')
+    for text in ("plain", 'quote " and \\ and \n', "\x01\x1f\x7f", "ünï ✓ \u2028", "987654321", "\ue000", ""):
+        assert fast.text_delta(text) == whole.whole_delta(text)
+    assert fast.sequence_number == whole.sequence_number == 7
+
+
 def test_a_completion_chunk_written_into_its_template_is_the_chunk_encoded_whole():
     from chat.server.surfaces.completions_types import ChunkTemplate, CompletionLogprobs
 
