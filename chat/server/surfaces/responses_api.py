@@ -8,7 +8,8 @@ and dropped (templates render the history without its thinking). ``instructions`
 this request only. With ``store`` (the default) the response is kept (``chat.server.persistence.response_store``) and
 ``previous_response_id`` continues its conversation: an agent step sends only its new input, the prompt is the whole
 conversation rendered as before, and the prefix cache serves all of it but the new input. A response of another
-tenant, or one no longer kept, is 404 ``not_found``.
+tenant, or one no longer kept, is 404 ``not_found``. The response object and the stream's events are the typed wire
+models of ``responses_types``.
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ Only the events this server sends are here: ``response.created`` / ``in_progress
 arguments are sent whole, in their items, never as deltas).
 
 Slotted dataclasses, like ``openai_types`` (whose ``PromptTokensDetails`` is the usage's ``input_tokens_details``,
-with our cache miss fields). The bytes are this surface's as they always were (``tests/chat/server/
-test_wire_bodies.py``): a stream's events by :func:`dumps`, the standard library's ``json`` with ``", "`` and ``": "``
-separators and non-ASCII kept; a whole response by :func:`compact`, as FastAPI wrote the dict it replaces. A streamed
-text delta is its sequence number and text written between pieces cut once per stream from an encoded
-:class:`OutputTextDelta` (:meth:`EventWriter.text_delta`), which costs less than a dict encoded whole.
+with our cache miss fields). They write the bytes this surface always wrote (pinned by
+``tests/chat/server/test_wire_bodies.py``): a stream's events by :func:`dumps`, the standard library's ``json`` with
+``", "`` and ``": "`` separators and non-ASCII kept; a whole response by :func:`compact`, as FastAPI wrote the dict it
+replaces. A streamed text delta is its sequence number and text written between pieces cut once per stream from an
+encoded :class:`OutputTextDelta` (:meth:`EventWriter.text_delta`), which costs less than a dict encoded whole.
 """
 
 from __future__ import annotations
