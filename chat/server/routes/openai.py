@@ -5,6 +5,7 @@ adapter) -> admit -> stream or complete."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
@@ -81,7 +82,7 @@ def register(app: FastAPI, parts: ServerParts) -> None:
         return found.body
 
     @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str, request: Request) -> dict:
+    async def delete_response(response_id: str, request: Request) -> Response:
         if not response_store.delete(response_id, request.state.tenant.id):
             raise RequestError(ErrorCode.NOT_FOUND, f"no response {response_id!r}", param="response_id")
-        return {"id": response_id, "object": "response", "deleted": True}
+        return responses_api.deleted(response_id)

@@ -8,7 +8,8 @@ and dropped (templates render the history without its thinking). ``instructions`
 this request only. With ``store`` (the default) the response is kept (``chat.server.persistence.response_store``) and
 ``previous_response_id`` continues its conversation: an agent step sends only its new input, the prompt is the whole
 conversation rendered as before, and the prefix cache serves all of it but the new input. A response of another
-tenant, or one no longer kept, is 404 ``not_found``.
+tenant, or one no longer kept, is 404 ``not_found``. The response object and the stream's events are the typed wire
+models of ``responses_types``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from chat.engine.events import Done, TurnRequest
@@ -31,7 +34,9 @@ from chat.server.reply import tools_api
 from chat.server.reply.reader import Failed, Finished, Prepared, TextOut, open_replies, whole_replies
 from chat.server.reply.turns import wire_usage
 from chat.server.surfaces import openai_api
+from chat.server.surfaces import responses_types as wire
 from chat.server.surfaces.openai_api import ChatCompletionRequest, refuse_unsupported
+from chat.server.surfaces.openai_types import PromptTokensDetails
 
 
 class ResponsesRequest(BaseModel):
@@ -246,49 +251,36 @@ def prepare(
     return openai_api.prepare(chat, salt, runtime, reply_cap), conversation
 
 
-def output_items(finished: Finished) -> list[dict[str, Any]]:
+def output_items(finished: Finished) -> list[wire.OutputItem]:
     """The ``output`` of a finished reply: its reasoning, its message, its function calls."""
-    items: list[dict[str, Any]] = []
+    items: list[wire.OutputItem] = []
     if finished.reasoning:
-        items.append(
-            {
-                "type": "reasoning",
-                "id": f"rs_{uuid.uuid4().hex}",
-                "summary": [],
-                "content": [{"type": "reasoning_text", "text": finished.reasoning}],
-            }
-        )
+        text = [wire.ReasoningText(text=finished.reasoning)]
+        items.append(wire.ReasoningItem(id=f"rs_{uuid.uuid4().hex}", content=text))
     if finished.content:
-        items.append(
-            {
-                "type": "message",
-                "id": f"msg_{uuid.uuid4().hex}",
-                "status": "completed",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": finished.content, "annotations": [], "logprobs": []}],
-            }
-        )
+        content = [wire.OutputText(text=finished.content)]
+        items.append(wire.OutputMessage(id=f"msg_{uuid.uuid4().hex}", status="completed", content=content))
     for call in tools_api.wire_calls(finished.calls):
+        function = call["function"]
         items.append(
-            {
-                "type": "function_call",
-                "id": f"fc_{uuid.uuid4().hex}",
-                "call_id": call["id"],
-                "name": call["function"]["name"],
-                "arguments": call["function"]["arguments"],
-                "status": "completed",
-            }
+            wire.FunctionCallItem(
+                id=f"fc_{uuid.uuid4().hex}",
+                call_id=call["id"],
+                name=function["name"],
+                arguments=function["arguments"],
+                status="completed",
+            )
         )
     return items
 
 
-def _as_messages(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _as_messages(items: Sequence[wire.OutputItem]) -> list[dict[str, Any]]:
     """A response's output as the chat messages that continue the conversation."""
-    text = "".join(c["text"] for i in items if i["type"] == "message" for c in i["content"])
+    text = "".join(c.text for i in items if isinstance(i, wire.OutputMessage) for c in i.content)
     calls = [
-        {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+        {"id": i.call_id, "type": "function", "function": {"name": i.name, "arguments": i.arguments}}
         for i in items
-        if i["type"] == "function_call"
+        if isinstance(i, wire.FunctionCallItem)
     ]
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
     if calls:
@@ -296,60 +288,67 @@ def _as_messages(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [message]
 
 
+def _usage(done: Done) -> wire.ResponseUsage:
+    u = wire_usage(done)
+    details = u.prompt_tokens_details
+    return wire.ResponseUsage(
+        input_tokens=u.prompt_tokens,
+        input_tokens_details=PromptTokensDetails(
+            cached_tokens=details.cached_tokens,
+            cache_miss_reason=details.cache_miss_reason,
+            cache_miss_at=details.cache_miss_at,
+        ),
+        output_tokens=u.completion_tokens,
+        output_tokens_details=wire.OutputTokensDetails(),
+        total_tokens=u.total_tokens,
+    )
+
+
 def response_object(
-    rid: str, req: ResponsesRequest, model: str, items: list[dict[str, Any]], done: Done | None, created: int
-) -> dict[str, Any]:
+    rid: str, req: ResponsesRequest, model: str, items: list[wire.OutputItem], done: Done | None, created: int
+) -> wire.Response:
     """The response object (``status`` in_progress until ``done``)."""
     status = "in_progress" if done is None else "incomplete" if done.finish_reason == "length" else "completed"
-    usage = None
-    if done is not None:
-        u = wire_usage(done)
-        usage = {
-            "input_tokens": u.prompt_tokens,
-            "input_tokens_details": u.prompt_tokens_details.model_dump(exclude_none=True),
-            "output_tokens": u.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": u.total_tokens,
-        }
-    return {
-        "id": rid,
-        "object": "response",
-        "created_at": created,
-        "status": status,
-        "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "model": model,
-        "output": items,
-        "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "previous_response_id": req.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
-        "store": req.store is not False,
-        "temperature": req.temperature,
-        "text": req.text or {"format": {"type": "text"}},
-        "tool_choice": req.tool_choice or "auto",
-        "tools": req.tools or [],
-        "top_p": req.top_p,
-        "truncation": "disabled",
-        "usage": usage,
-        "metadata": req.metadata or {},
-    }
+    return wire.Response(
+        id=rid,
+        created_at=created,
+        status=status,
+        incomplete_details=wire.IncompleteDetails() if status == "incomplete" else None,
+        instructions=req.instructions,
+        max_output_tokens=req.max_output_tokens,
+        model=model,
+        output=items,
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        previous_response_id=req.previous_response_id,
+        store=req.store is not False,
+        temperature=req.temperature,
+        text=req.text or wire.TextConfig(),
+        tool_choice=req.tool_choice or "auto",
+        tools=req.tools or [],
+        top_p=req.top_p,
+        usage=_usage(done) if done is not None else None,
+        metadata=req.metadata or {},
+    )
 
 
-def _keep(store: ResponseStore, req: ResponsesRequest, tenant: str, conversation, body: dict) -> None:
+def _keep(store: ResponseStore, req: ResponsesRequest, tenant: str, conversation, body: wire.Response) -> None:
     if req.store is not False:
-        messages = (*conversation, *_as_messages(body["output"]))
-        store.put(body["id"], StoredResponse(tenant, tuple(messages), body))
+        messages = (*conversation, *_as_messages(body.output))
+        store.put(body.id, StoredResponse(tenant, tuple(messages), wire.plain(body)))
 
 
-async def complete(engine, turn: TurnRequest, req, model, plan, markers, store, tenant, conversation) -> dict:
+async def complete(engine, turn: TurnRequest, req, model, plan, markers, store, tenant, conversation) -> Response:
     (finished,) = await whole_replies(engine, Prepared([turn], plan, markers))
     body = response_object(
         f"resp_{uuid.uuid4().hex}", req, model, output_items(finished), finished.done, int(time.time())
     )
     _keep(store, req, tenant, conversation, body)
-    return body
+    return Response(wire.compact(body), media_type="application/json")
+
+
+def deleted(response_id: str) -> Response:
+    """The answer to ``DELETE /v1/responses/{id}`` once the response is deleted."""
+    return Response(wire.compact(wire.ResponseDeleted(id=response_id)), media_type="application/json")
 
 
 async def stream(
@@ -370,16 +369,12 @@ async def stream(
 
 async def _sse(replies, held: bool, req, model, store, tenant, conversation) -> AsyncIterator[str]:
     """The Responses surface's encoder: reply events -> ``response.*`` events (the thinking is not streamed)."""
-    rid, created, seq = f"resp_{uuid.uuid4().hex}", int(time.time()), [0]
-
-    def event(kind: str, **fields) -> str:
-        body = {"type": kind, "sequence_number": seq[0], **fields}
-        seq[0] += 1
-        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-    yield event("response.created", response=response_object(rid, req, model, [], None, created))
-    yield event("response.in_progress", response=response_object(rid, req, model, [], None, created))
+    rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
     msg_id, opened = f"msg_{uuid.uuid4().hex}", False
+    writer = wire.EventWriter(msg_id)
+    event, text_delta = writer.event, writer.text_delta
+    yield event(wire.ResponseCreated, response=response_object(rid, req, model, [], None, created))
+    yield event(wire.ResponseInProgress, response=response_object(rid, req, model, [], None, created))
     async with contextlib.aclosing(replies):
         async for batch in replies:
             for _, item in batch:
@@ -387,75 +382,57 @@ async def _sse(replies, held: bool, req, model, store, tenant, conversation) -> 
                     continue  # sent whole with its calls, below
                 if isinstance(item, TextOut) and not opened and item.text:
                     opened = True
-                    message = {
-                        "type": "message",
-                        "id": msg_id,
-                        "status": "in_progress",
-                        "role": "assistant",
-                        "content": [],
-                    }
-                    yield event("response.output_item.added", output_index=0, item=message)
-                    part = {"type": "output_text", "text": "", "annotations": []}
-                    yield event(
-                        "response.content_part.added", item_id=msg_id, output_index=0, content_index=0, part=part
-                    )
+                    message = wire.OutputMessage(id=msg_id, status="in_progress", content=[])
+                    yield event(wire.OutputItemAdded, output_index=0, item=message)
+                    part = wire.OutputText(text="", logprobs=None)
+                    yield event(wire.ContentPartAdded, item_id=msg_id, output_index=0, content_index=0, part=part)
                 if isinstance(item, TextOut) and item.text:
-                    yield event(
-                        "response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=item.text
-                    )
+                    yield text_delta(item.text)
                 elif isinstance(item, Failed):
                     if item.done is not None:
-                        error = {"code": "server_error", "message": "generation failed; the server logged the details"}
+                        code, message = "server_error", "generation failed; the server logged the details"
                     else:
-                        error = {"code": item.error.code.value, "message": str(item.error)}
-                    yield event("error", **error)
+                        code, message = item.error.code.value, str(item.error)
+                    yield event(wire.ErrorEvent, code=code, message=message)
                     return
                 elif isinstance(item, Finished):
                     items = output_items(item)
                     for n, out in enumerate(items):
-                        if out["type"] == "message":
-                            out["id"] = msg_id
-                        if not (opened and out["type"] == "message"):
-                            yield event(
-                                "response.output_item.added", output_index=n, item={**out, "status": "in_progress"}
-                            )
-                        if out["type"] == "message":
-                            text = out["content"][0]["text"]
+                        is_message = isinstance(out, wire.OutputMessage)
+                        if is_message:
+                            out.id = msg_id
+                        if not (opened and is_message):
+                            yield event(wire.OutputItemAdded, output_index=n, item=replace(out, status="in_progress"))
+                        if is_message:
+                            done_part = out.content[0]
                             if not opened:
-                                part = {"type": "output_text", "text": "", "annotations": []}
+                                part = wire.OutputText(text="", logprobs=None)
                                 yield event(
-                                    "response.content_part.added",
+                                    wire.ContentPartAdded, item_id=msg_id, output_index=n, content_index=0, part=part
+                                )
+                                yield event(
+                                    wire.OutputTextDelta,
                                     item_id=msg_id,
                                     output_index=n,
                                     content_index=0,
-                                    part=part,
-                                )
-                                yield event(
-                                    "response.output_text.delta",
-                                    item_id=msg_id,
-                                    output_index=n,
-                                    content_index=0,
-                                    delta=text,
+                                    delta=done_part.text,
                                 )
                             yield event(
-                                "response.output_text.done", item_id=msg_id, output_index=n, content_index=0, text=text
-                            )
-                            yield event(
-                                "response.content_part.done",
+                                wire.OutputTextDone,
                                 item_id=msg_id,
                                 output_index=n,
                                 content_index=0,
-                                part=out["content"][0],
+                                text=done_part.text,
                             )
-                        if out["type"] == "function_call":
                             yield event(
-                                "response.function_call_arguments.done",
-                                item_id=out["id"],
-                                output_index=n,
-                                arguments=out["arguments"],
+                                wire.ContentPartDone, item_id=msg_id, output_index=n, content_index=0, part=done_part
                             )
-                        yield event("response.output_item.done", output_index=n, item=out)
+                        if isinstance(out, wire.FunctionCallItem):
+                            yield event(
+                                wire.FunctionCallArgumentsDone, item_id=out.id, output_index=n, arguments=out.arguments
+                            )
+                        yield event(wire.OutputItemDone, output_index=n, item=out)
                     body = response_object(rid, req, model, items, item.done, created)
                     _keep(store, req, tenant, conversation, body)
-                    yield event("response.completed", response=body)
+                    yield event(wire.ResponseCompleted, response=body)
                     return

@@ -1,8 +1,9 @@
 """The bytes each OpenAI surface writes, pinned: a representative whole and streamed body of chat completions
 (text, log-probabilities, tool calls, thinking, n=2), legacy completions (echo with log-probabilities, two prompts)
-and responses (text, a function call), compared with files under ``data/wire`` (ids, times and timings' figures
-normalized). The typed wire models must write exactly these bytes. ``TURNCACHE_UPDATE_WIRE=1`` rewrites the files
-(then read the diff)."""
+and responses (text, a function call, a held reply cut short, thinking, ``max_output_tokens`` reached, the echoed
+request fields, a failure and a slow client mid-stream, a stored response continued, read back and deleted), compared
+with files under ``data/wire`` (ids, times and timings' figures normalized). The typed wire models must write exactly
+these bytes. ``TURNCACHE_UPDATE_WIRE=1`` rewrites the files (then read the diff)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ TOOLS = [
 ]
 IDS = re.compile(r"\b(chatcmpl-|cmpl-|resp_|msg_|rs_|fc_|call_)[0-9a-f]{16,32}\b")
 TIMES = re.compile(r'("created(?:_at)?": ?)\d+')
+POISON = "~"  # a byte no other reply or prompt here holds
 TIMINGS = re.compile(r'"timings": ?\{[^}]*\}')
 
 
@@ -41,6 +43,8 @@ def script(prompt) -> str:
     text = _text(prompt)
     if "weather" in text.lower():
         return CALL
+    if "fail" in text:
+        return "ab" + POISON + "cd"  # the feed of POISON fails: the reply fails after two deltas
     if "think" in text:
         return "<think>\nTwo and two.\n</think>\n\nFour, caf\u00e9."
     return "Hello there, caf\u00e9 \u2603."
@@ -56,7 +60,9 @@ class ThinkingFake(FakeRuntime):
 @pytest.fixture(scope="module")
 def urls():
     # no prefix cache: usage is the same whichever tests ran before
-    engine, srv = make_server(prefix_cache=False, runtime=FakeRuntime(script=script))
+    runtime = FakeRuntime(script=script)
+    runtime.poison = ord(POISON)
+    engine, srv = make_server(prefix_cache=False, runtime=runtime)
     thinker, tsrv = make_server(prefix_cache=False, runtime=ThinkingFake(script=script))
     with srv, tsrv:
         yield srv.url, tsrv.url
@@ -98,6 +104,35 @@ CASES = {
     ),
     "completions_text": ("/v1/completions", {"prompt": "hi", "max_tokens": 30}),
     "responses_text": ("/v1/responses", {"input": "hi", "max_output_tokens": 30, "store": False}),
+    "responses_length": ("/v1/responses", {"input": "hi", "max_output_tokens": 5, "store": False}),
+    "responses_echoed_fields": (
+        "/v1/responses",
+        {
+            "input": [
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+            ],
+            "instructions": "Be brief.",
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "metadata": {"k": "v\u00e9"},
+            "parallel_tool_calls": False,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": "none",
+            "max_output_tokens": 30,
+            "store": False,
+        },
+    ),
+    "responses_tools_cut_short": (
+        "/v1/responses",
+        {
+            "input": "hi",
+            "tools": [{"type": "function", **TOOLS[0]["function"]}],
+            "max_output_tokens": 30,
+            "store": False,
+        },
+    ),
     "responses_tools": (
         "/v1/responses",
         {
@@ -126,6 +161,61 @@ def test_a_thinking_reply_writes_the_bytes_it_wrote_before(urls, stream):
     r = httpx.post(f"{urls[1]}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 200
     pinned(f"chat_thinking_{'stream' if stream else 'whole'}", r.text)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_responses_reply_that_thought_writes_the_bytes_it_wrote_before(urls, stream):
+    body = {"model": "fake", "input": "think", "max_output_tokens": 60, "store": False, "stream": stream}
+    r = httpx.post(f"{urls[1]}/v1/responses", json=body, timeout=30)
+    assert r.status_code == 200
+    pinned(f"responses_reasoning_{'stream' if stream else 'whole'}", r.text)
+
+
+def test_a_responses_stream_that_fails_while_generating_writes_the_bytes_it_wrote_before(urls):
+    body = {"model": "fake", "input": "fail", "max_output_tokens": 30, "store": False, "stream": True}
+    r = httpx.post(f"{urls[0]}/v1/responses", json=body, timeout=30)
+    assert r.status_code == 200 and '"type": "error"' in r.text
+    pinned("responses_failed_stream", r.text)
+
+
+def test_a_stored_response_continued_read_back_and_deleted_writes_the_bytes_it_wrote_before(urls):
+    first = httpx.post(f"{urls[0]}/v1/responses", json={"model": "fake", "input": "hi", "max_output_tokens": 5})
+    assert first.status_code == 200
+    body = {"model": "fake", "input": "yo", "max_output_tokens": 8, "previous_response_id": first.json()["id"]}
+    second = httpx.post(f"{urls[0]}/v1/responses", json=body, timeout=30)
+    assert second.status_code == 200
+    rid = second.json()["id"]
+    got = httpx.get(f"{urls[0]}/v1/responses/{rid}", timeout=30)
+    deleted = httpx.delete(f"{urls[0]}/v1/responses/{rid}", timeout=30)
+    assert (got.status_code, deleted.status_code) == (200, 200)
+    pinned("responses_stored", "\n".join([first.text, second.text, got.text, deleted.text]))
+
+
+def test_a_responses_stream_cut_for_a_slow_client_writes_the_bytes_it_wrote_before():
+    import asyncio
+
+    from chat.server.errors import SlowClientError
+    from chat.server.reply.reader import Failed, TextOut
+    from chat.server.surfaces import responses_api
+
+    async def replies():
+        yield [(0, TextOut("caf\u00e9"))]
+        yield [(0, Failed(SlowClientError("the client read too slowly: 10 events unread")))]
+
+    async def read() -> str:
+        req = responses_api.ResponsesRequest(input="hi", stream=True, store=False)
+        return "".join([e async for e in responses_api._sse(replies(), False, req, "m", None, "tenant", [])])
+
+    pinned("responses_slow_client_stream", asyncio.run(read()))
+
+
+def test_a_responses_text_delta_written_into_its_template_is_the_delta_encoded_whole():
+    from chat.server.surfaces.responses_types import EventWriter
+
+    fast, whole = EventWriter('msg_"x\\'), EventWriter('msg_"x\\')
+    for text in ("plain", 'quote " and \\ and \n', "\x01\x1f\x7f", "ünï ✓ \u2028", "987654321", "\ue000", ""):
+        assert fast.text_delta(text) == whole.whole_delta(text)
+    assert fast.sequence_number == whole.sequence_number == 7
 
 
 def test_a_completion_chunk_written_into_its_template_is_the_chunk_encoded_whole():
