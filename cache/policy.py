@@ -225,8 +225,9 @@ class TierPolicy:
         return budget is not None and nbytes <= budget
 
     def survives(self, eid: EntryId, *, disk_healthy: bool) -> bool:
-        """Whether enforcing the budgets now would keep the entry in some tier: it must fit beside the entries in
-        use on the device tier, or alone on the host tier, or its file beside theirs on disk (while writes work).
+        """Whether enforcing the budgets now would keep the entry (one in memory: a new entry) in some tier: it must
+        fit beside the entries in use on the device tier, or alone on the host tier, or its file beside theirs on
+        disk (while writes work).
         With tenant shares on and another tenant's entry held, it must also fit its tenant's share of that tier
         beside its tenant's entries in use there, or the share rule could push it out."""
         held = self._held[eid]
@@ -321,7 +322,7 @@ class TierPolicy:
     def _uncount(self, held: Held) -> None:
         self._bytes[held.tier] -= self._storages[held.tier].remove(held.storages)
         self._tenants.remove_storages(held.tier, held.salt, held.storages)
-        held.storages = ()
+        held.storages, held.mem_bytes = (), 0
 
     def _fits(
         self,
