@@ -283,7 +283,7 @@ class _Pacer:
             for _ in range(self.n):
                 assert self.go.wait(10)
                 sink(Delta("x", (1,)))
-                time.sleep(0.001)
+                time.sleep(0.004)  # a fast engine step (a real one: 10+ ms); a pause acts after the loop reads it
             sink(Done("x" * self.n, (1,) * self.n, "length", Usage(1, 0, self.n), Timings(1.0, 1.0, 1.0, 1.0)))
             self.done.set()
 
