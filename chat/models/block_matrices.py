@@ -70,6 +70,7 @@ import torch
 import torch.nn.functional as F
 
 from chat.models import native
+from chat.models.dense_matrices import Float32Matrix
 
 BLOCK_FORMATS = ("gguf", "gguf-q8", "gguf-q16")  # served from a GGUF file's blocks: weight-only, int8 / int16
 # activations
@@ -586,8 +587,6 @@ def float32_layers(model: torch.nn.Module) -> int:
     """Linear layers of a loaded model (its modules' matrices: the own decoder's or the fast paths') that a block
     format computes from float32 weights: a tensor type without a kernel, a float32 tensor, or an architecture
     dequantized whole. 0 when every linear layer keeps its file's blocks."""
-    from chat.models.matrices import Float32Matrix
-
     seen: set[int] = set()
 
     def count(obj: Any) -> int:
@@ -650,8 +649,6 @@ class BlockFormat:
         self.matrix = matrix  # BlockMatrix, BlockQ8Matrix or BlockQ16Matrix
 
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
-        from chat.models.matrices import Float32Matrix
-
         return Float32Matrix(weight, bias)
 
     def from_layers(self, layers: list[Any]) -> Any:

@@ -59,7 +59,8 @@ from torch import nn
 
 from chat.engine.runtime import StepInterrupted
 from chat.models import attention
-from chat.models.matrices import MATRICES, Float32Matrix, calibrate
+from chat.models.dense_matrices import Float32Matrix, calibrate
+from chat.models.matrices import MATRICES
 
 ROPE_BLOCK = 4096  # rotary tables are computed in blocks of this many positions, each the same way
 DECODER_VERSION = "turncache-decoder-1"  # in the fingerprint of the models it computes: bump when its numbers change

@@ -40,10 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from chat.models import native, ragged, smoothing
-from chat.models.matrices import (
+from chat.models.dense_matrices import (
     FEW_ROWS,
-    MATRICES,
-    WEIGHT_FORMATS,
     BFloat16Matrix,
     BlasForms,
     Float32Matrix,
@@ -52,8 +50,9 @@ from chat.models.matrices import (
     int8_linear,
     quantize_weight,
 )
+from chat.models.matrices import MATRICES, WEIGHT_FORMATS
 
-__all__ = [  # the matrices live in chat.models.matrices; these names stay importable from here
+__all__ = [  # the matrices live in chat.models.dense_matrices and .matrices; these names stay importable from here
     "FEW_ROWS",
     "WEIGHT_FORMATS",
     "BFloat16Matrix",

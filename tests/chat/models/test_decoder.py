@@ -331,7 +331,7 @@ def test_a_format_built_from_the_checkpoints_modules_slots_in(monkeypatch):
     """A weight format whose data the checkpoint's modules hold (a GGUF file's blocks) is an object with
     ``from_layers``: it gets each matrix's modules in output order (q, k, v; gate, up), and the forward computes
     through whatever it returns."""
-    from chat.models import matrices
+    from chat.models import dense_matrices, matrices
     from chat.models.decoder import build_decoder, linear_modules
     from chat.models.decoder_runtime import DecoderAdapter
 
@@ -342,7 +342,7 @@ def test_a_format_built_from_the_checkpoints_modules_slots_in(monkeypatch):
         def from_layers(self, modules):
             self.calls.append(modules)
             bias = None if modules[0].bias is None else torch.cat([m.bias.detach() for m in modules])
-            return matrices.Float32Matrix(torch.cat([m.weight.detach() for m in modules]), bias)
+            return dense_matrices.Float32Matrix(torch.cat([m.weight.detach() for m in modules]), bias)
 
     fmt = FromModules()
     monkeypatch.setitem(matrices.MATRICES, "from-modules", fmt)

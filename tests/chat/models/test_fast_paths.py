@@ -10,8 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from chat.models import ragged
-from chat.models.fast_paths import FastLinear, FusedPart, install
-from chat.models.matrices import (
+from chat.models.dense_matrices import (
     BFloat16Matrix,
     BlasForms,
     Int8Matrix,
@@ -20,6 +19,7 @@ from chat.models.matrices import (
     linear,
     quantize_weight,
 )
+from chat.models.fast_paths import FastLinear, FusedPart, install
 from chat.models.tiny.text import build_tiny_model, tiny_config
 
 torch.set_num_threads(1)

@@ -26,7 +26,7 @@ from chat.engine.sampling import SamplingParams
 from chat.models import gemma3_270m, gguf_files, gguf_model, load_model
 from chat.models.block_matrices import StackedMatrix
 from chat.models.decoder_runtime import DecoderAdapter
-from chat.models.matrices import Float32Matrix
+from chat.models.dense_matrices import Float32Matrix
 from tests.chat.server.conftest import make_server
 
 pytestmark = pytest.mark.slow

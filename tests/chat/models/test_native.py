@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chat.models import native
-from chat.models.matrices import int8_linear, quantize_weight
+from chat.models.dense_matrices import int8_linear, quantize_weight
 
 torch.set_num_threads(1)
 
