@@ -31,7 +31,7 @@ import signal
 import time
 from dataclasses import dataclass, replace
 
-from chat.tools.bench.cluster_bench import ClusterTurn, _stayed_share, run_workload, warm_up
+from chat.tools.bench.cluster_workload import ClusterTurn, run_workload, stayed_share, warm_up
 from chat.tools.bench.multiturn_bench import SYSTEM, MultiTurnConfig, Turn, make_workload
 
 APP = "bench-cluster-ingresses"
@@ -215,7 +215,7 @@ def run_ingress_phases(runtime, cfg: MultiTurnConfig, *, model: str, replicas: i
             asyncio.run(warm_up(url, replicas))
             asyncio.run(_warm_system_prompt(url, system))  # every replica holds the system prompt, in both phases
             records, wall = asyncio.run(run_workload(url, workload, system=system))
-            result["stayed_share_by_ingresses"][str(m)] = _stayed_share([r for r in records if r.error is None])
+            result["stayed_share_by_ingresses"][str(m)] = stayed_share([r for r in records if r.error is None])
             errors += sum(r.error is not None for r in records)
             ok = sorted(r.ttft_ms for r in records if r.ttft_ms is not None)
             result["cached_ratio_by_ingresses"][str(m)] = _ratio(records)
