@@ -1,0 +1,136 @@
+"""The source tree's import graph (``cache/``, ``modalities/``, ``chat/``), read from the files' syntax: every import,
+at module level or inside a function, of a module of the tree. It has no circle, and no module imports from a floor
+above its own: ``FLOORS`` lists the floors, lowest first (docs/architecture.md draws them). A package's own
+``__init__`` importing its modules is not an edge from a floor to itself that could make a circle through the package:
+``from pkg import sub`` is an edge to ``pkg.sub`` alone."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("cache", "modalities", "chat")
+FLOORS = (  # lowest first: a module may import from its own floor and the floors below it
+    ("cache", "modalities"),  # pure data structures and torch; media decoding
+    ("chat.protocol", "chat.engine"),  # the sans-I/O protocol; the engine (turns, scheduler, the runtime protocol)
+    ("chat.models",),  # the runtimes the engine drives (the own decoder, transformers' forward)
+    ("chat.server",),  # HTTP and WebSocket surfaces
+    ("chat.cluster",),  # several engines behind Ray Serve
+    ("chat.tools", "chat.cli", "chat"),  # benchmarks, clients, tests' helpers, the command line
+)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The tree's modules that ``name`` imports (each import resolved to the longest known module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            wanted = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            wanted = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in wanted:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                targets.add(target)
+    return targets
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def floor(name: str) -> int:
+    best, level = -1, 0
+    for index, names in enumerate(FLOORS):
+        for prefix in names:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
+                best, level = len(prefix), index
+    assert best >= 0, f"{name} is on no floor: add it to FLOORS"
+    return level
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_checks_see_a_circle_and_a_floor_broken():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    assert floor("chat.models.decoder") > floor("chat.engine.turn") > floor("cache.prefix_cache")
+    assert floor("chat.tools.bench.chat_bench") == floor("chat") > floor("chat.cluster.ingress")
+
+
+def test_the_graph_is_read_from_the_tree():
+    edges = graph()
+    assert "chat.models.dense_matrices" in edges["chat.models.matrices"]  # a module-level import
+    assert "cache" in edges["chat.engine.engine"] or "cache.prefix_cache" in edges["chat.engine.engine"]
+    assert len(edges) > 150
+
+
+def test_no_import_circle():
+    assert cycles(graph()) == []
+
+
+def test_no_import_from_a_higher_floor():
+    upward = sorted(
+        f"{name} -> {target}" for name, targets in graph().items() for target in targets if floor(target) > floor(name)
+    )
+    assert upward == []
