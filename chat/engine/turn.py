@@ -44,19 +44,17 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from cache import CacheError, Lease, LeaseError, MediaSpan, Namespace, PrefixCache
 from chat.engine.constraints import CompiledGrammar, Constraint
-from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.errors import ContextOverflowError, InvalidMediaError
-from chat.engine.events import Delta, Done, Event, PinOutcome, PrefillPlanned, Timings, TurnRequest, Usage
+from chat.engine.events import Delta, Done, Event, PinOutcome, PrefillPlanned, TurnRequest, Usage
 from chat.engine.recent_replies import RecentReplies
+from chat.engine.reply_parts import ReplyWriter, Speculation, TurnClock
 from chat.engine.runtime import Feed, ModelRuntime, RenderedPrompt, Run
-from chat.engine.sampling import Penalties, StopMatcher, TokenLogprob, sample, shape, token_logprobs
+from chat.engine.sampling import Penalties, TokenLogprob, sample, shape, token_logprobs
 from chat.engine.volatile_lines import NEARBY_TOKENS, VolatileLines
 from modalities.errors import MediaError
 
@@ -99,86 +97,6 @@ class Phase(enum.Enum):
     PREFILL = "prefill"
     DECODE = "decode"
     DONE = "done"
-
-
-@dataclass(slots=True)
-class TurnClock:
-    start: float = field(default_factory=time.perf_counter)  # when the request was made
-    prefill_start: float | None = None  # when the first prefill chunk was handed out
-    prefill_end: float | None = None  # when the prompt was absorbed
-    first_token: float | None = None  # when the first token was sampled
-    last_token: float | None = None  # when the latest token was sampled
-
-    def timings(self, tokens: int) -> Timings:
-        end = time.perf_counter()
-        first = self.first_token if self.first_token is not None else end
-        decode_s = (self.last_token or first) - first
-        prefill_s = (self.prefill_end or end) - self.prefill_start if self.prefill_start is not None else 0.0
-        return Timings(
-            ttft_ms=(first - self.start) * 1e3,
-            prefill_ms=prefill_s * 1e3,
-            decode_tokens_per_s=max(0, tokens - 1) / decode_s if decode_s > 0 else 0.0,
-            total_ms=(end - self.start) * 1e3,
-        )
-
-
-class ReplyWriter:
-    """The reply as it grows: sampled tokens -> streamed text, held back while a stop string may be starting."""
-
-    def __init__(self, runtime: ModelRuntime, request: TurnRequest, max_tokens: int) -> None:
-        self.tokens: list[int] = []  # every sampled token
-        self.text: list[str] = []  # text pieces emitted
-        self.logprobs: list[TokenLogprob] = []  # of the tokens in emitted deltas, when asked for
-        self.max_tokens = max_tokens  # reply length cap (the context window's room included)
-        self._eos = runtime.eos_token_ids
-        self._detok = runtime.detokenizer()
-        self._stops = StopMatcher(request.params.stop)
-
-    def accept(self, token: int, logprob: TokenLogprob | None = None) -> tuple[list[Event], str | None]:
-        """Add a sampled token; return its events and the finish reason if the reply ends with it."""
-        self.tokens.append(token)
-        if token in self._eos:  # not text; its log-probability is reported (lm-eval reads the generated token's)
-            if logprob is None:
-                return [], "stop"
-            self.logprobs.append(logprob)
-            return [Delta("", (token,), (logprob,))], "stop"
-        text, stopped = self._stops.push(self._detok.push(token))
-        events: list[Event] = []
-        if text or not stopped:
-            events.append(Delta(text, (token,), (logprob,) if logprob is not None else ()))
-            self.text.append(text)
-            if logprob is not None:
-                self.logprobs.append(logprob)
-        if stopped:
-            return events, "stop"
-        return events, "length" if len(self.tokens) >= self.max_tokens else None
-
-    def flush(self) -> list[Event]:
-        """Text held back at the end (nothing after a stop string: both flushes then give "")."""
-        tail, _ = self._stops.push(self._detok.flush())
-        tail += self._stops.flush()
-        if not tail:
-            return []
-        self.text.append(tail)
-        return [Delta(tail, ())]
-
-
-class Speculation:
-    """Prompt-lookup drafts for a greedy reply, and how well they did."""
-
-    def __init__(self, prompt: Sequence[int], most: int) -> None:
-        self.lookup = PromptLookup(prompt)  # prompt + reply so far
-        self.length = DraftLength(most)  # how many tokens to draft next
-        self.drafted = 0  # draft tokens verified
-        self.accepted = 0  # of those, the ones greedy decoding picked too
-
-    def draft(self, room: int) -> list[int]:
-        return self.lookup.draft(min(room, self.length.now), self.length.min_ngram)
-
-    def record(self, drafted: int, kept: int) -> None:
-        self.drafted += drafted
-        self.accepted += kept
-        self.length.update(drafted, kept)
 
 
 def turn_namespace(runtime: ModelRuntime, request: TurnRequest) -> Namespace:

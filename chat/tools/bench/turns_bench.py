@@ -136,6 +136,42 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def _decode_rates(
+    runtime, model: str, messages: list[dict], prompt: list[int], decode_tokens: int, repeats: int
+) -> tuple[list[float], list[float], list[float]]:
+    """Per repeat: stock transformers' prefill time (ms) and decode rate on the same prompt, and ours (tokens/s)."""
+    from chat.tools.testing.baselines import hf_generate, hf_generate_media, load_stock, load_stock_media
+
+    hf_prefill: list[float] = []
+    hf_decode: list[float] = []
+    ours_decode: list[float] = []
+
+    # the baseline is stock transformers on the float32 weights as loaded from disk (a model of its own), on the same
+    # prompt
+    if runtime.modalities:
+        media = load_stock_media(model)
+    else:
+        stock = load_stock(model)
+
+    def baseline(n: int) -> list[int]:
+        if runtime.modalities:
+            return hf_generate_media(media, runtime, runtime.render_prompt(messages), n)
+        return hf_generate(stock, prompt, n)
+
+    for _ in range(repeats):
+        t = time.perf_counter()
+        baseline(1)
+        hf_prefill.append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        produced = baseline(decode_tokens)
+        total = (time.perf_counter() - t) * 1e3
+        hf_decode.append((len(produced) - 1) / ((total - hf_prefill[-1]) / 1e3))
+        budget = SamplingParams(max_tokens=len(produced))
+        _, done = run_to_end(Turn(runtime, None, TurnRequest(messages, budget)))
+        ours_decode.append(done.timings.decode_tokens_per_s)
+    return hf_prefill, hf_decode, ours_decode
+
+
 def run(
     model: str = "smollm2",
     *,
@@ -147,7 +183,6 @@ def run(
     session_turns: int = 20,
 ) -> dict[str, float]:
     from chat.models import load_model
-    from chat.tools.testing.baselines import hf_generate, hf_generate_media, load_stock, load_stock_media
 
     runtime = load_model(model, weights=weights)
     cache = PrefixCache()
@@ -203,32 +238,7 @@ def run(
         runtime.close_run(state)
         cache.release(lease)
 
-    hf_prefill, hf_decode = [], []
-    ours_decode = []
-
-    # the baseline is stock transformers on the float32 weights as loaded from disk (a model of its own), on the same
-    # prompt
-    if runtime.modalities:
-        media = load_stock_media(model)
-    else:
-        stock = load_stock(model)
-
-    def baseline(n: int) -> list[int]:
-        if runtime.modalities:
-            return hf_generate_media(media, runtime, runtime.render_prompt(messages), n)
-        return hf_generate(stock, prompt, n)
-
-    for _ in range(repeats):
-        t = time.perf_counter()
-        baseline(1)
-        hf_prefill.append((time.perf_counter() - t) * 1e3)
-        t = time.perf_counter()
-        produced = baseline(decode_tokens)
-        total = (time.perf_counter() - t) * 1e3
-        hf_decode.append((len(produced) - 1) / ((total - hf_prefill[-1]) / 1e3))
-        budget = SamplingParams(max_tokens=len(produced))
-        _, done = run_to_end(Turn(runtime, None, TurnRequest(messages, budget)))
-        ours_decode.append(done.timings.decode_tokens_per_s)
+    hf_prefill, hf_decode, ours_decode = _decode_rates(runtime, model, messages, prompt, decode_tokens, repeats)
 
     hit, miss, floor = _median(hits), _median(misses), _median(floors)
     media = {}
