@@ -31,7 +31,7 @@ from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError, validation_error
 from chat.server.persistence.response_store import ResponseStore, StoredResponse
 from chat.server.reply import tools_api
-from chat.server.reply.reader import Failed, Finished, Prepared, TextOut, open_replies, whole_replies
+from chat.server.reply.reader import Failed, Finished, Prepared, ReasoningOut, TextOut, open_replies, whole_replies
 from chat.server.reply.turns import wire_usage
 from chat.server.surfaces import openai_api
 from chat.server.surfaces import responses_types as wire
@@ -371,6 +371,7 @@ async def _sse(replies, held: bool, req, model, store, tenant, conversation) -> 
     """The Responses surface's encoder: reply events -> ``response.*`` events (the thinking is not streamed)."""
     rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
     msg_id, opened = f"msg_{uuid.uuid4().hex}", False
+    thought, reasoning = False, None  # the reply thought; its reasoning item, once announced (ahead of the message)
     writer = wire.EventWriter(msg_id)
     event, text_delta = writer.event, writer.text_delta
     yield event(wire.ResponseCreated, response=response_object(rid, req, model, [], None, created))
@@ -378,14 +379,22 @@ async def _sse(replies, held: bool, req, model, store, tenant, conversation) -> 
     async with contextlib.aclosing(replies):
         async for batch in replies:
             for _, item in batch:
+                if isinstance(item, ReasoningOut):
+                    thought = True
+                    continue  # the thinking is not streamed: it comes whole in its item, output 0
                 if isinstance(item, TextOut) and held:
                     continue  # sent whole with its calls, below
                 if isinstance(item, TextOut) and not opened and item.text:
                     opened = True
+                    if thought:  # the reasoning item stands before the message: announced now, done at the end
+                        reasoning = wire.ReasoningItem(id=f"rs_{uuid.uuid4().hex}", content=[], status="in_progress")
+                        yield event(wire.OutputItemAdded, output_index=0, item=reasoning)
+                        writer.message_at(1)
+                    at = writer.message_index
                     message = wire.OutputMessage(id=msg_id, status="in_progress", content=[])
-                    yield event(wire.OutputItemAdded, output_index=0, item=message)
+                    yield event(wire.OutputItemAdded, output_index=at, item=message)
                     part = wire.OutputText(text="", logprobs=None)
-                    yield event(wire.ContentPartAdded, item_id=msg_id, output_index=0, content_index=0, part=part)
+                    yield event(wire.ContentPartAdded, item_id=msg_id, output_index=at, content_index=0, part=part)
                 if isinstance(item, TextOut) and item.text:
                     yield text_delta(item.text)
                 elif isinstance(item, Failed):
@@ -397,11 +406,17 @@ async def _sse(replies, held: bool, req, model, store, tenant, conversation) -> 
                     return
                 elif isinstance(item, Finished):
                     items = output_items(item)
+                    if reasoning is not None:  # announced: the same item (its id), first, whatever the text
+                        if items and isinstance(items[0], wire.ReasoningItem):
+                            items[0].id = reasoning.id
+                        else:
+                            items.insert(0, wire.ReasoningItem(id=reasoning.id, content=[]))
                     for n, out in enumerate(items):
                         is_message = isinstance(out, wire.OutputMessage)
                         if is_message:
                             out.id = msg_id
-                        if not (opened and is_message):
+                        announced = (opened and is_message) or (reasoning is not None and n == 0)
+                        if not announced:
                             yield event(wire.OutputItemAdded, output_index=n, item=replace(out, status="in_progress"))
                         if is_message:
                             done_part = out.content[0]

@@ -274,7 +274,8 @@ class ErrorEvent:
 
 class EventWriter:
     """One stream's events as server-sent events (``event: <type>`` and ``data: <json>``), numbered in the order
-    written. The text deltas of the stream's message (``msg_id``, output 0, content 0) are written between pieces
+    written. The text deltas of the stream's message (``msg_id``, content 0, at :attr:`message_index` of the output)
+    are written between pieces
     cut once from an encoded :class:`OutputTextDelta` (the same text :meth:`event` writes for it: see
     :meth:`whole_delta`)."""
 
@@ -282,7 +283,12 @@ class EventWriter:
 
     def __init__(self, msg_id: str) -> None:
         self.msg_id, self.sequence_number = msg_id, 0
-        probe = self._write(OutputTextDelta(sequence_number=self.SEQ, item_id=msg_id, output_index=0,
+        self.message_at(0)
+
+    def message_at(self, output_index: int) -> None:
+        """The message's place in ``output`` (0 unless a reasoning item stands before it), which its deltas say."""
+        self.message_index = output_index
+        probe = self._write(OutputTextDelta(sequence_number=self.SEQ, item_id=self.msg_id, output_index=output_index,
                                             content_index=0, delta=self.TEXT))  # fmt: skip
         head, rest = probe.split(str(self.SEQ), 1)
         middle, tail = rest.split(encode_basestring(self.TEXT), 1)
@@ -302,7 +308,8 @@ class EventWriter:
 
     def whole_delta(self, text: str) -> str:
         """The message's next text delta, encoded whole from its model."""
-        return self.event(OutputTextDelta, item_id=self.msg_id, output_index=0, content_index=0, delta=text)
+        index = self.message_index
+        return self.event(OutputTextDelta, item_id=self.msg_id, output_index=index, content_index=0, delta=text)
 
     @staticmethod
     def _write(event: Any) -> str:

@@ -7,6 +7,7 @@ these bytes. ``TURNCACHE_UPDATE_WIRE=1`` rewrites the files (then read the diff)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -226,3 +227,28 @@ def test_a_completion_chunk_written_into_its_template_is_the_chunk_encoded_whole
     for text in ("plain", 'quote " and \\ and \n', "ünï ✓ \u2028", ""):
         for logprobs in (None, table):
             assert template.text(3, text, logprobs) == template.whole(3, text, logprobs)
+
+
+def _events(sse: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in sse.splitlines() if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["text", "thought"])
+def test_a_responses_stream_places_every_event_at_its_item_in_the_final_output(urls, thinking):
+    """Every ``output_index`` a stream names is where its item stands in ``response.completed``'s output (clients
+    such as openai-python's stream accumulator build the output by it). A reply that thought has its reasoning item
+    at 0, announced before the message's deltas, which are at 1 (they said 0 while the reasoning took 0 at the end)."""
+    body = {"model": "fake", "input": "think" if thinking else "hi", "max_output_tokens": 60, "store": False}
+    r = httpx.post(f"{urls[1] if thinking else urls[0]}/v1/responses", json={**body, "stream": True}, timeout=30)
+    events = _events(r.text)
+    ids = [item["id"] for item in events[-1]["response"]["output"]]
+    assert ids and (ids[0].startswith("rs_") if thinking else ids[0].startswith("msg_"))
+    added = []
+    for e in events:
+        if "output_index" not in e:
+            continue
+        named = e["item"]["id"] if "item" in e else e["item_id"]
+        assert ids[e["output_index"]] == named, e
+        if e["type"] == "response.output_item.added":
+            added.append(named)
+    assert added == ids  # announced in output order, each once
