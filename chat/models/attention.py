@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from chat.models import native
 from chat.models.kv_rows import AttentionRows
 
-MATMUL_QUERY = 16  # longest query chunk the torch kernel computes as matmuls; longer ones go to SDPA with a mask
+MATMUL_QUERY = 16  # longest query chunk attend() computes as matmuls; longer ones go to SDPA with a mask
 
 
 class StepBatchError(ValueError):
@@ -148,11 +148,9 @@ def torch_attention(
     window: int | None,
     softcap: float | None,
 ) -> torch.Tensor:
-    """The ``"torch"`` kernel (see the module docstring): per sequence, on ``q``'s device."""
-    t, heads, d = q.shape
-    kv_heads, dv = k.shape[1], v.shape[-1]
-    group = heads // kv_heads
-    out = q.new_empty((t, heads, dv))
+    """The ``"torch"`` kernel (see the module docstring): per sequence, on ``q``'s device (:func:`attend`)."""
+    t, heads, _ = q.shape
+    out = q.new_empty((t, heads, v.shape[-1]))
     for seq in step.seqs:
         rows = seq.rows[layer]
         n = seq.end - seq.start
@@ -163,28 +161,54 @@ def torch_attention(
             keys, values = keys4[0], values4[0]
         if keys.dtype != q.dtype:  # rows stored in another dtype (float16 / bfloat16 K/V): computed in q's
             keys, values = keys.to(q.dtype), values.to(q.dtype)
-        kv = keys.shape[1]
-        queries = q[seq.start : seq.end]  # [n, H, D]
-        if n == 1:  # a decode token sees every row it is given (a sliding layer gives only its window)
-            scores = torch.bmm(queries[0].view(kv_heads, group, d), keys.transpose(1, 2))  # [Hk, g, kv]
-            if softcap:
-                scores = torch.tanh(scores / softcap) * softcap
-            torch.bmm(torch.softmax(scores, dim=-1), values, out=out[seq.start].view(kv_heads, group, dv))
-            continue
-        mask = _causal(n, kv, window, q.device)  # [n, kv]
-        qh = queries.transpose(0, 1)  # [H, n, D]
-        if n <= MATMUL_QUERY or softcap:
-            scores = torch.bmm(qh.reshape(kv_heads, group * n, d), keys.transpose(1, 2)).view(kv_heads, group, n, kv)
-            if softcap:
-                scores = torch.tanh(scores / softcap) * softcap
-            scores = scores.masked_fill(~mask, float("-inf"))
-            probs = torch.softmax(scores, dim=-1).view(kv_heads, group * n, kv)
-            o = torch.bmm(probs, values).view(heads, n, dv)
-        else:
-            o = F.scaled_dot_product_attention(
-                qh[None], keys[None], values[None], attn_mask=mask, scale=1.0, enable_gqa=group > 1
-            )[0]
-        out[seq.start : seq.end] = o.transpose(0, 1)
+        mask = None if n == 1 else causal_mask(n, keys.shape[1], window, q.device)
+        target = out[seq.start : seq.end].transpose(0, 1)  # [H, n, Dv]
+        attend(q[seq.start : seq.end].transpose(0, 1), keys, values, mask, softcap, out=target)
+    return out
+
+
+def attend(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    softcap: float | None,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One sequence's attention in torch operations: the one body both forwards use (the own decoder's ``"torch"``
+    kernel, and :func:`chat.models.ragged.ragged_attention` on transformers' forward).
+
+    ``queries`` ``[H, n, D]``, already scaled; ``keys`` ``[Hk, kv, D]`` and ``values`` ``[Hk, kv, Dv]`` in the
+    queries' dtype (``H`` a multiple of ``Hk``: query head ``h`` reads K/V head ``h // (H / Hk)``); ``mask`` boolean
+    ``[n, kv]`` (True: attend), None for a decoding token (``n`` 1), which sees every row it is given (a sliding
+    layer gives only its window). A decoding token is a grouped matmul, a chunk of at most :data:`MATMUL_QUERY`
+    tokens (or any chunk with ``softcap``) matmuls with the mask, a longer one SDPA. Written into ``out``
+    (``[H, n, Dv]``, a view of the caller's output) when given; returns ``[H, n, Dv]``."""
+    heads, n, d = queries.shape
+    kv_heads, kv, dv = keys.shape[0], keys.shape[1], values.shape[-1]
+    group = heads // kv_heads
+    if n == 1:
+        scores = torch.bmm(queries.reshape(kv_heads, group, d), keys.transpose(1, 2))  # [Hk, g, kv]
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        target = out.view(kv_heads, group, dv) if out is not None else None
+        return torch.bmm(torch.softmax(scores, dim=-1), values, out=target).view(heads, 1, dv)
+    assert mask is not None
+    if n <= MATMUL_QUERY or softcap:
+        scores = torch.bmm(queries.reshape(kv_heads, group * n, d), keys.transpose(1, 2)).view(kv_heads, group, n, kv)
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores.masked_fill_(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).view(kv_heads, group * n, kv)
+        o = torch.bmm(probs, values).view(heads, n, dv)
+    else:
+        o = F.scaled_dot_product_attention(
+            queries[None], keys[None], values[None], attn_mask=mask, scale=1.0, enable_gqa=group > 1
+        )[0]
+    if out is None:
+        return o
+    out.copy_(o)
     return out
 
 
@@ -203,7 +227,7 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).unsqueeze(0)
 
 
-def _causal(q: int, kv: int, window: int | None, device: torch.device) -> torch.Tensor:
+def causal_mask(q: int, kv: int, window: int | None, device: torch.device) -> torch.Tensor:
     """Boolean ``[q, kv]`` (True = attend): the last ``q`` of ``kv`` positions are the queries; each sees itself and
     what precedes it, within ``window`` positions if one is given."""
     own = torch.arange(q, device=device).unsqueeze(1) + (kv - q)  # [q, 1]

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.cache_utils import (
     Cache,
@@ -57,9 +56,9 @@ from transformers.cache_utils import (
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from chat.models import native
+from chat.models.attention import attend, causal_mask
 
 RAGGED_ATTENTION = "turncache_ragged"  # our entry in transformers' attention interface
-MATMUL_QUERY = 16  # longest query computed as matmuls; longer ones go to SDPA with a mask
 
 
 @dataclass(slots=True)
@@ -90,12 +89,7 @@ class Pack:
         key = (q, kv, window)
         mask = self._masks.get(key)
         if mask is None:
-            seen = torch.arange(q, device=device).unsqueeze(1) + (kv - q)  # [q, 1]: each query's own kv index
-            cols = torch.arange(kv, device=device).unsqueeze(0)  # [1, kv]
-            mask = cols <= seen
-            if window is not None:
-                mask &= cols > seen - window
-            self._masks[key] = mask
+            mask = self._masks[key] = causal_mask(q, kv, window, device)
         return mask
 
 
@@ -293,7 +287,6 @@ def ragged_attention(
         hk, dv = key.shape[1], value.shape[-1]
     else:
         hk, dv = first[0].shape[0], first[1].shape[-1]
-    g = h // hk  # query heads per K/V head
     scale = d**-0.5 if scaling is None else scaling
     softcap = kwargs.get("softcap")
     window = pack.window
@@ -308,32 +301,18 @@ def ragged_attention(
         if k.dtype != query.dtype:  # rows stored in another dtype (float16 K/V): computed in the query's
             k, v = k.to(query.dtype), v.to(query.dtype)
         q = slot.end - slot.start
-        kv = k.shape[-2]
         if q == 1:  # decoding: every visible row is attended (sliding layers return only the window)
             if token_queries is None:
                 token_queries = scaled.transpose(1, 2).flatten(0, 1).unbind(0)  # [H, D] per token
                 token_outputs = out.view(b * s, h, dv).unbind(0)
             at = slot.row * s + slot.start
-            scores = torch.bmm(token_queries[at].view(hk, g, d), k.transpose(1, 2))  # [Hk, g, kv], head hk*g + j
-            if softcap:
-                scores = torch.tanh(scores / softcap) * softcap
-            torch.bmm(torch.softmax(scores, dim=-1), v, out=token_outputs[at].view(hk, g, dv))
+            attend(token_queries[at].unsqueeze(1), k, v, None, softcap, out=token_outputs[at].unsqueeze(1))
             continue
-        mask = pack.mask(q, kv, window, query.device)  # [q, kv]
+        mask = pack.mask(q, k.shape[-2], window, query.device)  # [q, kv]
         if slot.blocks:
             mask = _with_blocks(mask, slot.blocks)
-        qs = scaled[slot.row : slot.row + 1, :, slot.start : slot.end]  # [1, H, q, D]
-        if q <= MATMUL_QUERY or softcap:
-            qg = qs.reshape(hk, g * q, d)
-            scores = torch.bmm(qg, k.transpose(1, 2)).view(hk, g, q, kv)
-            if softcap:
-                scores = torch.tanh(scores / softcap) * softcap
-            scores.masked_fill_(~mask, float("-inf"))
-            probs = torch.softmax(scores, dim=-1).view(hk, g * q, kv)
-            o = torch.bmm(probs, v).view(h, q, dv)  # [H, q, Dv]
-        else:
-            o = F.scaled_dot_product_attention(qs, k[None], v[None], attn_mask=mask, scale=1.0, enable_gqa=g > 1)[0]
-        out[slot.row, slot.start : slot.end].copy_(o.transpose(0, 1))
+        target = out[slot.row, slot.start : slot.end].transpose(0, 1)  # [H, q, Dv]
+        attend(scaled[slot.row, :, slot.start : slot.end], k, v, mask, softcap, out=target)
     return out, None
 
 
