@@ -91,8 +91,9 @@ def quality(runtime, reference: list[torch.Tensor] | None) -> tuple[dict[str, fl
     measuring float32 itself)."""
     all_logits: list[torch.Tensor] = []
     nll, count, agree, prefill_s, prefill_tokens = 0.0, 0, 0, 0.0, 0
+    encode = getattr(runtime, "encode_prompt", None) or runtime.encode  # a model's own BOS, as completions get it
     for i, text in enumerate(TEXTS):
-        ids = runtime.encode(text)
+        ids = encode(text)
         run = runtime.new_run()
         start = time.perf_counter()
         logits = runtime.forward(run, ids)  # [n, vocab]
