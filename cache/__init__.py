@@ -1,8 +1,8 @@
 """turncache's prefix cache: pure torch and data structures (no transformers, no asyncio).
 
 Public surface: :class:`PrefixCache` (insert / lookup / acquire / release / evict / stats / check_invariants, and
-flush / close for its disk tier), the layer-state types, media spans, namespaces and the error hierarchy. See
-``cache/DESIGN.md``.
+flush / close for its disk tier), the layer-state types, media spans, namespaces, the error hierarchy and
+:func:`shared_prefix_length`. See ``cache/DESIGN.md``.
 """
 
 from cache.errors import (
@@ -26,7 +26,7 @@ from cache.layers import (
 from cache.media import MediaKind, MediaSpan
 from cache.namespace import Namespace
 from cache.prefix_cache import DEVICE, DISK, HOST, PrefixCache
-from cache.radix import EntryId
+from cache.radix import EntryId, shared_prefix_length
 from cache.records import CacheStats, Lease, PrefixMatch
 
 __all__ = [
@@ -55,4 +55,5 @@ __all__ = [
     "SpanError",
     "Stateless",
     "TokenError",
+    "shared_prefix_length",
 ]

@@ -29,7 +29,7 @@ bottom, that yields a length gives the answer; ties between entries go to the mo
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 EntryId = int
@@ -55,6 +55,12 @@ class _Record:
     points: tuple[int, ...]  # point entries: servable lengths, ascending
     recency: int  # larger = used more recently
     point_nodes: list[_Node] = field(default_factory=list)  # nodes holding this entry's points
+
+
+def shared_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two token sequences share (what a cache keyed by one serves of the other)."""
+    n = min(len(a), len(b))
+    return _common_prefix(array("q", a[:n]), array("q", b[:n]), 0, n) if n else 0
 
 
 def _common_prefix(edge: array, keys: array, offset: int, n: int) -> int:

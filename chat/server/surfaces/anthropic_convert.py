@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cache import shared_prefix_length
 from chat.engine.events import CacheBreakpoint, TurnRequest
 from chat.engine.volatile_lines import VolatileLines
 from chat.protocol.errors import ErrorCode
@@ -372,15 +373,6 @@ def _render(runtime, turn: TurnRequest, volatile: VolatileLines | None = None) -
     return list(render(messages, **extra).tokens)
 
 
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def breakpoint_tokens(
     converted: Converted, turn: TurnRequest, salt: str, runtime, volatile: VolatileLines | None = None
 ) -> tuple[CacheBreakpoint, ...]:
@@ -403,7 +395,7 @@ def breakpoint_tokens(
         else:
             cut = _truncated(converted.chat, mark)
             (head,) = openai_api.prepare(cut, salt, runtime).turns
-            tokens = _shared(full, _render(runtime, head, volatile) or [])
+            tokens = shared_prefix_length(full, _render(runtime, head, volatile) or [])
         out.append(CacheBreakpoint(tokens, mark.ttl_s, mark.where))
     return tuple(sorted(out, key=lambda b: b.tokens))
 

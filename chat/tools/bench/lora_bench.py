@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cache import shared_prefix_length
 from chat.tools.bench.report import emit
 from chat.tools.bench.threads import engine_threads, in_fresh_thread, leave_parallelism_to_engines
 
@@ -171,7 +172,7 @@ def probe(engine, conversations, assignment, adapters) -> tuple[int, int, int, i
     runtime = engine.runtime
     prompts = [c[:-1] if c and c[-1]["role"] == "assistant" else c for c in conversations]
     rendered = [runtime.render(p) for p in prompts]
-    shared = min(_common(rendered[0], r) for r in rendered[1:]) if len(rendered) > 1 else 0
+    shared = min(shared_prefix_length(rendered[0], r) for r in rendered[1:]) if len(rendered) > 1 else 0
     choices = [None, *adapters]
     counts = {"cross": 0, "cross_n": 0, "own": 0, "own_n": 0, "errors": 0}
 
@@ -190,15 +191,6 @@ def probe(engine, conversations, assignment, adapters) -> tuple[int, int, int, i
 
     asyncio.run(everything())
     return counts["cross"], counts["cross_n"], counts["own"], counts["own_n"], counts["errors"]
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # ---------------------------------------------------------------- figures
