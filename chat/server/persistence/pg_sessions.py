@@ -45,7 +45,18 @@ from chat.protocol.sampling import SamplingSettings
 from chat.protocol.session import Session, SessionState
 from chat.protocol.store import MAX_SESSIONS, InMemorySessionStore
 from chat.server.persistence.pg_database import HOLDER_ALIVE, LOCK_CLASS, PgDatabase
-from chat.server.persistence.session_rows import Header, StoredSession, Work, pack, pack_tools, unpack
+from chat.server.persistence.session_rows import (
+    Header,
+    QmarkConnection,
+    StoredSession,
+    Work,
+    current_version,
+    delete_messages,
+    pack,
+    pack_tools,
+    row_bytes,
+    unpack,
+)
 from chat.server.persistence.session_writer import Snapshot, WriteStats, common_prefix
 
 log = logging.getLogger("turncache.sessions")
@@ -167,12 +178,13 @@ class PostgresSessionStore(InMemorySessionStore):
 
         def work(c) -> tuple[Work, int]:
             if known is None:  # never written from here (a failed first write, or a read that failed)
-                if _current_version(c, snap.session_id):  # a row we do not know the state of: read it first
+                # a row we do not know the state of: read it first
+                if current_version(QmarkConnection(c), snap.session_id):
                     raise ConflictError(snap.session_id)
                 return _insert(c, snap.session_id, snap.header, holder, list(snap.messages)), 1
             start = common_prefix(known.ids, ids) if known.ids is not None else 0
             done, version = _update_header(c, snap.session_id, snap.header, known.version, holder, mine)
-            done.add(_delete_messages(c, snap.session_id, start))
+            done.add(delete_messages(QmarkConnection(c), snap.session_id, start))
             done.add(_insert_messages(c, snap.session_id, start, list(snap.messages[start:])))
             return done, version
 
@@ -199,7 +211,7 @@ class PostgresSessionStore(InMemorySessionStore):
     def _refresh_if_changed(self, session: Session) -> None:
         known = self._known.get(session.id)
         try:
-            version = self.db.run(lambda c: _current_version(c, session.id), transaction=False)
+            version = self.db.run(lambda c: current_version(QmarkConnection(c), session.id), transaction=False)
         except self.db._psycopg.Error as exc:  # unreachable: serve what is in memory
             log.warning("could not check session %s against the database (%s)", session.id, exc)
             return
@@ -261,7 +273,7 @@ class PostgresSessionStore(InMemorySessionStore):
 def _insert(c, sid: str, h: Header, holder: int, messages: list[ConversationMessage] | None = None) -> Work:
     values = (sid, h.owner, h.model, h.system, h.sampling, h.state, h.turn_id, h.interrupted_turn_id)
     c.execute("INSERT INTO sessions VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 1, %s, %s)", (*values, time.time(), holder))
-    work = Work(rows=1, bytes=_size(values) + 24)
+    work = Work(rows=1, bytes=row_bytes(values) + 24)
     if messages:
         work.add(_insert_messages(c, sid, 0, messages))
     return work
@@ -278,7 +290,7 @@ def _update_header(c, sid: str, h: Header, version: int, holder: int, mine: list
     ).fetchone()
     if row is None:
         raise ConflictError(sid)
-    return Work(rows=1, bytes=_size(values) + 24), row[0]
+    return Work(rows=1, bytes=row_bytes(values) + 24), row[0]
 
 
 def _insert_messages(c, sid: str, start: int, messages: list[ConversationMessage]) -> Work:
@@ -288,7 +300,7 @@ def _insert_messages(c, sid: str, start: int, messages: list[ConversationMessage
         values = (message.id, message.role, content, message.finish_reason, pack_tools(message))
         c.execute("INSERT INTO messages VALUES (%s, %s, %s, %s, %s, %s, %s)", (sid, position, *values))
         work.rows += 1
-        work.bytes += _size(values) + len(sid) + 8
+        work.bytes += row_bytes(values) + len(sid) + 8
         for digest, payload in media.items():
             inserted = c.execute(
                 "INSERT INTO media VALUES (%s, %s) ON CONFLICT (hash) DO NOTHING RETURNING hash", (digest, payload)
@@ -300,31 +312,6 @@ def _insert_messages(c, sid: str, start: int, messages: list[ConversationMessage
             work.rows += 1
             work.bytes += len(sid) + 8 + len(digest)
     return work
-
-
-def _delete_messages(c, sid: str, start: int) -> Work:
-    digests = [
-        row[0]
-        for row in c.execute(
-            "SELECT DISTINCT hash FROM message_media WHERE session_id = %s AND position >= %s", (sid, start)
-        )
-    ]
-    work = Work()
-    work.deleted += c.execute(
-        "DELETE FROM message_media WHERE session_id = %s AND position >= %s", (sid, start)
-    ).rowcount
-    work.deleted += c.execute("DELETE FROM messages WHERE session_id = %s AND position >= %s", (sid, start)).rowcount
-    for digest in digests:
-        work.deleted += c.execute(
-            "DELETE FROM media WHERE hash = %s AND NOT EXISTS (SELECT 1 FROM message_media WHERE hash = %s)",
-            (digest, digest),
-        ).rowcount
-    return work
-
-
-def _current_version(c, sid: str) -> int:
-    row = c.execute("SELECT version FROM sessions WHERE id = %s", (sid,)).fetchone()
-    return row[0] if row else 0
 
 
 def _read(c, sid: str, owner: str, mine: list[int]) -> tuple[StoredSession, bool] | None:
@@ -371,7 +358,3 @@ def _read(c, sid: str, owner: str, mine: list[int]) -> tuple[StoredSession, bool
     if cut_off:  # comes back idle, the conversation before that turn, the turn named as interrupted
         stored.header = Header(owner, header.model, header.system, header.sampling, "idle", None, header.turn_id)
     return stored, cut_off
-
-
-def _size(values: tuple) -> int:
-    return sum(len(v.encode()) if isinstance(v, str) else 8 for v in values if v is not None)

@@ -246,7 +246,7 @@ def insert_header(db: sqlite3.Connection, sid: str, h: Header, *, version: int, 
         "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (*values, version, updated if updated is not None else time.time()),
     )
-    return Work(rows=1, bytes=_size(values) + 16)
+    return Work(rows=1, bytes=row_bytes(values) + 16)
 
 
 def update_header(db: sqlite3.Connection, sid: str, old: Header, new: Header, version: int) -> Work | None:
@@ -259,11 +259,11 @@ def update_header(db: sqlite3.Connection, sid: str, old: Header, new: Header, ve
     ).rowcount
     if changed != 1:
         return None
-    work = Work(rows=1, bytes=_size(state) + 16)
+    work = Work(rows=1, bytes=row_bytes(state) + 16)
     settings = (new.model, new.system, new.sampling)
     if settings != (old.model, old.system, old.sampling):
         db.execute("UPDATE sessions SET model = ?, system = ?, sampling = ? WHERE id = ?", (*settings, sid))
-        work.bytes += _size(settings)
+        work.bytes += row_bytes(settings)
     return work
 
 
@@ -275,7 +275,7 @@ def insert_messages(db: sqlite3.Connection, sid: str, start: int, messages: list
         values = (message.id, message.role, content, message.finish_reason, pack_tools(message))
         db.execute("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)", (sid, position, *values))
         work.rows += 1
-        work.bytes += _size(values) + len(sid) + 8
+        work.bytes += row_bytes(values) + len(sid) + 8
         for digest, payload in media.items():
             if db.execute("SELECT 1 FROM media WHERE hash = ?", (digest,)).fetchone() is None:
                 db.execute("INSERT INTO media VALUES (?, ?)", (digest, payload))
@@ -287,8 +287,9 @@ def insert_messages(db: sqlite3.Connection, sid: str, start: int, messages: list
     return work
 
 
-def delete_messages(db: sqlite3.Connection, sid: str, start: int) -> Work:
-    """Delete the messages at positions >= ``start``, and the payloads no other message refers to."""
+def delete_messages(db: Any, sid: str, start: int) -> Work:
+    """Delete the messages at positions >= ``start``, and the payloads no other message refers to. ``db``: a SQLite
+    connection, or anything with its ``execute`` taking ``?`` placeholders (:class:`QmarkConnection` for psycopg)."""
     query = "SELECT DISTINCT hash FROM message_media WHERE session_id = ? AND position >= ?"
     digests = [row[0] for row in db.execute(query, (sid, start)).fetchall()]
     work = Work()
@@ -304,12 +305,24 @@ def delete_messages(db: sqlite3.Connection, sid: str, start: int) -> Work:
     return work
 
 
-def current_version(db: sqlite3.Connection, sid: str) -> int:
+def current_version(db: Any, sid: str) -> int:
+    """The session's stored version (0: not stored). ``db`` as for :func:`delete_messages`."""
     row = db.execute("SELECT version FROM sessions WHERE id = ?", (sid,)).fetchone()
     return row[0] if row else 0
 
 
 # ---------------------------------------------------------------- reads
+
+
+class QmarkConnection:
+    """A DB-API connection whose placeholders are ``%s`` (psycopg) taking the ``?`` statements written here for
+    SQLite, for the statements both stores share (no ``?`` in them but placeholders)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, query: str, params: tuple = ()) -> Any:
+        return self.conn.execute(query.replace("?", "%s"), params)
 
 
 def read_session(db: sqlite3.Connection, sid: str, owner: str) -> StoredSession | None:
@@ -359,5 +372,6 @@ def read_session(db: sqlite3.Connection, sid: str, owner: str) -> StoredSession 
     return stored
 
 
-def _size(values: tuple) -> int:
+def row_bytes(values: tuple) -> int:
+    """The bytes a row's values hold, as the write statistics count them (a number: 8)."""
     return sum(len(v.encode()) if isinstance(v, str) else 8 for v in values if v is not None)
