@@ -31,7 +31,8 @@ Keys (lists in the order of ``levels``): ``levels``; ``engine_tokens_per_s``, ``
 tokens of the turns after each conversation's first (HTTP); ``disk_tier_cost``: 1 - (HTTP with the disk tier) /
 (HTTP without it); ``disk_tier_ttft_ratio``: first-token p50 with the disk tier / without (HTTP);
 ``client_cpu_share``: the clients' process's CPU time over the served runs' wall time x the machine's cores;
-``rounds``; ``errors``: turns that failed, on any way.
+``tokens_per_s_by_round``: {way: per level, each round's rate in the order the rounds ran} (an outlier a median hides
+shows here); ``rounds``; ``errors``: turns that failed, on any way.
 """
 
 from __future__ import annotations
@@ -313,6 +314,7 @@ def summary(levels: tuple[int, ...], results: dict[str, list[list[ChatRun]]]) ->
         "chat_ratio_ws": paired("ws", "engine"),
         "engine_chat_efficiency": paired("engine", "decode_only"),
         "ttft_p50_ms": {way: median(way, "ttft_p50_ms") for way in results},
+        "tokens_per_s_by_round": {way: [[r.tokens_per_s for r in runs] for runs in results[way]] for way in results},
         "cached_ratio": cached,
         "disk_tier_cost": paired("http", "http_no_disk", lambda a, b: 1 - a / b),
         "disk_tier_ttft_ratio": paired_ttft("http", "http_no_disk"),

@@ -16,6 +16,7 @@ KEYS = {
     "chat_ratio_ws",
     "engine_chat_efficiency",
     "ttft_p50_ms",
+    "tokens_per_s_by_round",
     "cached_ratio",
     "disk_tier_cost",
     "disk_tier_ttft_ratio",
@@ -65,6 +66,7 @@ def test_the_summary_pairs_ratios_by_round_and_the_disk_cost_is_one_minus_with_o
     assert result["disk_tier_cost"] == [pytest.approx(0.1)]
     assert result["disk_tier_ttft_ratio"] == [pytest.approx(1.15)]
     assert result["cached_ratio"] == [0.8] and result["client_cpu_share"] == 2.0 / (6 * 2.0 * 2)
+    assert result["tokens_per_s_by_round"]["ws"] == [[80, 180]]  # every round's rate, in the order they ran
     met = targets_met({**result, "errors": 0})
     assert met["chat_ratio_http at 8 >= 0.85"] is False and met["disk_tier_cost at 8 <= 0.05"] is False
     assert met["ttft_p50_ms http at 8 <= 300"] is True
