@@ -21,4 +21,3 @@ def test_the_cached_ratio_leaves_failed_turns_out():
 
 def test_tokens_per_second_count_prompt_and_completion_tokens_of_the_turns_that_ran():
     assert _tokens_per_s(RECORDS, 2.0) == pytest.approx((100 + 5 + 300 + 7) / 2.0)
-
