@@ -157,7 +157,8 @@ BENCHMARKS = (
                 "run the sessions' clients in the benchmark's own process (sharing its interpreter lock with the "
                 "server and the engine) instead of a process of their own",
                 action="store_false",
-                dest="clients_apart",
+                dest="clients_in_own_process",
+                keyword="clients_apart",
             ),
         ),
     ),

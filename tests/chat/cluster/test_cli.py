@@ -72,26 +72,6 @@ def test_replicas_may_come_from_the_environment(monkeypatch):
     assert seen["c"].replicas == 2 and seen["c"].router == "prefix"
 
 
-def test_a_bad_keys_file_is_refused_before_ray_starts(monkeypatch, tmp_path):
-    import chat.cluster.launch as launch
-
-    monkeypatch.delenv("TURNCACHE_REPLICAS", raising=False)
-    monkeypatch.setattr(launch, "connect", lambda *a, **k: pytest.fail("Ray was started"))
-    missing = str(tmp_path / "no-such-keys")
-    with pytest.raises(SystemExit, match=r"--api-keys-file .*cannot be read"):
-        main(["serve", "--replicas", "2", "--api-keys-file", missing, "--sessions-db", ""])
-
-
-def test_several_ingresses_need_a_shared_sessions_database_and_are_refused_before_ray_starts(monkeypatch, tmp_path):
-    import chat.cluster.launch as launch
-
-    monkeypatch.delenv("TURNCACHE_REPLICAS", raising=False)
-    monkeypatch.setattr(launch, "connect", lambda *a, **k: pytest.fail("Ray was started"))
-    for db in ("", str(tmp_path / "s.sqlite3")):
-        with pytest.raises(SystemExit, match=r"--ingresses 2 needs --sessions-db postgresql://"):
-            main(["serve", "--replicas", "2", "--ingresses", "2", "--sessions-db", db])
-
-
 def test_ingresses_and_the_proxy_location_reach_the_cluster_settings(monkeypatch):
     import chat.cluster.launch as launch
 
@@ -103,15 +83,3 @@ def test_ingresses_and_the_proxy_location_reach_the_cluster_settings(monkeypatch
     assert (seen["c"].ingresses, seen["c"].proxy_location, seen["s"].sessions_db) == (3, "EveryNode", url)
     with pytest.raises(SystemExit, match="needs --replicas N"):
         main(["serve", "--ingresses", "2"])
-
-
-def test_the_engine_version_ignores_the_ingress_layout_but_not_the_engines_settings():
-    from chat.cluster.launch import engine_version
-    from chat.cluster.settings import ClusterSettings
-    from chat.server.settings import ServerSettings
-
-    settings = ServerSettings(model="tiny-llama")
-    one = engine_version(settings, ClusterSettings(replicas=2, ingresses=1))
-    assert one == engine_version(settings, ClusterSettings(replicas=2, ingresses=2, proxy_location="EveryNode"))
-    assert one != engine_version(settings, ClusterSettings(replicas=2, replica_cpus=2))
-    assert one != engine_version(settings.model_copy(update={"model": "smollm2"}), ClusterSettings(replicas=2))

@@ -7,7 +7,7 @@ from chat.cli import build_parser
 from chat.cli.bench import run_all as run_the_suite
 from chat.cli.bench import run_one
 from chat.tools.bench import suite
-from chat.tools.bench.charts import CHARTS, draw_all
+from chat.tools.bench.charts import CHARTS
 from chat.tools.bench.suite import Suite, run_all
 
 SMALL = {
@@ -77,11 +77,6 @@ def test_a_failing_benchmark_is_recorded_and_the_others_still_run(tmp_path, monk
     assert suite.failed(results) == ["broken"]
     assert results["charts"] == []  # no benchmark behind any chart: nothing drawn
     assert suite.main(tmp_path) == 1
-
-
-def test_charts_are_skipped_when_their_benchmark_failed(tmp_path):
-    assert draw_all({"multiturn": {"error": "x"}, "cache": {"error": "x"}}, tmp_path) == []
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_without_a_benchmark_runs_them_all_and_multiturn_is_a_benchmark():

@@ -1,4 +1,5 @@
-"""`turncache eval` end to end on a loopback server with the fake engine: results, summary, resume, bad input."""
+"""chat/tools/evaluation/runner.py: `turncache eval` end to end on a loopback server with the fake engine: results,
+summary, resume, bad input."""
 
 from __future__ import annotations
 
