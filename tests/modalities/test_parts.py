@@ -30,6 +30,7 @@ def test_base64_text_is_decoded_from_where_it_starts_on_each_use():
     assert item.item == "media"  # the default name in errors
 
 
-def test_base64_text_that_skipped_validation_fails_as_a_media_url_error():
+@pytest.mark.parametrize("payload", ["@@@@", "QUJ", "QU JD"])  # not base64; unpadded; with a space (strict only)
+def test_base64_text_that_skipped_validation_fails_as_a_media_url_error(payload):
     with pytest.raises(MediaURLError):
-        Base64Text("data:image/png;base64,@@@@", 22).decode()
+        Base64Text("data:image/png;base64," + payload, 22).decode()
