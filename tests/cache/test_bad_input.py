@@ -7,7 +7,6 @@ import torch
 
 from cache import (
     CacheError,
-    LayoutError,
     LeaseError,
     LengthError,
     MediaSpan,
@@ -113,8 +112,3 @@ def test_a_lease_released_twice_or_elsewhere_is_refused(cache):
     with pytest.raises(LeaseError):
         cache.release(lease)
     cache.check_invariants()
-
-
-def test_every_cache_error_is_a_value_error():
-    for error in (LayoutError, LengthError, SpanError, TokenError, NamespaceError, LeaseError):
-        assert issubclass(error, CacheError) and issubclass(error, ValueError)

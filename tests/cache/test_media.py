@@ -52,7 +52,7 @@ def test_text_keys_are_the_tokens_and_media_keys_are_negative():
     tokens = [5, 6, 7, 8, 9]
     keys = encode_keys(tokens, (MediaSpan(1, 4, MediaKind.IMAGE, "h"),))
     assert keys[0] == 5 and keys[4] == 9
-    assert keys[1] < -(2**32) and keys[2:4].tolist() == [-1 - 7, -1 - 8]  # below every text token and head key
+    assert keys[1] < -(2**32) and keys[2:4].tolist() == [-1 - 7, -1 - 8]  # apart from every text token and head key
 
 
 def test_tokens_must_be_ids_and_spans_inside_and_apart():
