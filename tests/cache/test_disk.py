@@ -3,7 +3,6 @@ leaves the cache serving from memory."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
@@ -15,44 +14,22 @@ import torch
 
 import cache.disk
 from cache import DISK, Namespace, PrefixCache
+from tests.cache.disk_helpers import (  # close_caches: an autouse fixture
+    NS,
+    GiB,
+    close_caches,  # noqa: F401
+    conversation,
+    open_cache,
+    restart,
+)
 from tests.cache.helpers import image, nbytes, normal, recurrent, rotating, stateless
 
-NS = Namespace("model-a", "float32", salt="tenant-secret-salt")
 OTHER_TENANT = Namespace("model-a", "float32", salt="another-salt")
-GiB = 2**30
 MROPE = ((0, 0), (6, -3))  # the shape of a multimodal adapter's extras: (length, next position - length) steps
-
-
-OPENED: list[PrefixCache] = []
-
-
-@pytest.fixture(autouse=True)
-def close_caches():
-    """Every cache a test opened is closed after it, so that no writer thread outlives its test."""
-    yield
-    while OPENED:
-        OPENED.pop().close(timeout=10)
-
-
-def open_cache(path: Path, **kw) -> PrefixCache:
-    kw.setdefault("disk_budget_bytes", GiB)
-    kw.setdefault("disk_chunk_tokens", 4)
-    cache = PrefixCache(disk_dir=path, **kw)
-    OPENED.append(cache)
-    return cache
-
-
-def restart(cache: PrefixCache, path: Path, **kw) -> PrefixCache:
-    assert cache.close(timeout=10)
-    return open_cache(path, **kw)
 
 
 def files(path: Path, kind: str) -> list[Path]:
     return sorted((path / "v1" / kind).glob("*.safetensors"))
-
-
-def conversation(n: int) -> list[int]:
-    return [1 + (i * 7) % 50 for i in range(n)]
 
 
 def mixed_layers(n: int):
@@ -124,20 +101,6 @@ def test_an_entry_whose_extras_cannot_be_stored_stays_in_memory_only(tmp_path, c
     assert not cache.entry_has_file(eid) and "memory only" in caplog.text
     assert cache.lookup(NS, [*conversation(5), 1]).length == 5
     cache.close()
-
-
-def test_tensors_are_read_only_on_first_use_after_a_restart(tmp_path):
-    before = open_cache(tmp_path)
-    for first in (1, 2, 3):
-        before.insert(NS, [first, *conversation(9)], [normal(10)])
-    after = restart(before, tmp_path)
-    assert after.lookup(NS, [9, 9]) is None  # the namespace adopts its three files: indexed, nothing read
-    stats = after.stats()
-    assert stats.entries_per_tier[DISK] == 3 and stats.disk_reads == 0
-    assert stats.bytes_per_tier["device"] == 0 and stats.bytes_per_tier[DISK] == 3 * nbytes([normal(10)])
-    after.lookup(NS, [2, *conversation(9), 5])
-    assert after.stats().disk_reads == 1 and after.stats().entries_per_tier[DISK] == 2
-    after.check_invariants()
 
 
 def test_another_namespace_finds_nothing_and_no_file_holds_the_salt(tmp_path):
@@ -271,52 +234,7 @@ def test_foreign_and_garbage_files_are_skipped_and_left_alone(tmp_path, caplog):
     assert after.lookup(NS, [*conversation(6), 1]).length == 6
 
 
-def test_a_file_whose_layers_do_not_fit_the_model_is_dropped_at_the_first_insert(tmp_path, caplog):
-    before = open_cache(tmp_path)
-    before.insert(NS, conversation(6), [normal(6)])
-    after = restart(before, tmp_path)
-    wide = torch.zeros(1, 2, 7, 2)  # another head count: another layout for the same namespace
-    from cache import NormalKV
-
-    after.insert(NS, [9, *conversation(6)], [NormalKV(wide, wide.clone())])
-    assert after.stats().entries == 1 and "do not fit the model" in caplog.text
-    after.check_invariants()
-
-
 # -- a full or read-only disk: serve from memory, say so
-
-
-def failing_writes(monkeypatch, error: OSError) -> list[int]:
-    calls: list[int] = []
-
-    def fail(*args, **kwargs):
-        calls.append(1)
-        raise error
-
-    monkeypatch.setattr(cache.disk, "write_file", fail)
-    return calls
-
-
-@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
-def test_a_disk_that_refuses_writes_leaves_the_cache_serving_from_memory(tmp_path, monkeypatch, caplog, code):
-    real_write = cache.disk.write_file
-    failing_writes(monkeypatch, OSError(code, os.strerror(code)))
-    c = open_cache(tmp_path, device_budget_bytes=nbytes([normal(8)]), host_budget_bytes=0)
-    first = c.insert(NS, [1, *conversation(7)], [normal(8)])
-    assert not c.flush(timeout=10) or c.stats().disk_write_errors >= 1
-    second = c.insert(NS, [2, *conversation(7)], [normal(8)])  # pushes the first out of memory: it has no file, and
-    # none is tried while writes fail
-    c.flush(timeout=10)
-    stats = c.stats()
-    assert stats.disk_healthy is False and stats.disk_write_errors == 2
-    assert c.entry_ids() == [second] and first not in c.entry_ids() and stats.evictions == 1
-    assert c.lookup(NS, [2, *conversation(7), 5]).length == 8  # served from memory
-    assert caplog.text.count("cannot write to") == 1  # said once, not once per write
-    monkeypatch.setattr(cache.disk, "write_file", real_write)
-    c.insert(NS, [3, *conversation(7)], [normal(8)])
-    c.flush(timeout=10)
-    assert c.stats().disk_healthy is True and "work again" in caplog.text
-    c.close()
 
 
 def test_a_read_only_cache_directory(tmp_path, caplog):
@@ -377,26 +295,6 @@ def test_close_returns_within_its_timeout_when_the_disk_is_slow(tmp_path, monkey
     t = time.monotonic()
     assert c.close(timeout=0.6) is False
     assert time.monotonic() - t < 1.5 and "still queued at shutdown" in caplog.text
-
-
-def test_an_entry_that_leaves_memory_before_its_file_is_written_is_served_from_the_queue(tmp_path, monkeypatch):
-    real_write = cache.disk.write_file
-    gate = threading.Event()
-
-    def gated(*args, **kwargs):
-        gate.wait(10)
-        return real_write(*args, **kwargs)
-
-    monkeypatch.setattr(cache.disk, "write_file", gated)
-    c = open_cache(tmp_path, device_budget_bytes=nbytes([normal(8)]), host_budget_bytes=0)
-    first = c.insert(NS, [1, *conversation(7)], [normal(8)])
-    c.insert(NS, [2, *conversation(7)], [normal(8)])
-    assert c.entry_tier(first) == DISK and c.stats().disk_pending == 2
-    lease = c.acquire(c.lookup(NS, [1, *conversation(7), 5]), NS)
-    assert torch.equal(lease.layers[0].keys, normal(8).keys) and c.stats().disk_reads == 0
-    c.release(lease)
-    gate.set()
-    assert c.close(timeout=10)
 
 
 def test_a_lookup_that_reads_an_entry_back_keeps_an_idle_entry_host_memory_can_hold(tmp_path):

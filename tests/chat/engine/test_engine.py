@@ -184,19 +184,6 @@ def test_a_better_turn_submitted_during_a_step_stops_it_and_every_reply_is_its_o
         engine.close()
 
 
-def test_an_interrupted_step_is_counted_apart_from_the_steps_that_computed():
-    from chat.engine.metrics import Metrics
-    from chat.engine.scheduler import StepReport
-    from chat.server.metrics_text import render_metrics
-
-    metrics = Metrics()
-    metrics.step_done(StepReport(turns=3, tokens=9, prefills=1))
-    metrics.step_done(StepReport(turns=2, tokens=2, prefills=0, interrupted=True))
-    assert (metrics.steps, metrics.step_tokens, metrics.steps_interrupted) == (1, 9, 1)
-    lines = render_metrics(metrics, None).splitlines()
-    assert "turncache_steps_total 1" in lines and "turncache_steps_interrupted_total 1" in lines
-
-
 def test_the_worker_tells_the_cache_when_it_computes_so_that_disk_writes_wait_behind_its_turns():
     calls: list[bool] = []
 

@@ -1,11 +1,11 @@
-"""The sampler on its own: extreme temperatures, top-k/top-p cuts, seeds."""
+"""The sampler on its own: extreme temperatures, top-k/top-p cuts, seeds; the stop-string matcher."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from chat.engine.sampling import SamplingParams, greedy, sample
+from chat.engine.sampling import SamplingParams, StopMatcher, greedy, sample
 
 
 def _logits() -> torch.Tensor:
@@ -67,3 +67,11 @@ def test_greedy_reads_a_strided_row_where_it_lies():
     logits = torch.randn(5, 300)
     logits[2, 177] = 99.0
     assert greedy(logits[:, 7]) == int(torch.argmax(logits[:, 7])) and greedy(logits[2]) == 177
+
+
+def test_stop_matcher_cuts_at_the_earliest_stop_in_one_push():
+    matcher = StopMatcher(["b", "abc"])
+    assert matcher.push("xabc") == ("x", True)
+    held = StopMatcher(["END"])
+    assert held.push("the EN") == ("the ", False)
+    assert held.push("D!") == ("", True)

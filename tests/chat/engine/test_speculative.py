@@ -7,40 +7,12 @@ import pytest
 import torch
 
 from cache import PrefixCache
-from chat.engine.drafts import DraftLength, PromptLookup
 from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.engine.turn import Turn, run_to_end
 from tests.chat.engine.fakes import FakeRun, FakeRuntime
 
 torch.set_num_threads(1)
-
-
-# ==================================================================== drafts
-
-
-def test_a_draft_is_what_followed_the_latest_earlier_occurrence_of_the_tail():
-    lookup = PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 6, 7])
-    lookup.extend([2, 3])
-    assert lookup.draft(3) == [6, 7, 2]  # the trigram (7, 2, 3) is new; (2, 3) last came before 6
-    assert lookup.draft(1) == [6]
-    assert lookup.draft(0) == []
-    lookup.extend([6])
-    assert lookup.draft(5) == [7, 2, 3, 6]  # (2, 3, 6) before: runs up to the end of the sequence
-
-
-def test_no_draft_for_a_tail_never_seen_before():
-    lookup = PromptLookup([1, 2, 3])
-    assert lookup.draft(4) == []  # 3 occurs only as the tail
-    lookup.extend([8])
-    assert lookup.draft(4) == []
-    assert PromptLookup().draft(4) == []
-
-
-def test_a_repeating_reply_drafts_a_whole_period():
-    lookup = PromptLookup([10, 11])
-    lookup.extend([5, 6, 7, 8, 5, 6, 7, 8, 5])
-    assert lookup.draft(4) == [6, 7, 8, 5]
 
 
 # ==================================================================== the pipeline on a fake model
@@ -145,26 +117,3 @@ def test_tiny_models_give_the_same_greedy_reply_with_drafts(spec):
         replies[k] = done.token_ids
     assert replies[4] == replies[0]
     assert gens[0].speculation is None and gens[4].speculation.drafted > 0 and gens[4].speculation.accepted > 0
-
-
-def test_the_draft_length_adapts_to_how_drafts_do():
-    length = DraftLength(4)
-    assert (length.now, length.min_ngram) == (4, 1)
-    length.update(4, 0)
-    length.update(3, 1)  # partly accepted: unchanged
-    assert length.now == 3
-    for _ in range(5):
-        length.update(length.now, 0)
-    assert (length.now, length.min_ngram) == (1, 2)  # one token, and only on a 2-token match
-    length.update(1, 1)
-    assert length.now == 3
-    length.update(3, 3)
-    assert length.now == 4  # capped
-    length.update(0, 0)  # no draft: unchanged
-    assert length.now == 4
-
-
-def test_a_minimum_match_length_skips_single_token_matches():
-    lookup = PromptLookup([1, 2, 3, 9, 3])
-    assert lookup.draft(2) == [9, 3]
-    assert lookup.draft(2, min_ngram=2) == []

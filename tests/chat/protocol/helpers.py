@@ -1,8 +1,12 @@
-"""Shared test data for the protocol tests: predictable ids, media, one example of every event."""
+"""Shared test data for the protocol tests: predictable ids, media, one example of every event; a client frame
+made (`event`) and refused (`refusal`)."""
 
 from __future__ import annotations
 
 import itertools
+import json
+
+import pytest
 
 from chat.protocol import (
     ClientEvent,
@@ -14,6 +18,7 @@ from chat.protocol import (
     ErrorEvent,
     Ping,
     Pong,
+    ProtocolError,
     ReplyDelta,
     ReplyDone,
     ReplyToolCall,
@@ -34,6 +39,7 @@ from chat.protocol import (
     TurnRegenerate,
     TurnStarted,
     Usage,
+    parse_client_event,
 )
 from chat.protocol.content import to_wire
 from chat.protocol.ids import IdFactory
@@ -145,3 +151,13 @@ SERVER_EXAMPLES: list[ServerEvent] = [
         tool_calls=[CALL],
     ),
 ]
+
+
+def refusal(raw: str | bytes) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        parse_client_event(raw)
+    return info.value
+
+
+def event(**fields) -> str:
+    return json.dumps(fields)

@@ -6,21 +6,10 @@ import json
 
 import pytest
 
-from chat.protocol import ErrorCode, ProtocolError, TurnCreate, parse_client_event
+from chat.protocol import ErrorCode, TurnCreate, parse_client_event
 from chat.protocol import limits as L
 from chat.protocol import parser as parser_module
-from tests.chat.protocol.helpers import AUDIO_PART, IMAGE_PART, TEXT_PART, VIDEO_PART
-
-
-def refusal(raw: str | bytes) -> ProtocolError:
-    with pytest.raises(ProtocolError) as info:
-        parse_client_event(raw)
-    return info.value
-
-
-def event(**fields) -> str:
-    return json.dumps(fields)
-
+from tests.chat.protocol.helpers import IMAGE_PART, TEXT_PART, event, refusal
 
 # ---------------------------------------------------------------- frame size
 
@@ -208,115 +197,6 @@ def test_event_id_is_echoed_only_when_it_is_a_valid_one():
 def test_an_invalid_event_id_is_itself_an_invalid_event():
     err = refusal(event(type="ping", event_id="x" * (L.MAX_EVENT_ID_CHARS + 1)))
     assert err.code is ErrorCode.INVALID_EVENT and err.message.startswith("event_id:")
-
-
-# ---------------------------------------------------------------- media
-
-B64 = "QUJD"  # "ABC"
-MEDIA = {
-    "http url": ({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}, "expected a data URL"),
-    "video in image_url": (
-        {"type": "image_url", "image_url": {"url": f"data:video/mp4;base64,{B64}"}},
-        "data:image/<subtype>",
-    ),
-    "image in video_url": (
-        {"type": "video_url", "video_url": {"url": f"data:image/png;base64,{B64}"}},
-        "data:video/<subtype>",
-    ),
-    "not base64 encoded": ({"type": "image_url", "image_url": {"url": "data:image/png,rawbytes"}}, "expected a data"),
-    "bad base64": ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@@"}}, "not valid base64"),
-    "bad padding": ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,QUJ"}}, "not valid base64"),
-    "empty image": ({"type": "image_url", "image_url": {"url": "data:image/png;base64,"}}, "is empty"),
-    "empty audio": ({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}, "is empty"),
-    "audio data url": (
-        {"type": "input_audio", "input_audio": {"data": f"data:audio/wav;base64,{B64}", "format": "wav"}},
-        "not valid base64",
-    ),
-}
-
-
-@pytest.mark.parametrize(("part", "message"), MEDIA.values(), ids=MEDIA.keys())
-def test_bad_media_is_invalid_media(part, message):
-    err = refusal(event(type="turn.create", event_id="m", content=[TEXT_PART, part]))
-    assert err.code is ErrorCode.INVALID_MEDIA
-    assert err.message.startswith("content.1.") and message in err.message
-    assert err.event_id == "m"
-
-
-@pytest.mark.parametrize("part", [IMAGE_PART, AUDIO_PART, VIDEO_PART], ids=lambda p: p["type"])
-def test_good_media_is_accepted(part):
-    assert parse_client_event(event(type="turn.create", content=[part])).content[0].type == part["type"]
-
-
-# ---------------------------------------------------------------- completion.create (stateless)
-
-
-def completion(messages, **extra) -> str:
-    return event(type="completion.create", event_id="c", messages=messages, **extra)
-
-
-STATELESS = {
-    "no messages": ([], ErrorCode.INVALID_EVENT, "messages: List should have at least 1"),
-    "system later": (
-        [{"role": "user", "content": "a"}, {"role": "system", "content": "s"}, {"role": "user", "content": "b"}],
-        ErrorCode.INVALID_EVENT,
-        "a system message may only come first",
-    ),
-    "ends with assistant": (
-        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
-        ErrorCode.INVALID_EVENT,
-        "the last message must be a user message or a tool result",
-    ),
-    "function role": ([{"role": "function", "content": "x"}], ErrorCode.INVALID_EVENT, "messages.0.role"),
-    "tool result without its call id": (
-        [{"role": "user", "content": "a"}, {"role": "tool", "content": "x"}],
-        ErrorCode.INVALID_EVENT,
-        "a tool message needs tool_call_id",
-    ),
-    "tool result answering no call": (
-        [{"role": "user", "content": "a"}, {"role": "tool", "tool_call_id": "call_1", "content": "x"}],
-        ErrorCode.INVALID_EVENT,
-        "messages.1.tool_call_id answers no call of an earlier assistant message",
-    ),
-    "tool calls from the user": (
-        [{"role": "user", "content": "a", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}],
-        ErrorCode.INVALID_EVENT,
-        "only assistant messages carry tool_calls",
-    ),
-    "media from the assistant": (
-        [{"role": "assistant", "content": [IMAGE_PART]}, {"role": "user", "content": "x"}],
-        ErrorCode.INVALID_MEDIA,
-        "only user messages may hold media",
-    ),
-    "too many messages": (
-        [{"role": "user", "content": "x"}] * (L.MAX_MESSAGES + 1),
-        ErrorCode.INVALID_EVENT,
-        "messages: List should have at most",
-    ),
-    "too many media": (
-        [{"role": "user", "content": [IMAGE_PART] * 8}] * (L.MAX_MEDIA_PER_CONVERSATION // 8 + 1),
-        ErrorCode.INVALID_EVENT,
-        f"more than {L.MAX_MEDIA_PER_CONVERSATION} media items in one conversation",
-    ),
-}
-
-
-@pytest.mark.parametrize(("messages", "code", "message"), STATELESS.values(), ids=STATELESS.keys())
-def test_completion_create_rules(messages, code, message):
-    err = refusal(completion(messages))
-    assert err.code is code and message in err.message and err.event_id == "c"
-
-
-def test_completion_create_accepts_a_whole_conversation():
-    messages = [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": [TEXT_PART, IMAGE_PART]},
-        {"role": "assistant", "content": [{"type": "text", "text": "A red pixel."}]},
-        {"role": "user", "content": "And its size?"},
-    ]
-    parsed = parse_client_event(completion(messages, sampling={"seed": 1}))
-    assert [m.role for m in parsed.messages] == ["system", "user", "assistant", "user"]
-    assert parsed.sampling.seed == 1
 
 
 def test_the_depth_limit_is_max_json_depth():

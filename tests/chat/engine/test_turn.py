@@ -1,4 +1,5 @@
-"""The turn pipeline on a weightless fake model: reuse, storage points, sampling limits, cancel, bad input."""
+"""chat.engine.turn: the turn pipeline on a weightless fake model: reuse, storage points, sampling limits, cancel,
+bad input."""
 
 from __future__ import annotations
 
@@ -180,16 +181,6 @@ def test_the_prompt_is_servable_while_its_reply_is_still_decoding():
     first.cancel()
     first.step()
     assert cache.stats().in_use == 0 and rt.open_runs == 0
-
-
-def test_stop_matcher_cuts_at_the_earliest_stop_in_one_push():
-    from chat.engine.sampling import StopMatcher
-
-    matcher = StopMatcher(["b", "abc"])
-    assert matcher.push("xabc") == ("x", True)
-    held = StopMatcher(["END"])
-    assert held.push("the EN") == ("the ", False)
-    assert held.push("D!") == ("", True)
 
 
 def test_an_entry_dropped_between_lookup_and_acquire_is_looked_up_again():

@@ -1,15 +1,12 @@
-"""Tagged namespace components (a LoRA adapter's ("lora", digest)): they separate namespaces, never collide with a
-salt, and leave the digest of a namespace without any as it was."""
+"""cache.namespace: tagged namespace components (a LoRA adapter's ("lora", digest)) separate namespaces and never
+collide with a salt (the digest files carry: test_disk_format)."""
 
 from __future__ import annotations
-
-import hashlib
 
 import pytest
 import torch
 
 from cache import Namespace, NormalKV, PrefixCache
-from cache.disk_format import namespace_digest
 
 BASE = Namespace("model", "float32", "salt")
 
@@ -31,21 +28,6 @@ def test_components_separate_namespaces_and_are_tagged():
 def test_malformed_components_are_refused(components):
     with pytest.raises((TypeError, ValueError)):
         Namespace("model", "float32", "", components)
-
-
-def test_the_digest_of_a_namespace_without_components_is_unchanged():
-    text = b"turncache-namespace\0model\0float32\0salt"
-    assert namespace_digest(BASE) == hashlib.blake2b(text, digest_size=16).hexdigest()
-    digests = {
-        namespace_digest(ns)
-        for ns in (
-            BASE,
-            BASE.with_component("lora", "abc"),
-            BASE.with_component("lora", "abd"),
-            Namespace("model", "float32", 'salt\0[["lora", "abc"]]'),
-        )
-    }
-    assert len(digests) == 4
 
 
 def test_the_cache_never_matches_across_components():
