@@ -83,9 +83,14 @@ class TenantBytes:
             del self.entries[salt]
 
     def add_storages(self, tier: str, salt: str, storages: Storages) -> None:
-        self.memory[tier].setdefault(salt, StorageCounts()).add(storages)
+        storages = list(storages)
+        if storages:  # an entry holding no tensor (stateless layers only) leaves the tenant out of the tier's table
+            self.memory[tier].setdefault(salt, StorageCounts()).add(storages)
 
     def remove_storages(self, tier: str, salt: str, storages: Storages) -> None:
+        storages = list(storages)
+        if not storages:
+            return
         counts = self.memory[tier][salt]
         counts.remove(storages)
         if not counts.refs:
