@@ -173,7 +173,7 @@ def test_a_shut_down_engine_is_unavailable_on_both_transports():
 
     from websockets.asyncio.client import connect
 
-    from tests.chat.server.test_ws import Client, ws_url
+    from tests.chat.server.surfaces.test_ws import Client, ws_url
 
     engine, srv = make_server()
     with srv:

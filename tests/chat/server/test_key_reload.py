@@ -18,7 +18,7 @@ from chat.server.settings import ServerSettings
 from tests.chat.engine.fakes import FakeRuntime
 from tests.chat.server.conftest import make_server
 from tests.chat.server.test_tenants import KEY_A, KEY_A2, KEY_B, as_
-from tests.chat.server.test_ws import Client, ws_url
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 
 KEY_C = "carol-key-0123456789abcdefgh"
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

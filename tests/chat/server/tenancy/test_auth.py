@@ -126,7 +126,7 @@ def test_the_keys_file_example_of_the_security_doc_works(tmp_path):
     import subprocess
     from pathlib import Path
 
-    doc = (Path(__file__).parents[3] / "docs" / "security.md").read_text()
+    doc = (Path(__file__).parents[4] / "docs" / "security.md").read_text()
     example = re.search(r"```sh\n(key\(\).*?)\nturncache serve --api-keys-file", doc, re.S)
     assert example is not None
     script = example.group(1).replace("/etc/turncache/keys", str(tmp_path / "keys"))

@@ -28,9 +28,9 @@ from chat.server.persistence.session_db import SqliteSessionStore
 from chat.server.persistence.session_rows import FORMAT, SessionDbError
 from chat.server.persistence.session_writer import common_prefix
 from tests.chat.server.conftest import make_server
-from tests.chat.server.test_ws import Client, ws_url
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 
-V1_FILE = Path(__file__).parent / "data" / "sessions_v1.sqlite3"
+V1_FILE = Path(__file__).parents[1] / "data" / "sessions_v1.sqlite3"
 
 
 def png(seed: int, size: int = 48) -> str:

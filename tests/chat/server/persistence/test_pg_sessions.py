@@ -21,8 +21,8 @@ from chat.server.persistence.pg_database import SCHEMA_VERSION, PgDatabase
 from chat.server.persistence.pg_sessions import PostgresSessionStore
 from chat.server.persistence.session_rows import SessionDbError
 from tests.chat.server.conftest import make_server
-from tests.chat.server.test_session_rows import one_turn
-from tests.chat.server.test_ws import Client, ws_url
+from tests.chat.server.persistence.test_session_rows import one_turn
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 
 
 def contents(session) -> list:
