@@ -3,8 +3,6 @@ import threading
 
 import orjson
 
-from chat.engine.events import Delta
-from chat.server.reply.choices import run_turn_batches
 from chat.server.surfaces.openai_api import ChunkEncoder
 from chat.server.surfaces.openai_types import ChunkLogprobs, ContentDelta, ReasoningDelta, TokenLogprob, TopLogprob
 from chat.server.transport.relay import LoopRelay, relay_for
@@ -55,46 +53,6 @@ def test_each_loop_has_one_relay():
     finally:
         one.close()
         two.close()
-
-
-class _Steps:
-    """An engine whose turn delivers one delta, then (once the consumer took it) four at once, as one step of a
-    4-turn batch would; the consumer is still busy when they come."""
-
-    def __init__(self) -> None:
-        self.taken, self.sent = threading.Event(), threading.Event()
-
-    def submit(self, request, sink):
-        def deliver() -> None:
-            sink(Delta("t0", (0,)))
-            self.taken.wait(10)
-            for k in range(1, 5):
-                sink(Delta(f"t{k}", (k,)))
-            self.sent.set()
-
-        threading.Thread(target=deliver).start()
-        return self
-
-    def cancel(self) -> None:
-        pass
-
-
-def test_events_that_arrive_while_the_consumer_is_busy_come_as_one_batch():
-    engine = _Steps()
-
-    async def two_batches():
-        batches = run_turn_batches(engine, [object()])
-        try:
-            first = await anext(batches)
-            engine.taken.set()
-            assert engine.sent.wait(10)  # the loop is busy (blocked here) while the four arrive
-            return first, await anext(batches)
-        finally:
-            await batches.aclose()
-
-    first, second = asyncio.run(two_batches())
-    assert [e.text for _, e in first] == ["t0"]
-    assert [e.text for _, e in second] == ["t1", "t2", "t3", "t4"]
 
 
 def test_a_content_chunk_encoded_from_its_template_is_the_generic_chunk():
