@@ -9,9 +9,10 @@ import logging
 
 import pytest
 
+from chat.cli import main as cli_main
 from chat.server import main
 from chat.server.settings import MiB, ServerSettings
-from chat.server.tenancy.auth import KeysError
+from tests.chat.server.tenancy.test_auth import KEY_A
 
 
 def settings(**values) -> ServerSettings:
@@ -78,19 +79,12 @@ def test_sigterm_ends_serve_with_status_0():
     assert info.value.code == 0
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    """serve() fails the test if it gets as far as loading the model; SIGTERM's handler is put back after."""
-    import signal
-
-    monkeypatch.setattr(main, "build_engine", lambda s: pytest.fail("the model was loaded"))
-    previous = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, previous)
-
-
-def test_a_malformed_keys_file_is_refused_before_the_model_loads(tmp_path, no_model):
-    keys = tmp_path / "keys"
-    keys.write_text("short alice\n")  # a key under 16 characters
-    with pytest.raises(KeysError):
-        main.serve(settings(api_keys_file=str(keys)))
+def test_serve_refuses_a_malformed_keys_file_before_loading_the_model(tmp_path, capsys):
+    path = tmp_path / "keys"
+    path.write_text(f"{KEY_A} alice\ntoo-short bob\n")
+    with pytest.raises(SystemExit) as info:
+        cli_main(["serve", "--model", "no-such-model", "--api-keys-file", str(path), "--sessions-db", ""])
+    message = str(info.value.code)
+    assert message.startswith("turncache: --api-keys-file") and str(path) in message and "entry 2" in message
+    assert KEY_A not in message and "too-short" not in message
+    assert "loading" not in capsys.readouterr().err  # refused before the model
