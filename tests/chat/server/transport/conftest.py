@@ -64,9 +64,11 @@ class Images(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def image_host(tmp_path_factory):
-    """(port, CA file) of an HTTPS server on 127.0.0.1 with a self-signed certificate for 'localhost'."""
+    """(port, CA file) of an HTTPS server on 127.0.0.1 with a self-signed certificate for 'localhost'. One per test
+    process (session scope): under xdist a module or package fixture is set up and torn down again each time a worker
+    comes back to its tests."""
     if shutil.which("openssl") is None:
         pytest.fail("these tests need the openssl command to make a test certificate")
     folder = tmp_path_factory.mktemp("tls")
