@@ -11,7 +11,7 @@ import httpx
 from websockets.asyncio.client import connect
 
 from tests.chat.server.conftest import make_server
-from tests.chat.server.test_ws import Client, ws_url
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 
 
 def raw_get(port: int, path: str) -> tuple[int, bytes]:

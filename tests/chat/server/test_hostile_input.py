@@ -16,7 +16,7 @@ from websockets.asyncio.client import connect
 from chat.models import load_model
 from chat.protocol.limits import MAX_TEXT_CHARS
 from tests.chat.server.conftest import make_server
-from tests.chat.server.test_ws import Client, ws_url
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 from tests.modalities import helpers as media
 
 TEN_HOURS = 36_000

@@ -42,19 +42,6 @@ def test_openai_client_streams_and_the_last_chunk_has_usage(server):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-def test_models_lists_the_served_model(server):
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-    assert [m.id for m in client.models.list()] == ["fake"]
-
-
-def test_health_and_metrics(server):
-    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
-    chat(server.url, [{"role": "user", "content": "x"}])
-    text = httpx.get(f"{server.url}/metrics").text
-    assert "turncache_turns_total 1" in text and 'turncache_cache_bytes{tier="device"}' in text
-    assert 'turncache_ttft_seconds_bucket{le="+Inf"} 1' in text
-
-
 @pytest.mark.parametrize(
     ("body", "status", "code", "param"),
     [
@@ -173,7 +160,7 @@ def test_a_shut_down_engine_is_unavailable_on_both_transports():
 
     from websockets.asyncio.client import connect
 
-    from tests.chat.server.test_ws import Client, ws_url
+    from tests.chat.server.surfaces.test_ws import Client, ws_url
 
     engine, srv = make_server()
     with srv:

@@ -17,7 +17,7 @@ from chat.models.errors import AdapterFileError, InvalidSettingError
 from chat.server.app import create_app
 from chat.server.runner import BackgroundServer
 from chat.server.settings import ServerSettings
-from chat.server.surfaces.lora_api import load_adapters, parse_lora_spec
+from chat.server.surfaces.lora_api import load_adapters
 from tests.chat.models.lora_helpers import make_peft_adapter
 
 pytest.importorskip("peft")
@@ -234,17 +234,6 @@ def test_websocket_session_model_selects_the_adapter(made):
 
 
 # ==================================================================== --lora at start
-
-
-def test_lora_specs():
-    assert parse_lora_spec("a=/x/y") == ("a", "/x/y", 1.0)
-    assert parse_lora_spec("a=/x/y:0.5") == ("a", "/x/y", 0.5)
-    assert parse_lora_spec("a=/x:y/z") == ("a", "/x:y/z", 1.0)
-    for bad in ("a", "=/x", "a b=/x", "a=", "a=/x:inf"):
-        with pytest.raises(ValueError):
-            parse_lora_spec(bad)
-    with pytest.raises(ValueError, match="twice"):
-        ServerSettings(lora=["a=/x", "a=/y"])
 
 
 def test_load_adapters_at_start_refusals(made, tmp_path):

@@ -13,7 +13,7 @@ from websockets.asyncio.client import connect
 from chat.models import load_model
 from tests.chat.models.mm_helpers import png, wav
 from tests.chat.server.conftest import make_server
-from tests.chat.server.test_ws import Client, ws_url
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 
 
 @pytest.fixture(scope="module")

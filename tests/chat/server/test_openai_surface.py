@@ -114,14 +114,6 @@ def test_completions_stream(client):
     assert text == full.choices[0].text and len(text) == 3
 
 
-def test_tokenize_and_detokenize(server):
-    tokens = post(server.url, "/tokenize", {"prompt": "abc"}).json()
-    assert tokens["tokens"] == [97, 98, 99] and tokens["count"] == 3
-    chat = post(server.url, "/tokenize", {"messages": USER}).json()
-    assert chat["tokens"] == FakeRuntime().render(USER)
-    assert post(server.url, "/detokenize", {"tokens": [104, 105]}).json() == {"prompt": "hi"}
-
-
 @pytest.mark.parametrize(
     ("path", "body", "code", "param"),
     [

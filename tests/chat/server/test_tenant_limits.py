@@ -11,8 +11,8 @@ import httpx
 from websockets.asyncio.client import connect
 
 from tests.chat.server.conftest import make_server
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 from tests.chat.server.test_tenants import KEY_A, KEY_B, as_
-from tests.chat.server.test_ws import Client, ws_url
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.chat.server.conftest import make_server
-from tests.chat.server.test_ws import Client, ws_url
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 
 KEY_A = "alice-key-0123456789abcdef"
 KEY_A2 = "alice-rotated-key-0123456789"

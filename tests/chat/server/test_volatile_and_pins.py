@@ -14,7 +14,7 @@ from chat.server.settings import ServerSettings
 from chat.server.tenancy.auth import cache_salt
 from tests.chat.engine.fakes import FakeRuntime
 from tests.chat.server.conftest import BackgroundServer
-from tests.chat.server.test_tenant_metrics import KEY_OPS, series
+from tests.chat.server.routes.test_ops import KEY_OPS, series
 from tests.chat.server.test_tenants import KEY_A, KEY_B
 
 SYSTEM = "You are an agent. Read the files before editing them. " * 6

@@ -210,25 +210,6 @@ def test_a_responses_stream_cut_for_a_slow_client_writes_the_bytes_it_wrote_befo
     pinned("responses_slow_client_stream", asyncio.run(read()))
 
 
-def test_a_responses_text_delta_written_into_its_template_is_the_delta_encoded_whole():
-    from chat.server.surfaces.responses_types import EventWriter
-
-    fast, whole = EventWriter('msg_"x\\'), EventWriter('msg_"x\\')
-    for text in ("plain", 'quote " and \\ and \n', "\x01\x1f\x7f", "ünï ✓ \u2028", "987654321", "\ue000", ""):
-        assert fast.text_delta(text) == whole.whole_delta(text)
-    assert fast.sequence_number == whole.sequence_number == 7
-
-
-def test_a_completion_chunk_written_into_its_template_is_the_chunk_encoded_whole():
-    from chat.server.surfaces.completions_types import ChunkTemplate, CompletionLogprobs
-
-    template = ChunkTemplate("cmpl-x", 123, 'm"odel')
-    table = CompletionLogprobs(tokens=["a"], token_logprobs=[None], top_logprobs=[{"a": -0.5}], text_offset=[0])
-    for text in ("plain", 'quote " and \\ and \n', "ünï ✓ \u2028", ""):
-        for logprobs in (None, table):
-            assert template.text(3, text, logprobs) == template.whole(3, text, logprobs)
-
-
 def _events(sse: str) -> list[dict]:
     return [json.loads(line[6:]) for line in sse.splitlines() if line.startswith("data: ")]
 

@@ -22,8 +22,8 @@ from chat.server.runner import BackgroundServer
 from chat.server.settings import ServerSettings
 from tests.chat.engine.fakes import FakeRuntime
 from tests.chat.server.conftest import make_server
+from tests.chat.server.surfaces.test_ws import Client, run, ws_url
 from tests.chat.server.test_tools import TOOLS, agent_script
-from tests.chat.server.test_ws import Client, run, ws_url
 
 
 @pytest.fixture

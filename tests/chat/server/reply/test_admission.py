@@ -10,17 +10,7 @@ from chat.protocol.errors import ErrorCode
 from chat.server.errors import RequestError
 from chat.server.reply.adapters import AdapterSelector
 from chat.server.reply.admission import Admission
-
-
-class Bank:
-    def __init__(self, *names: str) -> None:
-        self.named = {n: SimpleNamespace(name=n, source=f"/adapters/{n}") for n in names}
-
-    def find(self, name):
-        return self.named.get(name)
-
-    def adapters(self):
-        return list(self.named.values())
+from tests.chat.server.reply.conftest import Bank
 
 
 def admission(bank, aliases=()):

@@ -17,8 +17,8 @@ from chat.server.app import create_app
 from chat.server.settings import ServerSettings
 from tests.chat.engine.fakes import FakeRuntime
 from tests.chat.server.conftest import make_server
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 from tests.chat.server.test_tenants import KEY_A, KEY_A2, KEY_B, as_
-from tests.chat.server.test_ws import Client, ws_url
 
 KEY_C = "carol-key-0123456789abcdefgh"
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -127,3 +127,21 @@ def test_sighup_and_a_changed_file_reload_the_keys(tmp_path):
     asyncio.run(scenario())
     app.state.sessions.close()
     engine.close()
+
+
+def test_a_store_reloads_from_its_sources_tells_its_listeners_and_notices_a_changed_file(tmp_path):
+    from chat.server.tenancy.auth import KeyRing
+    from chat.server.tenancy.key_store import KeyStore
+
+    path = tmp_path / "keys"
+    path.write_text(f"{KEY_A} alice\n")
+    load = lambda: KeyRing.from_sources(keys_file=str(path))  # noqa: E731
+    store, told = KeyStore(load(), load, str(path)), []
+    stop = store.subscribe(told.append)
+    assert not store.reload_if_changed() and told == []  # unchanged since it was read
+    path.write_text(f"{KEY_A} alice\n{KEY_B} bob\n")
+    assert store.reload_if_changed() and told == [store.ring] and store.authenticate(KEY_B).id == "bob"
+    assert not store.reload_if_changed()  # read: unchanged again
+    stop()
+    assert store.reload() and len(told) == 1  # a listener that stopped is told nothing
+    assert not KeyStore(load()).reload()  # no sources to read again: the ring stays

@@ -1,11 +1,13 @@
-"""/metrics per tenant: an admin key reads the server's metrics and every tenant's figures, labelled by tenant id; any
-other key reads its own tenant's figures and nothing else."""
+"""``GET /health``, ``GET /metrics`` and ``GET /v1/models`` (``chat/server/routes/ops.py``): /metrics per tenant (an
+admin key reads the server's metrics and every tenant's figures, labelled by tenant id; any other key reads its own
+tenant's figures and nothing else), the served model listed. (The text: test_metrics_text.py.)"""
 
 from __future__ import annotations
 
 import re
 
 import httpx
+import openai
 
 from tests.chat.server.conftest import make_server
 from tests.chat.server.test_tenants import KEY_A, KEY_B
@@ -63,3 +65,16 @@ def test_the_auth_token_and_an_open_server_read_everything(server):
         text = httpx.get(f"{srv.url}/metrics", headers={"authorization": f"Bearer {KEY_OPS}"}, timeout=30).text
         assert "turncache_steps_total" in text
     engine.close()
+
+
+def test_models_lists_the_served_model(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == ["fake"]
+
+
+def test_health_and_metrics(server):
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}, timeout=30)
+    text = httpx.get(f"{server.url}/metrics").text
+    assert "turncache_turns_total 1" in text and 'turncache_cache_bytes{tier="device"}' in text
+    assert 'turncache_ttft_seconds_bucket{le="+Inf"} 1' in text

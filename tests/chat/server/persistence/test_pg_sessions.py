@@ -6,7 +6,6 @@ migrations applied once."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import psycopg
 import pytest
@@ -17,12 +16,10 @@ from chat.protocol.errors import ErrorCode, ProtocolError
 from chat.protocol.server_events import Timings, Usage
 from chat.protocol.session import SessionState
 from chat.server.persistence import pg_sessions
-from chat.server.persistence.pg_database import SCHEMA_VERSION, PgDatabase
 from chat.server.persistence.pg_sessions import PostgresSessionStore
-from chat.server.persistence.session_rows import SessionDbError
 from tests.chat.server.conftest import make_server
-from tests.chat.server.test_session_rows import one_turn
-from tests.chat.server.test_ws import Client, ws_url
+from tests.chat.server.persistence.conftest import one_turn
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 
 
 def contents(session) -> list:
@@ -142,37 +139,6 @@ def test_one_turn_is_written_in_one_transaction(postgres_url, monkeypatch):
     ]
 
 
-def test_migrations_are_versioned_applied_once_and_a_later_schema_is_refused(postgres_url):
-    databases, errors = [], []
-
-    def open_one():
-        try:
-            databases.append(PgDatabase(postgres_url))
-        except Exception as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_one) for _ in range(4)]  # four ingresses starting at once
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and len(databases) == 4
-    assert len({db.holder for db in databases}) == 4  # each its own liveness mark
-    with psycopg.connect(postgres_url, autocommit=True) as c:
-        assert c.execute("SELECT version FROM turncache_schema").fetchall() == [(SCHEMA_VERSION,)]
-        c.execute("UPDATE turncache_schema SET version = %s", (SCHEMA_VERSION + 1,))
-    with pytest.raises(SessionDbError, match="newer turncache"):
-        PgDatabase(postgres_url)
-    for db in databases:
-        db.close()
-
-
-def test_an_unreachable_server_is_refused_at_start_naming_it_without_its_password():
-    with pytest.raises(SessionDbError) as info:
-        PostgresSessionStore("postgresql://someone:hunter2@127.0.0.1:1/nothing")
-    assert "127.0.0.1" in str(info.value) and "hunter2" not in str(info.value)
-
-
 def test_two_servers_on_one_database_alternate_a_conversation_and_refuse_the_second_concurrent_turn(postgres_url):
     """Over the WebSocket, as two ingresses: a session created on one continues on the other; a socket whose copy is
     stale, or that sends a turn while the other server runs one, gets a ``conflict`` error event, and the
@@ -217,30 +183,3 @@ def test_two_servers_on_one_database_alternate_a_conversation_and_refuse_the_sec
     assert (busy["code"], busy["reply_to"]) == ("conflict", "e2") and done["finish_reason"] == "stop"
     users = [m["content"] for m in conv["messages"] if m["role"] == "user"]
     assert users == ["on one", "on two", "stale, on one", "a long one " * 20]
-
-
-def test_a_sessions_holder_names_its_process(postgres_url):
-    import os
-
-    store = PostgresSessionStore(postgres_url)
-    session = store.create("fake")
-    with psycopg.connect(postgres_url) as c:
-        (holder,) = c.execute("SELECT holder FROM sessions WHERE id = %s", (session.id,)).fetchone()
-    assert store.db.holder_pid(holder) == os.getpid()
-    store.close()
-    assert PgDatabase(postgres_url).holder_pid(holder) is None  # its process let go
-
-
-def test_stored_responses_are_pruned_to_their_capacity_oldest_first(postgres_url, monkeypatch):
-    from chat.server.persistence import pg_responses
-    from chat.server.persistence.pg_responses import PostgresResponseStore
-    from chat.server.persistence.response_store import StoredResponse
-
-    monkeypatch.setattr(pg_responses, "PRUNE_EVERY", 5)
-    store = PostgresSessionStore(postgres_url)
-    responses = PostgresResponseStore(store.db, capacity=3)
-    for i in range(5):
-        responses.put(f"resp_{i}", StoredResponse("t", (), {"id": f"resp_{i}"}))
-    assert len(responses) == 3
-    assert [responses.get(f"resp_{i}", "t") is not None for i in range(5)] == [False, False, True, True, True]
-    store.close()

@@ -21,8 +21,8 @@ from chat.server.persistence.response_store import StoredResponse
 from chat.server.persistence.session_backends import DurableSessionStore, open_session_store, response_store_for
 from chat.server.persistence.session_db import SqliteSessionStore
 from tests.chat.server.conftest import make_server
-from tests.chat.server.test_session_rows import one_turn, png
-from tests.chat.server.test_ws import Client, ws_url
+from tests.chat.server.persistence.conftest import one_turn, png
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

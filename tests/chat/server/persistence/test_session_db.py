@@ -11,7 +11,7 @@ from chat.protocol.server_events import Timings, Usage
 from chat.protocol.session import SessionState
 from chat.server.persistence.session_db import SqliteSessionStore
 from tests.chat.server.conftest import make_server
-from tests.chat.server.test_ws import Client, ws_url
+from tests.chat.server.surfaces.test_ws import Client, ws_url
 
 
 def test_a_session_comes_back_from_disk_with_its_conversation(tmp_path):
