@@ -26,7 +26,7 @@ def test_the_bad_clients_get_typed_errors_closes_and_refusals_from_a_server_with
         send_timeout_s=0.5,
         idle_connection_s=0.5,
         send_buffer_kib=16,  # else the kernel takes megabytes of the stream before a write waits
-        refusal_hold_s=0,  # each of the flood's refusals at once (held ones: tests/chat/server/test_guard.py)
+        refusal_hold_s=0,  # each of the flood's refusals at once (held ones: tests/chat/server/transport/test_guard.py)
     )
     with srv:
         cfg = BadConfig(
