@@ -10,8 +10,9 @@ samples with ``seed + i`` (the replies differ, and each is reproducible alone).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from chat.engine.events import Done, Event, TurnRequest
 from chat.engine.sampling import TokenLogprob
@@ -132,16 +133,31 @@ def token_text(runtime, token_id: int) -> tuple[str, list[int]]:
     return raw.decode("utf-8", errors="replace"), list(raw)
 
 
-def chat_logprobs(runtime, logprobs: Sequence[TokenLogprob]) -> list[dict]:
-    """``choices[i].logprobs.content`` of a chat completion (or of one stream chunk)."""
+def _token_dict(token: str, logprob: float, raw: list[int], top: list) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": raw, "top_logprobs": top}
+
+
+def _top_dict(token: str, logprob: float, raw: list[int]) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": raw}
+
+
+def chat_logprobs(
+    runtime,
+    logprobs: Sequence[TokenLogprob],
+    token: Callable[[str, float, list[int], list], Any] = _token_dict,
+    top: Callable[[str, float, list[int]], Any] = _top_dict,
+) -> list:
+    """``choices[i].logprobs.content`` of a chat completion (or of one stream chunk): each token built by
+    ``token(text, logprob, bytes, alternatives)``, each alternative by ``top(text, logprob, bytes)`` (dicts, or the
+    typed surface's wire classes)."""
     out = []
     for lp in logprobs:
         text, raw = token_text(runtime, lp.token)
-        top = []
-        for token, value in lp.top:
-            t, b = token_text(runtime, token)
-            top.append({"token": t, "logprob": finite(value), "bytes": b})
-        out.append({"token": text, "logprob": finite(lp.logprob), "bytes": raw, "top_logprobs": top})
+        alternatives = []
+        for alternative, value in lp.top:
+            alt_text, alt_raw = token_text(runtime, alternative)
+            alternatives.append(top(alt_text, finite(value), alt_raw))
+        out.append(token(text, finite(lp.logprob), raw, alternatives))
     return out
 
 

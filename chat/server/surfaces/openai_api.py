@@ -41,7 +41,7 @@ from chat.protocol.sampling import SamplingSettings
 from chat.protocol.tools import MAX_TOOLS, ToolChoiceWire, ToolDef
 from chat.server.errors import RequestError
 from chat.server.reply import reasoning_api, tools_api
-from chat.server.reply.choices import finite, token_text, with_seeds
+from chat.server.reply.choices import chat_logprobs, with_seeds
 from chat.server.reply.reader import (
     CallsOut,
     Failed,
@@ -297,15 +297,7 @@ def _finish(finished: Finished) -> str:
 
 
 def _logprobs(runtime, logprobs) -> list[wire.TokenLogprob]:
-    out = []
-    for lp in logprobs:
-        text, raw = token_text(runtime, lp.token)
-        top = []
-        for token, value in lp.top:
-            t, b = token_text(runtime, token)
-            top.append(wire.TopLogprob(t, finite(value), b))
-        out.append(wire.TokenLogprob(text, finite(lp.logprob), raw, top))
-    return out
+    return chat_logprobs(runtime, logprobs, wire.TokenLogprob, wire.TopLogprob)
 
 
 def _calls(calls) -> list[wire.ToolCall]:
