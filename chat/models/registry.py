@@ -11,7 +11,7 @@ Specs::
                        chat.models.tiny.media), for tests; tiny-base has no chat template
     "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer
     "/path/to/x.gguf"  a local GGUF file (llama.cpp, Ollama, LM Studio) of a served family, loaded straight from
-                       its bytes (chat.models.gguf_model): by default its weights stay in their own block formats
+                       its bytes (chat.models.hf.gguf_model): by default its weights stay in their own block formats
                        (weight format ``gguf-q16``: GGUF_DEFAULT_WEIGHTS); nothing is written to
                        disk
 
@@ -86,7 +86,7 @@ def load_model(
     ``bfloat16`` | ``int8``; by default the dtype's own) and its attention K/V stored in ``kv_dtype`` (see
     :func:`parse_kv_dtype`), and return a ready :class:`chat.models.adapter.ModelAdapter` computing on ``device``
     (a torch device name; the CPU by default). Off the CPU only the families of turncache's own decoder run
-    (:mod:`chat.models.decoder`, on torch's operations), with float32 or bfloat16 weights. ``chat_template``: a
+    (:mod:`chat.models.decoder.model`, on torch's operations), with float32 or bfloat16 weights. ``chat_template``: a
     template file or the template text, instead of the model's own (read and compiled before anything else loads;
     its digest is part of the fingerprint).
 
@@ -159,7 +159,7 @@ def parse_device(device: str | None, weights: str) -> Any:
         return where
     if where.type == "cuda" and not torch.cuda.is_available():
         raise InvalidSettingError("device", f"{device!r}: torch sees no CUDA device here")
-    from chat.models.block_matrices import BLOCK_FORMATS
+    from chat.models.kernels.block_matrices import BLOCK_FORMATS
 
     if weights == "int8" or weights in BLOCK_FORMATS:
         raise InvalidSettingError("device", f"{weights} weights run on the CPU only, not on {device!r}")
@@ -184,7 +184,7 @@ def load_renderer(spec: str, chat_template: str | None = None) -> TemplateRender
         return tiny_renderer(spec.removeprefix("tiny-"), chat_template=template)
     gguf = _gguf_file(spec)
     if gguf is not None:
-        from chat.models import gguf_model
+        from chat.models.hf import gguf_model
 
         tokenizer = _with_template(gguf_model.checked_tokenizer(gguf), template)
         return TemplateRenderer(tokenizer, name=_gguf_name(spec, gguf))
@@ -204,8 +204,8 @@ def parse_weights(weights: str | None, dtype: str, spec: str = "") -> str:
     """The weight format to load ``spec`` with: ``weights``, or when None the model's default (for a float32 load:
     :data:`DEFAULT_WEIGHTS`, else :data:`GGUF_DEFAULT_WEIGHTS` for a GGUF file, else float32; otherwise the dtype's
     own). The block formats (``gguf``, ``gguf-q8``, ``gguf-q16``) need a GGUF file (the built-in model is one)."""
-    from chat.models.block_matrices import BLOCK_FORMATS
-    from chat.models.matrices import WEIGHT_FORMATS
+    from chat.models.kernels.block_matrices import BLOCK_FORMATS
+    from chat.models.kernels.matrices import WEIGHT_FORMATS
 
     gguf = _is_gguf_spec(spec)
     if weights is None:
@@ -223,17 +223,17 @@ def parse_weights(weights: str | None, dtype: str, spec: str = "") -> str:
 
 def parse_kv_dtype(kv_dtype: str | None, dtype: str, weights: str) -> str:
     """What a model loaded in ``dtype`` with ``weights`` stores its attention K/V in: ``kv_dtype``, or when None the
-    default: ``float16`` for int8 weights where the native attention kernel reads it (:mod:`chat.models.native`),
-    else the dtype's own. float16 K/V take half the memory and half the attention traffic of float32 (next-token
-    agreement 1.0 with float32 K/V on smollm2's texts, docs/benchmarks.md). With int8 weights, whose products are
-    exact per token, a position's K/V round the same way however its prompt was cut, so cached turns stay bit for
-    bit those computed from scratch; so are the block formats' products with the native block kernels (a GGUF file
-    some of whose layers run in float32 gets float32 K/V: :func:`load_gguf_file`); with float32 weights, the
-    last-bit differences of other chunkings can move a float16 rounding (about 1e-3 in the logits), so float16 is
-    chosen there only when asked for. A float32 model computes in float32 either way; a bfloat16 model keeps bfloat16
-    K/V."""
+    default: ``float16`` for int8 weights where the native attention kernel reads it
+    (:mod:`chat.models.kernels.native`), else the dtype's own. float16 K/V take half the memory and half the attention
+    traffic of float32 (next-token agreement 1.0 with float32 K/V on smollm2's texts, docs/benchmarks.md). With int8
+    weights, whose products are exact per token, a position's K/V round the same way however its prompt was cut, so
+    cached turns stay bit for bit those computed from scratch; so are the block formats' products with the native block
+    kernels (a GGUF file some of whose layers run in float32 gets float32 K/V: :func:`load_gguf_file`); with float32
+    weights, the last-bit differences of other chunkings can move a float16 rounding (about 1e-3 in the logits), so
+    float16 is chosen there only when asked for. A float32 model computes in float32 either way; a bfloat16 model keeps
+    bfloat16 K/V."""
     if kv_dtype is None:
-        from chat.models import block_matrices, native
+        from chat.models.kernels import block_matrices, native
 
         if dtype != "float32" or weights not in ("int8", *block_matrices.BLOCK_FORMATS):
             return dtype
@@ -266,8 +266,8 @@ def load_directory(
     hashed. ``chat_template``: the template text that replaces the model's own (None: its own, if any)."""
     from transformers import AutoModelForCausalLM
 
-    from chat.models.families_mm import is_multimodal
     from chat.models.fingerprint import weight_files_digest
+    from chat.models.hf.families_mm import is_multimodal
 
     config = _read_config(path)
     if is_multimodal(config):
@@ -297,7 +297,7 @@ def load_directory(
 
 def directory_renderer(path: Path, *, name: str, chat_template: str | None = None) -> TemplateRenderer:
     """A model directory -> its renderer: config, tokenizer and (multimodal) processor settings; no weights."""
-    from chat.models.families_mm import is_multimodal, load_multimodal_text
+    from chat.models.hf.families_mm import is_multimodal, load_multimodal_text
 
     config = _read_config(path)
     if is_multimodal(config):
@@ -318,8 +318,8 @@ def load_multimodal_directory(
     kv_dtype: str,
     chat_template: str | None = None,
 ) -> Any:
-    from chat.models.families_mm import load_multimodal
     from chat.models.fingerprint import weight_files_digest
+    from chat.models.hf.families_mm import load_multimodal
 
     model, tokenizer, family = load_multimodal(path, config, torch_dtype, chat_template)
     digest = weight_files_digest(path)
@@ -459,7 +459,7 @@ def load_gguf_file(
     device: Any = None,
     chat_template: str | None = None,
 ) -> Any:
-    """A GGUF file -> adapter, read straight from the file (:mod:`chat.models.gguf_model`); the sha256 of its bytes
+    """A GGUF file -> adapter, read straight from the file (:mod:`chat.models.hf.gguf_model`); the sha256 of its bytes
     stands for its weights in the fingerprint. Unless ``kv_asked``, a block format's float16 K/V default becomes
     float32 when some linear layer runs in float32 (a type without a kernel, an architecture dequantized whole):
     float16 rows are exact per token only when every product is (see :func:`parse_kv_dtype`).
@@ -469,7 +469,8 @@ def load_gguf_file(
     """
     import torch
 
-    from chat.models import gguf_files, gguf_model
+    from chat.models import gguf_files
+    from chat.models.hf import gguf_model
 
     _quiet()
     gguf_files.check_magic(path)
@@ -554,7 +555,7 @@ def _adapter(
     family: Any = None,
     device: Any = None,
 ) -> Any:
-    """The runtime of a loaded model: a DecoderAdapter (turncache's own forward, :mod:`chat.models.decoder`) for
+    """The runtime of a loaded model: a DecoderAdapter (turncache's own forward, :mod:`chat.models.decoder.model`) for
     the families it computes, a MultimodalAdapter when ``family`` says how it takes media, else a
     TransformersAdapter (transformers' forward: hybrid recurrent models). ``digest`` is the digest of its weights,
     ``weights`` the format its linear layers run in (both part of the fingerprint)."""
@@ -568,7 +569,7 @@ def _adapter(
         "weights": weights,
     }
     if family is not None:
-        from chat.models.multimodal import MultimodalAdapter
+        from chat.models.hf.multimodal import MultimodalAdapter
 
         fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights)
         return MultimodalAdapter(model, tokenizer, family, dtype=dtype, fingerprint=fingerprint, **common)
@@ -576,13 +577,13 @@ def _adapter(
         model = model.to(device)
     decoder = _own_decoder(model, tokenizer, weights)
     if decoder is None:
-        from chat.models.hf_runtime import TransformersAdapter  # only then: it patches transformers' forward
+        from chat.models.hf.runtime import TransformersAdapter  # only then: it patches transformers' forward
 
         _cpu_only(device, f"{model.config.model_type} models (transformers' forward)")
         fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights)
         return TransformersAdapter(model, tokenizer, dtype=dtype, fingerprint=fingerprint, **common)
-    from chat.models.decoder import DECODER_VERSION
-    from chat.models.decoder_runtime import DecoderAdapter
+    from chat.models.decoder.model import DECODER_VERSION
+    from chat.models.decoder.runtime import DecoderAdapter
 
     fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights, forward=DECODER_VERSION)
     generation_config = getattr(model, "generation_config", None)
@@ -591,9 +592,9 @@ def _adapter(
 
 
 def _own_decoder(model: Any, tokenizer: Any, weights: str) -> Any:
-    """turncache's own decoder for ``model`` (:func:`chat.models.decoder.build_decoder`), or None when its family
+    """turncache's own decoder for ``model`` (:func:`chat.models.decoder.model.build_decoder`), or None when its family
     or settings are not ones it computes (then transformers' forward serves it; logged)."""
-    from chat.models.decoder import NotPackable, build_decoder, decoder_args, linear_modules
+    from chat.models.decoder.model import NotPackable, build_decoder, decoder_args, linear_modules
     from chat.models.smoothing import CALIBRATION_TEXT
 
     try:

@@ -9,7 +9,7 @@ decoder code honour it:
 - :class:`RaggedCache` stands in for the ``past_key_values`` of the forward. When an attention layer hands it the new
   K/V of all tokens, it appends each run's slice to that run's own :class:`~chat.models.kv_rows.AttentionRows` and
   keeps the views those return (the run's whole visible K/V) on the pack for the attention function. With the
-  native kernels (:mod:`chat.models.native`), a one-token run's row is only reserved (:class:`Reserved`): the
+  native kernels (:mod:`chat.models.kernels.native`), a one-token run's row is only reserved (:class:`Reserved`): the
   attention kernel writes its K/V there, so a decode step makes no tensor operation per run and layer.
 - :func:`ragged_attention` is registered in transformers' ``AttentionInterface`` as :data:`RAGGED_ATTENTION` (and not
   in its mask interface, so no mask is built for the packed row). It computes each run's attention over that run's
@@ -32,7 +32,7 @@ Outside a pack (the model called on its own, e.g. a baseline) the attention func
 Runs of models with recurrent layers are not packed: a recurrent mixer carries state along its input row, so
 packed runs would leak into each other. Their decode steps (one token per run) are *stacked* instead: one run per
 batch row, attention routed per row the same way, recurrent states stacked into batch tensors
-(:meth:`chat.models.hf_cache.CacheLayout.stacked_cache`). Their prefill chunks run one per forward. Not thread-safe:
+(:meth:`chat.models.hf.run_cache.CacheLayout.stacked_cache`). Their prefill chunks run one per forward. Not thread-safe:
 one thread drives a model.
 """
 
@@ -55,8 +55,8 @@ from transformers.cache_utils import (
 )
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from chat.models import native
 from chat.models.attention import attend, causal_mask
+from chat.models.kernels import native
 
 RAGGED_ATTENTION = "turncache_ragged"  # our entry in transformers' attention interface
 
@@ -68,7 +68,7 @@ class PackedRun:
     row: int  # batch row of the input ([B, S]); 0 when every run shares one row
     start: int  # first token of the run in that row
     end: int  # one past its last token
-    cache: Any  # the run's own cache (chat.models.hf_cache.RunCache): its attention layers own its K/V rows
+    cache: Any  # the run's own cache (chat.models.hf.run_cache.RunCache): its attention layers own its K/V rows
     blocks: tuple[tuple[int, int], ...] = ()  # [a, b) offsets into the slot's tokens that attend to each other both
     # ways (Gemma 3's image tokens), besides the causal mask; a sliding window still bounds what lies behind
 
@@ -339,8 +339,8 @@ def _native_attention(
     out: torch.Tensor,
     softcap: float | None,
 ) -> list[bool]:
-    """Compute in one native call (:func:`chat.models.native.kernels`) the attention of every slot it can take: the
-    :class:`Reserved` one-token slots, whose rows ``table`` already holds (the kernel first writes their K/V from
+    """Compute in one native call (:func:`chat.models.kernels.native.kernels`) the attention of every slot it can take:
+    the :class:`Reserved` one-token slots, whose rows ``table`` already holds (the kernel first writes their K/V from
     ``key`` / ``value``, ``[B, Hk, S, D]``), and slots whose views are float32 or float16 with contiguous rows, added
     to it here. Writes into ``out``; returns which slots it computed."""
     done = [False] * len(pack.slots)

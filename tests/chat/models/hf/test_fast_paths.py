@@ -1,4 +1,4 @@
-"""chat.models.fast_paths: linear layers in each weight format compute what the stock layers compute (float32 up to
+"""chat.models.hf.fast_paths: linear layers in each weight format compute what the stock layers compute (float32 up to
 rounding, bfloat16 and int8 up to their precision), float32 shares the stock parameters, fused groups hold their
 values once, and int8 gives a token the same result whatever else is in the batch."""
 
@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chat.models import ragged
-from chat.models.dense_matrices import (
+from chat.models.hf import ragged
+from chat.models.hf.fast_paths import FastLinear, FusedPart, install
+from chat.models.kernels.dense_matrices import (
     BFloat16Matrix,
     BlasForms,
     Int8Matrix,
@@ -19,7 +20,6 @@ from chat.models.dense_matrices import (
     linear,
     quantize_weight,
 )
-from chat.models.fast_paths import FastLinear, FusedPart, install
 from chat.models.tiny.text import build_tiny_model, tiny_config
 
 torch.set_num_threads(1)

@@ -153,7 +153,7 @@ class QwenVideoPreparer:
         self.temporal = int(processor.temporal_patch_size)
         self.patch = int(processor.patch_size)
         self.audio = audio  # prepares the video's audio track (Omni); None: the track is not used
-        self.mrope = mrope  # chat.models.mrope.MropeSpec: how audio and video interleave (with `audio`)
+        self.mrope = mrope  # chat.models.hf.mrope.MropeSpec: how audio and video interleave (with `audio`)
         if audio is not None and mrope is None:
             raise ValueError("a video preparer that takes the audio track needs the model's MropeSpec")
         settings = _settings(processor, _QWEN_SETTINGS)
@@ -167,7 +167,7 @@ class QwenVideoPreparer:
         track = self._audio_track(data, declared, item)
         if track is None:
             return frames
-        from chat.models.mrope import MediaGrid, audio_in_video_runs
+        from chat.models.hf.mrope import MediaGrid, audio_in_video_runs
 
         span = 4 + frames.tokens + track.tokens  # the item in the prompt: 4 markers, the video's and the audio's tokens
         grid = MediaGrid("video", 0, span, frames.grid_thw, frames.second_per_grid, audio_length=track.tokens)

@@ -32,8 +32,8 @@ from transformers.cache_utils import (
     get_layer_types_and_kwargs,
 )
 
-from chat.models import ragged
 from chat.models.families import LAYER_KINDS
+from chat.models.hf import ragged
 from chat.models.kv_rows import AttentionRows
 
 _TAKEN_ATTR = "_turncache_taken"  # set on recurrent tensors a run has installed (and will update in place)
@@ -49,7 +49,7 @@ class _BufferedKV:
         self.keys, self.values = keys, values  # what other transformers code may read
         self.is_initialized = True
         pack = ragged.current()
-        if pack is not None:  # a one-run forward (chat.models.ragged): attention reads the views from the pack
+        if pack is not None:  # a one-run forward (chat.models.hf.ragged): attention reads the views from the pack
             pack.kv, pack.window = [(keys[0], values[0])], self.rows.window
         elif keys.dtype != key_states.dtype:  # rows stored in another dtype, read by transformers' own attention
             return keys.to(key_states.dtype), values.to(value_states.dtype)

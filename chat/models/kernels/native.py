@@ -4,10 +4,10 @@
   but repacks the weight on every call for two rows or more, so a batched decode step paid about 3x per weight byte
   what a one-sequence step paid. This kernel keeps the weight packed for AVX-512 VNNI (:meth:`Kernels.pack_int8`),
   reads each weight byte once for up to 8 rows (prefetching ahead of the stream), and gives the numbers of
-  ``chat.models.fast_paths.int8_linear`` bit for bit: the integer sums are exact and the float operations are the
+  ``chat.models.hf.fast_paths.int8_linear`` bit for bit: the integer sums are exact and the float operations are the
   same, in the same order. It was faster than ``torch._int_mm`` at every row count measured (1 to 256).
 - :meth:`Kernels.attention`: the attention of every sequence of a packed step over its own K/V rows, in one call per
-  layer: decode tokens (whose new K/V it writes into the rows :mod:`chat.models.ragged` reserved) and prefill
+  layer: decode tokens (whose new K/V it writes into the rows :mod:`chat.models.hf.ragged` reserved) and prefill
   chunks (causal, within the layer's sliding window). Torch's way was ~6 operations per sequence and layer, ~25 us
   each at short contexts, and SDPA's ~110 us per short chunk; for a 256-token chunk over 1,700 rows the kernel
   takes about what SDPA takes (7.0 vs 6.7 ms a layer). Each query token is computed the same way whatever else is

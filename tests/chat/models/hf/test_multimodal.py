@@ -13,7 +13,7 @@ from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.engine.turn import Turn, run_to_end
 from chat.models import load_model
-from chat.models.multimodal import AUDIO_IN_VIDEO_MARKERS
+from chat.models.hf.multimodal import AUDIO_IN_VIDEO_MARKERS
 from tests.chat.engine.recording import run_recorded
 from tests.chat.models.mm_helpers import (
     audio,
@@ -284,7 +284,7 @@ def test_gemma3_images_are_computed_whole_whatever_the_chunk_budget():
 
 
 def test_held_media_reports_each_items_kind_and_sizes_without_touching_the_store():
-    from chat.models.multimodal import PREPARED
+    from chat.models.hf.multimodal import PREPARED
 
     torch.set_num_threads(1)
     omni = load_model("tiny-omni")

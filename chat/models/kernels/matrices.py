@@ -1,6 +1,6 @@
 """The weight formats' table (:data:`WEIGHT_FORMATS`, :data:`MATRICES`): one matrix class per format, what every linear
-layer of a model is computed through. The dense formats live in :mod:`chat.models.dense_matrices`, a GGUF file's
-blocks in :mod:`chat.models.block_matrices`; this module imports both and neither imports it.
+layer of a model is computed through. The dense formats live in :mod:`chat.models.kernels.dense_matrices`, a GGUF file's
+blocks in :mod:`chat.models.kernels.block_matrices`; this module imports both and neither imports it.
 
 The interface (the seam between a forward and a weight format): a matrix ``m`` of ``[out, in]`` weights
 
@@ -18,12 +18,12 @@ Formats (:data:`WEIGHT_FORMATS`, :data:`MATRICES`):
   goes back to float32.
 - ``int8`` (:class:`Int8Matrix`): int8 weights with one float32 scale per output channel (symmetric), activations
   quantized per token (symmetric, their own absolute maximum -> 127) just before each product, computed with int32
-  accumulation by turncache's native kernel (:mod:`chat.models.native`, which keeps only its packed copy of the
+  accumulation by turncache's native kernel (:mod:`chat.models.kernels.native`, which keeps only its packed copy of the
   weight) or, without it, by ``torch._int_mm``: the same numbers either way. A token's result depends only on that
   token, never on the rest of the batch, so a batched forward gives what a forward alone gives.
 
-- ``gguf``, ``gguf-q8``, ``gguf-q16`` (:mod:`chat.models.block_matrices`): a GGUF file's own blocks, weight-only or
-  with int8 / int16 activations; built from the checkpoint's linear modules (``from_layers``), which hold the blocks.
+- ``gguf``, ``gguf-q8``, ``gguf-q16`` (:mod:`chat.models.kernels.block_matrices`): a GGUF file's own blocks, weight-only
+  or with int8 / int16 activations; built from the checkpoint's linear modules (``from_layers``), which hold the blocks.
 
 Any object with this interface can stand for a weight format.
 """
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.models import block_matrices
-from chat.models.dense_matrices import BFloat16Matrix, Float32Matrix, Int8Matrix
+from chat.models.kernels import block_matrices
+from chat.models.kernels.dense_matrices import BFloat16Matrix, Float32Matrix, Int8Matrix
 
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8", *block_matrices.BLOCK_FORMATS)
 

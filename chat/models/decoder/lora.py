@@ -25,10 +25,10 @@ serves any mix of adapters and the base.
 **Numbers.** Float32 and bfloat16 weights: the low-rank products run in float32 (a turn under an adapter equals the
 model with the adapter merged into its weights within float32 rounding). int8 and the GGUF block formats, whose
 cache hits are bit for bit the turn computed without the cache, run them as int8 products too
-(:class:`chat.models.dense_matrices.Int8Matrix`: each token's result depends on that token alone, whatever the batch
-or the prefill chunk; weights quantized per output row, so stacking adapters changes no adapter's numbers; the mask
-keeps another adapter's columns out of a row's activation scale), on the smoothed activations of an int8 model (``A``'s
-columns take the smoothing factors, ``up``'s ``B`` rows their inverse, as the base weights did).
+(:class:`chat.models.kernels.dense_matrices.Int8Matrix`: each token's result depends on that token alone, whatever the
+batch or the prefill chunk; weights quantized per output row, so stacking adapters changes no adapter's numbers; the
+mask keeps another adapter's columns out of a row's activation scale), on the smoothed activations of an int8 model
+(``A``'s columns take the smoothing factors, ``up``'s ``B`` rows their inverse, as the base weights did).
 
 **Residency.** Up to ``max_loras`` adapters are kept in their computing form (moved to the model's device,
 quantized for int8); the others stay as read (host memory) and are swapped in when a step needs them, the least
@@ -97,7 +97,7 @@ def make_adapter(name: str, weights: LoraWeights, scale: float = 1.0) -> LoraAda
 
 
 def check_fits(modules: dict[str, LoraModule], args: Any) -> None:
-    """Refuse an adapter that does not fit a decoder of ``args`` (:class:`chat.models.decoder.DecoderArgs`).
+    """Refuse an adapter that does not fit a decoder of ``args`` (:class:`chat.models.decoder.model.DecoderArgs`).
 
     Raises:
         AdapterMismatchError: naming the first module whose layer is not there or whose shapes differ.
@@ -213,10 +213,11 @@ class _Stack:
 
 
 def _product(weight: torch.Tensor, device: torch.device, int8: bool) -> Product:
-    """``x -> x @ weight.T``: float32, or an int8 product (:class:`~chat.models.dense_matrices.Int8Matrix`, its native
-    kernel called straight for the float32 rows the wrapped products hand it: a decode step makes ~240 of these)."""
+    """``x -> x @ weight.T``: float32, or an int8 product (:class:`~chat.models.kernels.dense_matrices.Int8Matrix`, its
+    native kernel called straight for the float32 rows the wrapped products hand it: a decode step makes ~240 of
+    these)."""
     if int8:
-        from chat.models.dense_matrices import Int8Matrix
+        from chat.models.kernels.dense_matrices import Int8Matrix
 
         matrix = Int8Matrix(weight.float(), None)
         kernels, packed, wsum, step = matrix.kernels, matrix.packed, matrix.wsum, matrix._step
@@ -310,7 +311,7 @@ class LoraStep:
 
 
 class _Wrapped:
-    """One of a decoder layer's products (a matrix, or a :class:`chat.models.decoder.Fused` group) with each row's
+    """One of a decoder layer's products (a matrix, or a :class:`chat.models.decoder.model.Fused` group) with each row's
     adapter update added to its output."""
 
     def __init__(self, base: Any, key: str, fused: bool, step: LoraStep) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from chat.models.media_prep import QwenImagePreparer, QwenVideoPreparer, WhisperAudioPreparer, whisper_output_tokens
+from chat.models.hf.media_prep import QwenImagePreparer, QwenVideoPreparer, WhisperAudioPreparer, whisper_output_tokens
 from modalities.errors import CorruptMediaError, MediaTooLargeError, UnsupportedFormatError
 from modalities.video import VideoOptions
 from tests.chat.models.mm_helpers import mp4, mp4_with_audio, png, wav
@@ -103,7 +103,7 @@ def test_fingerprints_differ_when_a_setting_that_changes_the_input_differs():
 def omni_video_preparers():
     from transformers import WhisperFeatureExtractor
 
-    from chat.models.mrope import MropeSpec
+    from chat.models.hf.mrope import MropeSpec
 
     spec = MropeSpec("qwen2_5_omni", 2, time_scale=25.0, seconds_per_chunk=2.0)
     audio = WhisperAudioPreparer(WhisperFeatureExtractor(feature_size=16))

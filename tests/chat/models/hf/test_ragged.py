@@ -1,4 +1,4 @@
-"""chat.models.ragged: each run's queries in a packed row attend to that run's own K/V only, with the causal and
+"""chat.models.hf.ragged: each run's queries in a packed row attend to that run's own K/V only, with the causal and
 sliding-window rules of a forward alone; and the adapter's ``forward_batch`` gives each feed what a forward alone
 gives, rolls every run back when a packed forward fails, and reports a bad feed without touching the others."""
 
@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from chat.engine.runtime import Feed
-from chat.models import load_model, ragged
+from chat.models import load_model
 from chat.models.errors import InvalidSettingError, RunStateError
+from chat.models.hf import ragged
 from chat.models.kv_rows import AttentionRows
 
 torch.set_num_threads(1)

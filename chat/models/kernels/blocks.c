@@ -1,4 +1,4 @@
-/* turncache's kernels for weights kept in a GGUF file's own block formats (chat/models/block_matrices.py packs them;
+/* turncache's kernels for weights kept in a GGUF file's own block formats (chat/models/kernels/block_matrices.py packs them;
  * read its docstring first). Built and loaded like native.c, as a library of its own.
  *
  * Every quantized type (Q4_0 ... Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS) is repacked at load into one layout:

@@ -22,7 +22,7 @@ One load, step by step::
     embedding                    dequantized into the model too, and marked with its blocks (``file_blocks``,
                                  checked on a sample of rows): in every format but float32 the own decoder's
                                  lookups read those (a tied head's packed rows, or a copy of the file's blocks;
-                                 chat.models.block_matrices.BlockEmbedding) and the float32 table goes
+                                 chat.models.kernels.block_matrices.BlockEmbedding) and the float32 table goes
     tied LM head                 with tied embeddings the head reads the embedding's blocks (and the lookup its
                                  dequantization), as llama.cpp does
 
@@ -45,8 +45,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from chat.models import block_matrices, gguf_files
+from chat.models import gguf_files
 from chat.models.errors import ModelFileError, ModelLoadError
+from chat.models.kernels import block_matrices
 
 _log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""chat.models.decoder: turncache's own forward against transformers' forward (the oracle), for every tiny model of
-the families it computes: float32 logits within 1e-4 over prefill, decode, cache hits, rewinds and sliding windows,
+"""chat.models.decoder.model: turncache's own forward against transformers' forward (the oracle), for every tiny model
+of the families it computes: float32 logits within 1e-4 over prefill, decode, cache hits, rewinds and sliding windows,
 in batches and alone; int8 logits bit for bit the same from the cache or without it, in a batch or alone. Each
 float32 test takes a device parameter: the CPU with the native kernels, the CPU on torch's operations (the code a
 GPU runs), and CUDA where torch sees a device (skipped, with the reason, where it does not)."""
@@ -15,8 +15,9 @@ from torch import nn
 
 from cache import Namespace, PrefixCache
 from chat.engine.runtime import Feed, StepInterrupted
-from chat.models import load_model, native
-from chat.models.decoder import FAMILIES, HF_NAMES, NotPackable, canonical_weights, decoder_args
+from chat.models import load_model
+from chat.models.decoder.model import FAMILIES, HF_NAMES, NotPackable, canonical_weights, decoder_args
+from chat.models.kernels import native
 from chat.models.tiny.text import WINDOW
 from chat.tools.testing.baselines import load_stock
 
@@ -316,13 +317,12 @@ def test_a_packable_model_leaves_transformers_as_it_is():
         }))
         """
     )
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[4]
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "chat.models.decoder" in seen["modules"]
-    for legacy in ("ragged", "hf_cache", "fast_paths", "hf_runtime", "multimodal"):
-        assert f"chat.models.{legacy}" not in seen["modules"], legacy
+    assert "chat.models.decoder.model" in seen["modules"]
+    assert [m for m in seen["modules"] if m == "chat.models.hf" or m.startswith("chat.models.hf.")] == []
     assert not seen["registered"]
     assert seen["attention"] in (None, "sdpa", "eager")  # as transformers set it when the config was made
 
@@ -331,9 +331,9 @@ def test_a_format_built_from_the_checkpoints_modules_slots_in(monkeypatch):
     """A weight format whose data the checkpoint's modules hold (a GGUF file's blocks) is an object with
     ``from_layers``: it gets each matrix's modules in output order (q, k, v; gate, up), and the forward computes
     through whatever it returns."""
-    from chat.models import dense_matrices, matrices
-    from chat.models.decoder import build_decoder, linear_modules
-    from chat.models.decoder_runtime import DecoderAdapter
+    from chat.models.decoder.model import build_decoder, linear_modules
+    from chat.models.decoder.runtime import DecoderAdapter
+    from chat.models.kernels import dense_matrices, matrices
 
     class FromModules:  # stands for a block format: here the modules' own float weights
         def __init__(self) -> None:

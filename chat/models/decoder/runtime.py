@@ -1,4 +1,4 @@
-"""The runtime of a model computed by turncache's own decoder forward (:mod:`chat.models.decoder`): the families
+"""The runtime of a model computed by turncache's own decoder forward (:mod:`chat.models.decoder.model`): the families
 whose every layer is attention. A run is its K/V rows, one :class:`chat.models.kv_rows.AttentionRows` per layer (a
 cache entry holds views of them: ``NormalKV`` for full attention, ``RotatingKV`` for sliding layers); every feed of
 a step goes into one forward (:class:`chat.models.attention.StepBatch`)."""
@@ -13,18 +13,19 @@ import torch
 
 from cache import LayerState, Lease, NormalKV, RotatingKV
 from chat.engine.runtime import StepInterrupted
-from chat.models import attention, native
+from chat.models import attention
 from chat.models.adapter import DEFAULT_ROTATING_MARGIN, ModelAdapter, RunState
-from chat.models.decoder import Decoder
+from chat.models.decoder.lora import AdapterBank, LoraAdapter
+from chat.models.decoder.model import Decoder
 from chat.models.errors import RunStateError
+from chat.models.kernels import native
 from chat.models.kv_rows import AttentionRows, drop_last_of_run
-from chat.models.lora import AdapterBank, LoraAdapter
 
 _log = logging.getLogger(__name__)
 
 
 class DecoderAdapter(ModelAdapter):
-    """A :class:`~chat.models.adapter.ModelAdapter` over a :class:`~chat.models.decoder.Decoder`."""
+    """A :class:`~chat.models.adapter.ModelAdapter` over a :class:`~chat.models.decoder.model.Decoder`."""
 
     def __init__(
         self,
@@ -57,8 +58,10 @@ class DecoderAdapter(ModelAdapter):
         self._margin = rotating_margin  # rows kept beyond W - 1 in sliding layers: rewinds of up to this many
         if self.device.type == "cpu":
             native.kernels()  # built (once per machine) or loaded now, at load time, rather than by the first request
-        self.adapters = AdapterBank(  # LoRA adapters by name (chat.models.lora); int8 products for exact formats
-            decoder, self.device, int8=weights not in ("float32", "bfloat16")
+        self.adapters = (
+            AdapterBank(  # LoRA adapters by name (chat.models.decoder.lora); int8 products for exact formats
+                decoder, self.device, int8=weights not in ("float32", "bfloat16")
+            )
         )
 
     # ================================================================ runs

@@ -1,4 +1,4 @@
-"""chat.models.mrope: the same positions as transformers' ``get_rope_index``, and the same positions however the
+"""chat.models.hf.mrope: the same positions as transformers' ``get_rope_index``, and the same positions however the
 sequence is split.
 
 transformers' methods run on minimal stand-in objects (the method plus a config), so no model is built. Sequences are
@@ -24,7 +24,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
-from chat.models.mrope import MediaGrid, MropeSpec, mrope_positions
+from chat.models.hf.mrope import MediaGrid, MropeSpec, mrope_positions
 
 VS, VE, IMG, VID, AUD, AS, AE = 1, 2, 3, 4, 5, 6, 7  # vision bos/eos, placeholders, audio bos/eos
 TEXT = tuple(range(10, 20))

@@ -1,8 +1,8 @@
 """The dense weight formats: ``float32`` (:class:`Float32Matrix`), ``bfloat16`` (:class:`BFloat16Matrix`) and
-``int8`` (:class:`Int8Matrix`), each a matrix class of the interface :mod:`chat.models.matrices` describes, and the
-BLAS forms float32 calibrates per shape. The table of every format (these and a GGUF file's blocks,
-:mod:`chat.models.block_matrices`) is :data:`chat.models.matrices.MATRICES`: both families are imported by it, and
-neither imports it (no circle).
+``int8`` (:class:`Int8Matrix`), each a matrix class of the interface :mod:`chat.models.kernels.matrices` describes, and
+the BLAS forms float32 calibrates per shape. The table of every format (these and a GGUF file's blocks,
+:mod:`chat.models.kernels.block_matrices`) is :data:`chat.models.kernels.matrices.MATRICES`: both families are imported
+by it, and neither imports it (no circle).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from chat.models import native
+from chat.models.kernels import native
 
 FEW_ROWS = 16  # most rows (tokens) a float32 matrix runs with its calibrated few-rows form, or fused
 _CALIBRATION_ROWS = 5  # rows the few-rows forms are timed with (a verification of 4 draft tokens)
@@ -118,7 +118,7 @@ class BFloat16Matrix:
 class Int8Matrix:
     """An int8 ``[out, in]`` weight with one float32 scale per output channel (symmetric); see :func:`int8_linear`.
 
-    With the native kernels (:mod:`chat.models.native`) the weight is kept only in their packed layout and every
+    With the native kernels (:mod:`chat.models.kernels.native`) the weight is kept only in their packed layout and every
     product runs there (the same numbers, bit for bit); without them, row-major for ``torch._int_mm``."""
 
     fuse_rows = 1 << 30  # always fused: the activations are quantized once for the whole group

@@ -18,7 +18,7 @@ outputs interleaved between the markers' embeddings.
 
 The language model runs on ``inputs_embeds``: text embeddings with the encoder's rows written over each item's
 placeholder tokens, so a prefill may start or stop anywhere (a cached prefix never ends inside an item). Qwen-family
-models take 3-D mRoPE position ids (:mod:`chat.models.mrope`): the positions of the suffix continue from the next
+models take 3-D mRoPE position ids (:mod:`chat.models.hf.mrope`): the positions of the suffix continue from the next
 position id stored with the cache entry (the entry's extras hold ``next position - length`` after each item), never
 from the prefix's tokens. LLaVA-style models use plain 1-D positions.
 
@@ -27,7 +27,7 @@ few decoder layers, added to those layers' outputs at the item's placeholder pos
 item's rows (:class:`EncodedItem`), and each forward takes those of its own tokens only (``visual_pos_masks``: which
 of the tokens are placeholders inside an item, ``deepstack_visual_embeds``: their rows, in token order), so a prefill
 cut anywhere, or packed with other runs, adds exactly what the whole prompt's forward adds. Its videos are written
-frame group by frame group with timestamps (:class:`chat.models.media_prep.TimestampedVideoPreparer`): one item, each
+frame group by frame group with timestamps (:class:`chat.models.hf.media_prep.TimestampedVideoPreparer`): one item, each
 group placed like an image (:attr:`PreparedMedia.frame_starts`).
 """
 
@@ -44,8 +44,8 @@ from cache import Lease, MediaSpan
 from chat.models.adapter import RunState
 from chat.models.chat_template import render_text
 from chat.models.errors import RunStateError
-from chat.models.hf_runtime import TransformersAdapter
-from chat.models.media_prep import PreparedMedia, Preparer
+from chat.models.hf.media_prep import PreparedMedia, Preparer
+from chat.models.hf.runtime import TransformersAdapter
 from modalities.errors import MediaError
 from modalities.identity import content_hash
 from modalities.parts import MediaInput
@@ -112,7 +112,7 @@ class MultimodalFamily:
     placeholders: Mapping[str, int]  # kind -> the placeholder token its chat template emits (expanded per item)
     preparers: Mapping[str, Preparer]  # kind -> bytes to encoder inputs
     encoders: Mapping[str, Encoder]  # kind -> encoder inputs to embedding rows
-    mrope: Any = None  # chat.models.mrope.MropeSpec for 3-D positions, None for 1-D
+    mrope: Any = None  # chat.models.hf.mrope.MropeSpec for 3-D positions, None for 1-D
     markers: Mapping[str, int] = field(default_factory=dict)  # Omni videos with audio: "vision_start", "audio_start",
     # "audio_end", "vision_end" -> token ids (the four markers framing an interleaved item); empty otherwise
     template_text: Mapping[str, str] = field(default_factory=dict)  # text the chat template writes -> what the
@@ -183,7 +183,7 @@ class TextStack(torch.nn.Module):
 
 
 class MultimodalAdapter(TransformersAdapter):
-    """A :class:`~chat.models.hf_runtime.TransformersAdapter` whose prompts may hold media. Build with
+    """A :class:`~chat.models.hf.runtime.TransformersAdapter` whose prompts may hold media. Build with
     :func:`chat.models.load_model`."""
 
     def __init__(
@@ -363,7 +363,7 @@ class MultimodalAdapter(TransformersAdapter):
         delta = lease.extra if lease is not None and isinstance(lease.extra, int) else 0
         positions = None
         if self.family.mrope is not None and len(tokens) > base:
-            from chat.models.mrope import mrope_positions
+            from chat.models.hf.mrope import mrope_positions
 
             grids = [grid for it in items for grid in _grids(it)]
             item_ends = {it.span.end for it in items}
@@ -526,10 +526,10 @@ def _encoded(kind: str, out: Any) -> EncodedItem:
 
 
 def _grids(it: PromptItem) -> list[Any]:
-    """Where an item's tokens are placed in 3-D (:class:`chat.models.mrope.MediaGrid` s): the whole item, or for a
+    """Where an item's tokens are placed in 3-D (:class:`chat.models.hf.mrope.MediaGrid` s): the whole item, or for a
     Qwen3-VL video each temporal patch as an image of one temporal step at its place in the layout (the text
     between them, timestamps and markers, is text)."""
-    from chat.models.mrope import MediaGrid
+    from chat.models.hf.mrope import MediaGrid
 
     prep, span = it.prepared, it.span
     if prep.frame_starts:

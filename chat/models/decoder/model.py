@@ -4,7 +4,7 @@ Qwen3, Mistral, Gemma 2 and Gemma 3 (text), full and sliding-window attention.
 Model differences are data: one :class:`Family` row per ``model_type`` (:data:`FAMILIES`) and the sizes read from
 the config into :class:`DecoderArgs`; foreign weight names are mapped in one place (:data:`HF_NAMES`), and q/k/v and
 gate/up are fused into one matrix each as the weights load (:func:`canonical_weights`). Every linear layer is a
-weight matrix of :mod:`chat.models.matrices` (any object with its interface: ``m(x)``, ``m.rows(lo, hi)``,
+weight matrix of :mod:`chat.models.kernels.matrices` (any object with its interface: ``m(x)``, ``m.rows(lo, hi)``,
 ``m.fuse_rows``), and attention is a kernel called by name (:mod:`chat.models.attention`: ``"native"`` or
 ``"torch"``). Transformers stays for tokenizers, chat templates, reading weights and configs, and as the oracle in
 tests; hybrid recurrent and multimodal models keep its forward (:class:`chat.models.adapter.TransformersAdapter`:
@@ -59,15 +59,15 @@ from torch import nn
 
 from chat.engine.runtime import StepInterrupted
 from chat.models import attention
-from chat.models.dense_matrices import Float32Matrix, calibrate
-from chat.models.matrices import MATRICES
+from chat.models.kernels.dense_matrices import Float32Matrix, calibrate
+from chat.models.kernels.matrices import MATRICES
 
 ROPE_BLOCK = 4096  # rotary tables are computed in blocks of this many positions, each the same way
 DECODER_VERSION = "turncache-decoder-1"  # in the fingerprint of the models it computes: bump when its numbers change
 
 
 class NotPackable(ValueError):
-    """The config is one :mod:`chat.models.decoder` does not compute (the transformers forward serves it)."""
+    """The config is one :mod:`chat.models.decoder.model` does not compute (the transformers forward serves it)."""
 
 
 # ==================================================================== the args table
@@ -554,16 +554,16 @@ def build_decoder(
     embedding: Any = None,
 ) -> Decoder:
     """A :class:`Decoder` for a transformers config and state dict, its linear layers in the weight format
-    ``weights`` (a key of :data:`chat.models.matrices.MATRICES`). A format is a class built from a float weight and
-    bias (``cls(weight, bias)``; a fused matrix from its parts' rows concatenated), or an object with
+    ``weights`` (a key of :data:`chat.models.kernels.matrices.MATRICES`). A format is a class built from a float weight
+    and bias (``cls(weight, bias)``; a fused matrix from its parts' rows concatenated), or an object with
     ``from_layers(modules)``, which is given the checkpoint's own linear modules of each matrix, in output order
     (``layers``: :func:`linear_modules`), for formats whose data the modules hold (a GGUF file's blocks). float32
     matrices share the state's tensors. For int8, ``calibration`` token ids first move activation outliers into the
     weights (:func:`chat.models.smoothing.smooth_decoder`). ``time_blas``: time the float32 BLAS forms per weight
-    shape (:func:`chat.models.matrices.calibrate`), else keep their defaults. ``embedding``: the input embedding's
-    file blocks (a :class:`chat.models.block_matrices.BlockWeight`, from a GGUF file): in every format but float32
-    (whose tied head shares the float32 table) the lookups read those (:class:`BlockEmbedding`: the same values)
-    and the float32 table is not kept.
+    shape (:func:`chat.models.kernels.matrices.calibrate`), else keep their defaults. ``embedding``: the input
+    embedding's file blocks (a :class:`chat.models.kernels.block_matrices.BlockWeight`, from a GGUF file): in every
+    format but float32 (whose tied head shares the float32 table) the lookups read those (:class:`BlockEmbedding`: the
+    same values) and the float32 table is not kept.
 
     Raises:
         NotPackable: the config or the weights are not what this forward computes.
@@ -590,7 +590,7 @@ def build_decoder(
         matrices = _matrices(named, args, maker, time_blas=time_blas and weights == "float32")
     if weights != "float32":  # only the format's copies stay: the float tensors go
         if embedding is not None and named["embed"].device.type == "cpu":
-            from chat.models.block_matrices import BlockEmbedding, BlockMatrix
+            from chat.models.kernels.block_matrices import BlockEmbedding, BlockMatrix
 
             head = matrices["head"]
             tied = layers is not None and getattr(layers["head"][0], "block_weight", None) is embedding
@@ -598,7 +598,7 @@ def build_decoder(
             named["embed"] = BlockEmbedding(head if shared else embedding)  # the lookups read the file's blocks
         named = {name: _own(t) for name, t in named.items() if name in _KEPT or _kept(name)}
     decoder = Decoder(args, named, matrices, config)
-    decoder.smoothing = smoothing  # a LoRA adapter's products take the same factors (chat.models.lora)
+    decoder.smoothing = smoothing  # a LoRA adapter's products take the same factors (chat.models.decoder.lora)
     return decoder
 
 

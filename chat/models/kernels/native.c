@@ -1,6 +1,6 @@
-/* turncache's two CPU kernels, built and loaded by chat/models/native.py (read its docstring first).
+/* turncache's two CPU kernels, built and loaded by chat/models/kernels/native.py (read its docstring first).
  *
- * tc_int8_linear       y = dequant(quant(x) . W^T) (+ bias): the same arithmetic as chat.models.fast_paths.int8_linear,
+ * tc_int8_linear       y = dequant(quant(x) . W^T) (+ bias): the same arithmetic as chat.models.hf.fast_paths.int8_linear,
  *                      bit for bit, reading each weight byte once for up to 8 rows.
  * tc_attention         every sequence's query tokens over its own K/V rows (causal, optionally within a window),
  *                      in one call: decode steps and prefill chunks; each query token computed the same way in any
@@ -24,7 +24,7 @@
 
 int tc_abi_version(void) { return 7; }
 
-/* One sequence's row of tc_attention's table: the record chat/models/native.py declares as AttentionRow (a
+/* One sequence's row of tc_attention's table: the record chat/models/kernels/native.py declares as AttentionRow (a
  * ctypes.Structure with these fields in this order). tc_attention_row_layout tells the Python side its size and
  * field offsets, which a test compares with the Structure's; the ABI version above changes with it. */
 typedef struct {
@@ -167,7 +167,7 @@ PAIR_ROWS(8)
 typedef void (*pair_fn)(int64_t, const int8_t *, const int8_t *, const uint8_t *, int64_t, __m512i[MAX_ROWS][2]);
 
 /* out[i, j] = ((float)(sum_p q(x)[i, p] * w[j, p]) * amax[i]) * step[j] (+ bias[j]) for i < m, j < n: the
- * arithmetic of chat.models.fast_paths.int8_linear. packed: tc_int8_pack of w; wsum[j] = sum_p w[j, p] (the
+ * arithmetic of chat.models.hf.fast_paths.int8_linear. packed: tc_int8_pack of w; wsum[j] = sum_p w[j, p] (the
  * correction for the +128 bias of the bytes); x: float [m, k] with row stride ldx; out: [m, n] with row stride ldo.
  * Returns 0, or -1 if scratch memory could not be had. */
 TARGET int tc_int8_linear(int64_t m, int64_t k, int64_t n, const float *x, int64_t ldx, const int8_t *packed,
@@ -380,7 +380,7 @@ TARGET INLINE void attend(const float *qh, int64_t group, int64_t d, int64_t dv,
 }
 
 /* Attention of the query tokens of n sequences, each over its own K/V rows, described by table[0 .. n) (see
- * tc_attention_row; chat/models/native.py checks every row before it comes here). Sequence s has e->queries query
+ * tc_attention_row; chat/models/kernels/native.py checks every row before it comes here). Sequence s has e->queries query
  * tokens, tokens e->first .. e->first + e->queries - 1 of q ([tokens, heads, d], already multiplied by the attention
  * scale) and of out ([tokens, heads, dv]), both contiguous; heads = kv_heads * group, query head h reading K/V head
  * h / group. Its queries are its last e->queries positions: the i-th sees the rows up to its own, rows - queries + i,

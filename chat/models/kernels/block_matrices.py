@@ -1,7 +1,7 @@
 """Linear layers whose weights stay in a GGUF file's own block formats (:data:`KERNEL_TYPES`: Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, and F16 / BF16 tensors), the weight matrices of the formats
-``gguf``, ``gguf-q8`` and ``gguf-q16`` (:data:`BLOCK_FORMATS`), with the interface of :mod:`chat.models.matrices`'
-matrices: ``matrix(x) -> y``, ``matrix.rows(lo, hi)``, ``matrix.fuse_rows``.
+``gguf``, ``gguf-q8`` and ``gguf-q16`` (:data:`BLOCK_FORMATS`), with the interface of
+:mod:`chat.models.kernels.matrices`' matrices: ``matrix(x) -> y``, ``matrix.rows(lo, hi)``, ``matrix.fuse_rows``.
 
 ::
 
@@ -54,7 +54,7 @@ order.
 
 A fused group (q/k/v, gate/up) is one matrix when its parts share a layout (:func:`concat`), else a
 :class:`StackedMatrix` of one matrix per layout. A layer whose tensor type has no kernel (:data:`KERNEL_TYPES`) is
-dequantized to float32 by the loader (:mod:`chat.models.gguf_model`, which warns naming the type).
+dequantized to float32 by the loader (:mod:`chat.models.hf.gguf_model`, which warns naming the type).
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from chat.models import native
-from chat.models.dense_matrices import Float32Matrix
+from chat.models.kernels import native
+from chat.models.kernels.dense_matrices import Float32Matrix
 
 BLOCK_FORMATS = ("gguf", "gguf-q8", "gguf-q16")  # served from a GGUF file's blocks: weight-only, int8 / int16
 # activations
@@ -640,8 +640,8 @@ class BlockEmbedding(torch.nn.Module):
 
 
 class BlockFormat:
-    """A weight format of :data:`BLOCK_FORMATS` as the forwards use it (:func:`chat.models.decoder.build_decoder`,
-    :func:`chat.models.fast_paths.install`: ``chat.models.matrices.MATRICES``): a matrix from
+    """A weight format of :data:`BLOCK_FORMATS` as the forwards use it (:func:`chat.models.decoder.model.build_decoder`,
+    :func:`chat.models.hf.fast_paths.install`: ``chat.models.kernels.matrices.MATRICES``): a matrix from
     the linear layers of a fused group (or one layer). A layer the loader marked with ``block_weight`` (a
     :class:`BlockWeight`) is computed from its blocks; any other (dequantized: a type without a kernel) in float32."""
 

@@ -1,8 +1,8 @@
-"""The block-format matrices (chat.models.block_matrices): every kernel type unpacks to gguf-py's own dequantization
-bit for bit; the three designs compute the product with those weights (weight-only: float32 rounding only; gguf-q8 /
-gguf-q16: the activations on their int8 / int16 block grid, as the torch path rounds them too); a row's result in a
-batch is its result alone, bit for bit; a part of a fused matrix computes its own columns; without the native
-kernels the torch path gives the same function."""
+"""The block-format matrices (chat.models.kernels.block_matrices): every kernel type unpacks to gguf-py's own
+dequantization bit for bit; the three designs compute the product with those weights (weight-only: float32 rounding
+only; gguf-q8 / gguf-q16: the activations on their int8 / int16 block grid, as the torch path rounds them too); a row's
+result in a batch is its result alone, bit for bit; a part of a fused matrix computes its own columns; without the
+native kernels the torch path gives the same function."""
 
 from __future__ import annotations
 
@@ -12,8 +12,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chat.models import block_matrices, native
-from chat.models.block_matrices import BlockMatrix, BlockQ8Matrix, BlockQ16Matrix, BlockWeight, StackedMatrix, unpack
+from chat.models.kernels import block_matrices, native
+from chat.models.kernels.block_matrices import (
+    BlockMatrix,
+    BlockQ8Matrix,
+    BlockQ16Matrix,
+    BlockWeight,
+    StackedMatrix,
+    unpack,
+)
 
 needs_kernels = pytest.mark.skipif(block_matrices.kernels() is None, reason="no native block kernels on this machine")
 DESIGNS = [BlockMatrix, BlockQ8Matrix, BlockQ16Matrix]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from chat.models import native
+from chat.models.kernels import native
 
 torch.set_num_threads(1)
 
@@ -158,12 +158,12 @@ def test_a_library_whose_bytes_changed_is_not_loaded_and_is_built_again(tmp_path
     with pytest.raises(native.UnsafeLibraryError, match="sha256 changed"):
         native._check_digest(built)
     monkeypatch.setattr(native, "_build", lambda compiler: built)  # changed between its build and its load
-    with caplog.at_level(logging.WARNING, logger="chat.models.native"):
+    with caplog.at_level(logging.WARNING, logger="chat.models.kernels.native"):
         assert native._load() is None
     assert "not the library that was built" in caplog.text
     monkeypatch.undo()
     monkeypatch.setenv("TURNCACHE_HOME", str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="chat.models.native"):
+    with caplog.at_level(logging.WARNING, logger="chat.models.kernels.native"):
         again = native._build(compiler)  # a changed build is made again, and then matches its record
     assert again == built and "building it again" in caplog.text
     native._check_digest(again)
@@ -181,7 +181,7 @@ def test_a_build_directory_others_can_write_to_is_refused(tmp_path, monkeypatch,
     loose.chmod(0o777)  # no sticky bit: anyone could replace what it holds
     monkeypatch.setenv("TURNCACHE_HOME", str(home))
     try:
-        with caplog.at_level(logging.WARNING, logger="chat.models.native"):
+        with caplog.at_level(logging.WARNING, logger="chat.models.kernels.native"):
             assert native._load() is None
         assert "not loaded" in caplog.text and str(loose) in caplog.text
         assert list((home / "native").iterdir()) == []  # nothing was compiled there
@@ -215,7 +215,8 @@ def test_a_serving_process_maps_one_openmp_runtime():
         import json, torch
         torch.set_num_threads(1)
         from chat.engine.runtime import Feed
-        from chat.models import load_model, native
+        from chat.models import load_model
+        from chat.models.kernels import native
         model = load_model("tiny-llama", weights="int8")
         run = model.new_run()
         model.forward_batch([Feed(run, [5, 6, 7], 1)])
@@ -224,7 +225,7 @@ def test_a_serving_process_maps_one_openmp_runtime():
         print(json.dumps({"paths": paths, "kernels": native.kernels() is not None}))
         """
     )
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[4]
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=root, check=True
     )

@@ -1,6 +1,6 @@
-"""chat.models.native: the int8 kernel gives torch's int8 product bit for bit and the decode-attention kernel gives
-attention over each sequence's own rows, for any shape, stride and number of threads; the library is built once per
-machine and the callers fall back to torch when it cannot be had."""
+"""chat.models.kernels.native: the int8 kernel gives torch's int8 product bit for bit and the decode-attention kernel
+gives attention over each sequence's own rows, for any shape, stride and number of threads; the library is built once
+per machine and the callers fall back to torch when it cannot be had."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chat.models import native
-from chat.models.dense_matrices import int8_linear, quantize_weight
+from chat.models.kernels import native
+from chat.models.kernels.dense_matrices import int8_linear, quantize_weight
 
 torch.set_num_threads(1)
 
@@ -158,7 +158,7 @@ def test_the_library_is_built_once_per_machine(tmp_path, monkeypatch):
 
 def test_without_a_compiler_the_torch_paths_are_used(monkeypatch, caplog):
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    with caplog.at_level(logging.WARNING, logger="chat.models.native"):
+    with caplog.at_level(logging.WARNING, logger="chat.models.kernels.native"):
         assert native._load() is None
     assert "no C compiler" in caplog.text
 
@@ -169,7 +169,7 @@ def test_a_compiler_error_leaves_the_torch_paths(tmp_path, monkeypatch, caplog):
     script.chmod(0o755)
     monkeypatch.setenv("CC", str(script))
     monkeypatch.setenv("TURNCACHE_HOME", str(tmp_path / "home"))
-    with caplog.at_level(logging.WARNING, logger="chat.models.native"):
+    with caplog.at_level(logging.WARNING, logger="chat.models.kernels.native"):
         assert native._load() is None
     assert "could not be built" in caplog.text and "internal error" in caplog.text
 

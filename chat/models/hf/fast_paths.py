@@ -1,6 +1,6 @@
 """Everything turncache changes in a loaded transformers model, in one place: :func:`install`. Only the models that
 keep transformers' forward are patched (:class:`chat.models.adapter.TransformersAdapter`: hybrid recurrent and
-multimodal models); the families of :mod:`chat.models.decoder` run on turncache's own forward, untouched by this.
+multimodal models); the families of :mod:`chat.models.decoder.model` run on turncache's own forward, untouched by this.
 
 ::
 
@@ -9,13 +9,13 @@ multimodal models); the families of :mod:`chat.models.decoder` run on turncache'
 What :func:`install` does to the decoder stack it is given (a multimodal model's text stack: vision and audio
 encoders keep their own layers and attention):
 
-- **Attention.** The decoder config's attention implementation becomes :data:`chat.models.ragged.RAGGED_ATTENTION`:
+- **Attention.** The decoder config's attention implementation becomes :data:`chat.models.hf.ragged.RAGGED_ATTENTION`:
   every forward of the adapter runs inside a pack of runs, each attending to its own K/V rows
-  (:mod:`chat.models.ragged`).
+  (:mod:`chat.models.hf.ragged`).
 - **Linear layers in the chosen weight format** (:data:`WEIGHT_FORMATS`). Every plain ``nn.Linear`` (the LM head
   too, untied from the embedding if it was tied) becomes a :class:`FastLinear` over a matrix of that format
-  (:mod:`chat.models.matrices`; float32 keeps the same parameters, nothing copied). For int8, activation outliers
-  are first moved into the weights where the layers allow it (:mod:`chat.models.smoothing`).
+  (:mod:`chat.models.kernels.matrices`; float32 keeps the same parameters, nothing copied). For int8, activation
+  outliers are first moved into the weights where the layers allow it (:mod:`chat.models.smoothing`).
 
 - **Norms.** RMSNorms that scale by their weight run as one ``F.rms_norm`` call (:class:`FastRMSNorm`).
 - **Fused projections.** Sibling ``q_proj`` / ``k_proj`` / ``v_proj`` (and ``gate_proj`` / ``up_proj``) layers that
@@ -39,8 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chat.models import native, ragged, smoothing
-from chat.models.dense_matrices import (
+from chat.models import smoothing
+from chat.models.hf import ragged
+from chat.models.kernels import native
+from chat.models.kernels.dense_matrices import (
     FEW_ROWS,
     BFloat16Matrix,
     BlasForms,
@@ -50,9 +52,10 @@ from chat.models.dense_matrices import (
     int8_linear,
     quantize_weight,
 )
-from chat.models.matrices import MATRICES, WEIGHT_FORMATS
+from chat.models.kernels.matrices import MATRICES, WEIGHT_FORMATS
 
-__all__ = [  # the matrices live in chat.models.dense_matrices and .matrices; these names stay importable from here
+__all__ = [  # the matrices live in chat.models.kernels.dense_matrices and .matrices; these names stay importable
+    # from here
     "FEW_ROWS",
     "WEIGHT_FORMATS",
     "BFloat16Matrix",
@@ -153,7 +156,7 @@ class Patches:
     # name, stock layer (None once dropped: non-float32 formats), its replacement) for every rewritten layer
     forms: dict[tuple[int, int], BlasForms] = field(default_factory=dict)  # float32 weight shape -> BLAS forms
     attention: list[tuple[Any, Any]] = field(default_factory=list)  # (decoder config, its attention implementation
-    # as loaded): switched to chat.models.ragged's
+    # as loaded): switched to chat.models.hf.ragged's
     smoothed: int = 0  # linear inputs smoothed before int8 quantization (chat.models.smoothing)
     norms: list[tuple[nn.Module, str, nn.Module, FastRMSNorm]] = field(default_factory=list)  # (parent, name,
     # stock norm, its replacement)
@@ -173,8 +176,8 @@ def install(
     calibration: list[int] | None = None,
 ) -> Patches:
     """Rewrite ``model`` in place (see the module docstring) and return what was done. Without
-    ``calibrate_kernels`` every float32 shape keeps :class:`~chat.models.matrices.BlasForms`' defaults (for tests).
-    For int8, token ids in ``calibration`` smooth the activations first (:mod:`chat.models.smoothing`).
+    ``calibrate_kernels`` every float32 shape keeps :class:`~chat.models.kernels.matrices.BlasForms`' defaults (for
+    tests). For int8, token ids in ``calibration`` smooth the activations first (:mod:`chat.models.smoothing`).
 
     Raises:
         ValueError: ``weights`` is not one of :data:`WEIGHT_FORMATS`.

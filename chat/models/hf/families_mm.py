@@ -11,8 +11,8 @@ frame group with timestamps; 3-D mRoPE; deepstack features added to the first de
 positions). Every other multimodal family is refused with a reason.
 
 Gemma 3's image tokens attend to each other both ways; it is served by computing each item whole: the
-adapter marks the item's tokens as a block of the packed forward (:attr:`chat.models.ragged.PackedRun.blocks`), and the
-engine never cuts an item between prefill chunks (``ModelRuntime.whole_media_spans``).
+adapter marks the item's tokens as a block of the packed forward (:attr:`chat.models.hf.ragged.PackedRun.blocks`), and
+the engine never cuts an item between prefill chunks (``ModelRuntime.whole_media_spans``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from chat.models.errors import ModelLoadError, UnsupportedArchitectureError
-from chat.models.media_prep import (
+from chat.models.hf.media_prep import (
     ClipImagePreparer,
     FrameMarkers,
     PixtralImagePreparer,
@@ -34,7 +34,7 @@ from chat.models.media_prep import (
     TimestampedVideoPreparer,
     WhisperAudioPreparer,
 )
-from chat.models.multimodal import (
+from chat.models.hf.multimodal import (
     AUDIO_IN_VIDEO_MARKERS,
     MultimodalFamily,
     gemma3_image_rows,
@@ -107,7 +107,7 @@ def qwen_family(
     """Qwen2-VL / Qwen2.5-VL / Qwen2.5-Omni thinker. With both video and audio (Omni), a video's audio track is
     interleaved with its frames (``use_audio_in_video``): the video preparer takes the audio preparer, and the
     family names the four marker tokens around such an item."""
-    from chat.models.mrope import MropeSpec
+    from chat.models.hf.mrope import MropeSpec
 
     mrope = MropeSpec.from_config(config)
     placeholders = {"image": _token(config, "image_token_id", "image_token_index")}
@@ -157,7 +157,7 @@ def qwen3_family(
     Raises:
         ModelLoadError: the config names no image, video or vision marker token.
     """
-    from chat.models.mrope import MropeSpec
+    from chat.models.hf.mrope import MropeSpec
 
     ids = {name: _token(config, f"{name}_token_id") for name in ("image", "video", "vision_start", "vision_end")}
     missing = [name for name, token in ids.items() if token is None]

@@ -1,14 +1,14 @@
 """transformers' forward behind the runtime interface (:class:`TransformersAdapter`), for the models turncache's
-own decoder (:mod:`chat.models.decoder`) does not compute yet:
+own decoder (:mod:`chat.models.decoder.model`) does not compute yet:
 
 - hybrid recurrent models (``qwen3_next``, ``lfm2``, ``falcon_h1``, ``granitemoehybrid``, ``zamba2``: gated delta-net
   linear attention, short convolutions, Mamba-2 scans), whose mixers and their states are transformers' code;
-- multimodal models (:class:`chat.models.multimodal.MultimodalAdapter`: Qwen2-VL / 2.5-VL / Omni, LLaVA, SmolVLM,
+- multimodal models (:class:`chat.models.hf.multimodal.MultimodalAdapter`: Qwen2-VL / 2.5-VL / Omni, LLaVA, SmolVLM,
   Mistral 3, Gemma 3, Qwen3.5, Qwen3-VL), whose encoders, media merging, 3-D positions and deepstack features are.
 
-The model is patched once (:func:`chat.models.fast_paths.install`: weight formats, fused projections, the packed
-attention registered with transformers) and runs over :mod:`chat.models.hf_cache` caches, several runs per forward
-through :mod:`chat.models.ragged`. Baselines load a stock model of their own (``chat.tools.testing.baselines``).
+The model is patched once (:func:`chat.models.hf.fast_paths.install`: weight formats, fused projections, the packed
+attention registered with transformers) and runs over :mod:`chat.models.hf.run_cache` caches, several runs per forward
+through :mod:`chat.models.hf.ragged`. Baselines load a stock model of their own (``chat.tools.testing.baselines``).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from cache import LayerState, Lease, NormalKV, RecurrentSnapshot, RecurrentState, RotatingKV, Stateless
-from chat.models import ragged
 from chat.models.adapter import DEFAULT_ROTATING_MARGIN, ModelAdapter, RunState
 from chat.models.errors import RunStateError
-from chat.models.fast_paths import install
-from chat.models.hf_cache import CacheLayout, RunCache
+from chat.models.hf import ragged
+from chat.models.hf.fast_paths import install
+from chat.models.hf.run_cache import CacheLayout, RunCache
 from chat.models.kv_rows import drop_last_of_run
 from chat.models.smoothing import CALIBRATION_TEXT
 
@@ -33,10 +33,10 @@ _log = logging.getLogger(__name__)
 
 
 class TransformersAdapter(ModelAdapter):
-    """transformers' forward behind the runtime interface, for the models :mod:`chat.models.decoder` does not cover
-    (hybrid recurrent layers; multimodal stacks through :class:`~chat.models.multimodal.MultimodalAdapter`): the
-    model is patched once (:func:`chat.models.fast_paths.install`) and run over :mod:`chat.models.hf_cache` caches,
-    several runs at once through :mod:`chat.models.ragged`."""
+    """transformers' forward behind the runtime interface, for the models :mod:`chat.models.decoder.model` does not
+    cover (hybrid recurrent layers; multimodal stacks through :class:`~chat.models.hf.multimodal.MultimodalAdapter`):
+    the model is patched once (:func:`chat.models.hf.fast_paths.install`) and run over :mod:`chat.models.hf.run_cache`
+    caches, several runs at once through :mod:`chat.models.hf.ragged`."""
 
     def __init__(
         self,
@@ -74,7 +74,7 @@ class TransformersAdapter(ModelAdapter):
             self._learn_recurrent_layout()
         calibration = self.encode(CALIBRATION_TEXT) if weights == "int8" else None
         self._patches = install(model, weights, calibration=calibration)  # weight format, fusion, packed attention
-        self._packable = not self.has_recurrent_state  # runs share one forward (chat.models.ragged)
+        self._packable = not self.has_recurrent_state  # runs share one forward (chat.models.hf.ragged)
         self._packed_kinds = [  # per decoder layer, what a packed forward's cache holds
             "kv" if kinds == ("kv",) else ("rotating", slot_window) if kinds == ("rotating",) else "none"
             for kinds, slot_window in self._layout.layer_parts()
@@ -117,7 +117,7 @@ class TransformersAdapter(ModelAdapter):
         the logits ``[feed.logits, vocab]`` (float32) of its last ``feed.logits`` tokens (None for 0), or the error
         that feed caused. A feed is anything with ``run``, ``tokens`` and ``logits`` (``chat.engine.runtime.Feed``).
 
-        Models without recurrent layers run every feed in one packed forward (:mod:`chat.models.ragged`). Models
+        Models without recurrent layers run every feed in one packed forward (:mod:`chat.models.hf.ragged`). Models
         with recurrent layers run their one-token feeds (decode steps) in one stacked forward, one run per batch
         row, and every longer feed (a prefill chunk, drafts) in a forward of its own: a recurrent mixer carries
         state along its input row, so feeds cannot share a row. If a shared forward fails, every run is rolled back
