@@ -2,7 +2,11 @@
 at module level or inside a function, of a module of the tree. It has no circle, and no module imports from a floor
 above its own: ``FLOORS`` lists the floors, lowest first (docs/architecture.md draws them). A package's own
 ``__init__`` importing its modules is not an edge from a floor to itself that could make a circle through the package:
-``from pkg import sub`` is an edge to ``pkg.sub`` alone."""
+``from pkg import sub`` is an edge to ``pkg.sub`` alone.
+
+Inside ``chat/models`` (issue 38): the own decoder (``chat.models.decoder``) and transformers' forward
+(``chat.models.hf``) never import each other, and outside ``chat.models.hf`` a module imports of transformers only
+what ``TRANSFORMERS_OUTSIDE_HF`` lists for it, each with its reason."""
 
 from __future__ import annotations
 
@@ -114,13 +118,13 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_checks_see_a_circle_and_a_floor_broken():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
-    assert floor("chat.models.decoder") > floor("chat.engine.turn") > floor("cache.prefix_cache")
+    assert floor("chat.models.decoder.model") > floor("chat.engine.turn") > floor("cache.prefix_cache")
     assert floor("chat.tools.bench.chat_bench") == floor("chat") > floor("chat.cluster.ingress")
 
 
 def test_the_graph_is_read_from_the_tree():
     edges = graph()
-    assert "chat.models.dense_matrices" in edges["chat.models.matrices"]  # a module-level import
+    assert "chat.models.kernels.dense_matrices" in edges["chat.models.kernels.matrices"]  # a module-level import
     assert "cache" in edges["chat.engine.engine"] or "cache.prefix_cache" in edges["chat.engine.engine"]
     assert len(edges) > 150
 
@@ -134,3 +138,97 @@ def test_no_import_from_a_higher_floor():
         f"{name} -> {target}" for name, targets in graph().items() for target in targets if floor(target) > floor(name)
     )
     assert upward == []
+
+
+# ---------------------------------------------------------------- the two paths of chat/models
+
+MODEL_PATHS = ("chat.models.decoder", "chat.models.hf")  # the own decoder | transformers' forward
+
+
+def model_path(name: str) -> str | None:
+    return next((p for p in MODEL_PATHS if name == p or name.startswith(p + ".")), None)
+
+
+def test_the_two_model_paths_never_import_each_other():
+    """The own decoder and transformers' forward share only chat/models' top-level modules and chat.models.kernels;
+    neither imports the other (so either can change without the other's tests)."""
+    crossing = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph().items()
+        for target in targets
+        if model_path(name) and model_path(target) and model_path(name) != model_path(target)
+    )
+    assert crossing == []
+
+
+# What of transformers a module of chat/models outside chat/models/hf/ may import, and why. Anything else of
+# transformers (its models, Auto* model classes, cache classes, attention interfaces, GGUF tensor processors) is
+# transformers' forward and belongs in chat/models/hf/. chat.models.decoder has no entry: it imports none.
+TRANSFORMERS_OUTSIDE_HF = {
+    "chat.models.chat_template": {
+        "transformers.utils.chat_template_utils._compile_jinja_template",  # the template compiled as transformers
+    },  # compiles it when it renders (the same sandbox and extensions)
+    "chat.models.families": {
+        "transformers.cache_utils.get_layer_types_and_kwargs",  # a config's layer kinds, as transformers reads them
+    },
+    "chat.models.gguf_files": {
+        "transformers.AutoConfig",  # a GGUF file's metadata -> the family's config (no weights)
+        "transformers.utils.logging",  # its progress bar off
+        "transformers.integrations.gguf.GGUF_ARCHS",  # which file architectures transformers can configure
+        "transformers.modeling_gguf_pytorch_utils.GGUF_SUPPORTED_ARCHITECTURES",
+        "transformers.integrations.gguf.dequant.GGML_BLOCK",  # which block types it dequantizes
+    },
+    "chat.models.lora_files": {
+        # a GGUF LoRA file's q/k rows as llama.cpp permuted them, undone by transformers' own processors (issue 38,
+        # part 4: the one name map of the decoder should own this layout; until then it stays named here)
+        "transformers.modeling_gguf_pytorch_utils.TENSOR_PROCESSORS",
+        "transformers.modeling_gguf_pytorch_utils.TensorProcessor",
+    },
+    "chat.models.registry": {
+        "transformers.AutoConfig",  # a directory's config, read before any weights to refuse a family early
+        "transformers.AutoTokenizer",  # a directory's (or the tiny models') tokenizer
+        "transformers.utils.logging",  # the progress bar off while weights load
+        # a directory's weights: both paths start from transformers' model (the decoder packs its state dict;
+        # issue 38, part 4: one name map straight from the checkpoint would drop this)
+        "transformers.AutoModelForCausalLM",
+    },
+    "chat.models.tiny.text": {  # the tiny seeded test models are built as transformers models from their configs
+        "transformers",
+        "transformers.AutoModelForCausalLM",
+    },
+}
+
+
+def transformers_imports(path: Path) -> set[str]:
+    """Every name ``path`` imports from transformers, module level or in a function: ``transformers.x.Y``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "transformers"}
+        elif (
+            isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "transformers"
+        ):
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def transformers_outside_hf() -> list[str]:
+    unlisted = []
+    for name, path in sorted(modules().items()):
+        if not name.startswith("chat.models") or model_path(name) == "chat.models.hf":
+            continue
+        if name == "chat.models.tiny.media":  # test scaffolding of the media models: transformers' configs whole
+            continue
+        allowed = TRANSFORMERS_OUTSIDE_HF.get(name, set())
+        unlisted += [f"{name}: {imported}" for imported in sorted(transformers_imports(path) - allowed)]
+    return unlisted
+
+
+def test_only_chat_models_hf_imports_transformers_forward():
+    assert transformers_outside_hf() == []
+
+
+def test_the_transformers_check_sees_an_import_in_a_function(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text("import torch\n\n\ndef load():\n    from transformers import AutoModelForCausalLM, AutoConfig\n")
+    assert transformers_imports(path) == {"transformers.AutoModelForCausalLM", "transformers.AutoConfig"}

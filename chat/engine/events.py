@@ -32,7 +32,9 @@ class TurnRequest:
     prompt_tokens: Sequence[int] | None = None  # already rendered prompt (then `messages` is not rendered)
     tools: Sequence[dict[str, Any]] | None = None  # function definitions for a template that renders them
     template_kwargs: dict[str, Any] | None = None  # variables for the chat template (chat_template_kwargs)
-    adapter: Any = None  # a LoRA adapter of the runtime (chat.models.lora.LoraAdapter) the turn computes under, or
+    adapter: Any = (
+        None  # a LoRA adapter of the runtime (chat.models.decoder.lora.LoraAdapter) the turn computes under, or
+    )
     # None for the base model; its `namespace_component` ("lora", digest) is added to the turn's cache namespace
     breakpoints: tuple[CacheBreakpoint, ...] = ()  # prompt-caching breakpoints, ascending (see CacheBreakpoint):
     # their prefixes are pinned once the prompt is stored (see Done.pins)

@@ -112,7 +112,7 @@ class ModelRuntime(ChatRenderer, Protocol):
 
     def new_run(self, lease: Lease | None = None, prompt: RenderedPrompt | None = None) -> Run:
         """A run holding ``lease``'s state (or empty), ready to absorb the rest of ``prompt``. A runtime with LoRA
-        adapters (``adapters``: ``chat.models.lora.AdapterBank``) also takes ``adapter=`` (the turn's
+        adapters (``adapters``: ``chat.models.decoder.lora.AdapterBank``) also takes ``adapter=`` (the turn's
         :attr:`~chat.engine.events.TurnRequest.adapter`): the run computes under it, and the lease comes from its
         namespace."""
         ...

@@ -15,20 +15,19 @@ Public surface::
     RunState       one generation's live state (``.length``)
     errors         ModelError and its subclasses (chat.models.errors)
 
-Module map: ``registry`` (specs -> loaders), ``renderer`` (the chat template alone, for a cluster's ingress),
-``chat_template`` (``--chat-template``: read, compiled, rendered sandboxed with typed errors; its digest),
-``gguf_files`` (any GGUF file -> model directory, once per file), ``smollm2`` (the built-in GGUF), ``gemma3_270m``
-(Gemma 3 270M assembled once from its chunk packages), ``families``
-(what is served or refused), ``adapter`` (what every runtime shares), ``hf_runtime`` (``TransformersAdapter``:
-transformers' forward, for hybrid recurrent and multimodal models),
-``decoder`` (turncache's own forward for the families whose every layer is attention: args table, weight names,
-the forward), ``decoder_runtime`` (its runtime, ``DecoderAdapter``), ``attention`` (the step batch and the
-attention kernels by name), ``matrices`` (a weight matrix per weight format), ``kv_rows`` (copy-on-write K/V
-buffers), ``native`` (the C kernels and their typed contract), ``smoothing`` (activation outliers into the weights
-before int8), and for the transformers forward only: ``hf_cache`` (a transformers Cache over ``kv_rows``), ``ragged``
-(several runs in one forward, each attending to its own rows), ``fast_paths`` (every patch of the transformers
-model in one ``install``), ``multimodal`` / ``families_mm`` / ``media_prep`` / ``mrope`` (media models);
-``detokenizer``, ``fingerprint``.
+Module map, shared by both paths: ``registry`` (specs -> loaders), ``renderer`` (the chat template alone, for a
+cluster's ingress), ``chat_template`` (``--chat-template``: read, compiled, rendered sandboxed with typed errors; its
+digest), ``gguf_files`` (any GGUF file -> model directory, once per file), ``smollm2`` (the built-in GGUF),
+``gemma3_270m`` (Gemma 3 270M assembled once from its chunk packages), ``families`` (what is served or refused),
+``adapter`` (what every runtime shares), ``attention`` (the step batch and the attention kernels by name: the one
+torch attention), ``kv_rows`` (copy-on-write K/V buffers), ``smoothing`` (activation outliers into the weights before
+int8), ``lora_files`` (LoRA adapter files), ``detokenizer``, ``fingerprint``, ``prompt_tokens``, ``vocabulary``,
+``memory``, ``tiny`` (the seeded test models). Then the two paths, which never import each other
+(tests/test_import_graph.py): ``decoder`` (turncache's own forward for the families whose every layer is attention:
+``decoder.model``, ``decoder.runtime`` with ``DecoderAdapter``, ``decoder.lora``) and ``hf`` (transformers' forward,
+for hybrid recurrent and multimodal models: ``hf.runtime`` with ``TransformersAdapter``, ``hf.run_cache``,
+``hf.ragged``, ``hf.fast_paths``, ``hf.multimodal`` / ``hf.families_mm`` / ``hf.media_prep`` / ``hf.mrope``,
+``hf.gguf_model``); and ``kernels`` (the weight formats and the C kernels both compute with).
 """
 
 from __future__ import annotations

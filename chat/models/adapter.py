@@ -13,13 +13,13 @@ One generation::
 :class:`ModelAdapter` holds what every runtime shares (the tokenizer and chat template side, the checks of a feed);
 two kinds of forward stand behind it:
 
-- :class:`chat.models.decoder_runtime.DecoderAdapter`: turncache's own decoder forward
-  (:mod:`chat.models.decoder`), for the families whose every layer is attention (Llama/SmolLM, Qwen2, Qwen3,
+- :class:`chat.models.decoder.runtime.DecoderAdapter`: turncache's own decoder forward
+  (:mod:`chat.models.decoder.model`), for the families whose every layer is attention (Llama/SmolLM, Qwen2, Qwen3,
   Mistral, Gemma 2/3 text): every feed of a step in one packed forward.
-- :class:`chat.models.hf_runtime.TransformersAdapter`: transformers' own forward, patched
-  (:mod:`chat.models.fast_paths`, :mod:`chat.models.ragged`, :mod:`chat.models.hf_cache`), for what the own decoder
-  does not cover yet: hybrid recurrent models (their mixers' scans and states are transformers' code) and
-  multimodal models (:class:`chat.models.multimodal.MultimodalAdapter`: their encoders, 3-D positions and deepstack
+- :class:`chat.models.hf.runtime.TransformersAdapter`: transformers' own forward, patched
+  (:mod:`chat.models.hf.fast_paths`, :mod:`chat.models.hf.ragged`, :mod:`chat.models.hf.run_cache`), for what the own
+  decoder does not cover yet: hybrid recurrent models (their mixers' scans and states are transformers' code) and
+  multimodal models (:class:`chat.models.hf.multimodal.MultimodalAdapter`: their encoders, 3-D positions and deepstack
   features are). A model of the own decoder's families imports none of those modules.
 
 Speculative decoding feeds draft tokens and forgets the rejected ones with ``model.rewind(run, n)`` (models without
@@ -62,8 +62,8 @@ class RunState:
     snapshots: dict[int, dict[int, tuple[torch.Tensor, ...]]] = field(default_factory=dict)  # slot -> length ->
     # recurrent states recorded by this run
     broken: bool = False  # a forward failed half-way: the state is inconsistent
-    media: Any = None  # multimodal adapters: the prompt's media items and position plan (chat.models.multimodal)
-    lora: Any = None  # DecoderAdapter: the chat.models.lora.LoraAdapter the run computes under (None: the base)
+    media: Any = None  # multimodal adapters: the prompt's media items and position plan (chat.models.hf.multimodal)
+    lora: Any = None  # DecoderAdapter: the chat.models.decoder.lora.LoraAdapter the run computes under (None: the base)
 
 
 class ModelAdapter:
@@ -94,7 +94,7 @@ class ModelAdapter:
         self.context_window = context_window  # most tokens a sequence may hold
         self.eos_token_ids = frozenset(eos_token_ids)  # tokens that end a reply
         self.modalities: frozenset[str] = frozenset()  # media kinds taken (multimodal adapters set theirs)
-        self.weights = weights  # format of the linear layers' weights (chat.models.matrices.WEIGHT_FORMATS)
+        self.weights = weights  # format of the linear layers' weights (chat.models.kernels.matrices.WEIGHT_FORMATS)
         self.vocab_size = vocab_size  # logits per token
         self.device = device  # where the model computes
         self.generation_defaults = generation_defaults(generation_config)  # sampling settings the model's

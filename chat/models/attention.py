@@ -1,14 +1,14 @@
-"""The step batch of :mod:`chat.models.decoder` and its attention kernels, called by name (:data:`KERNELS`).
+"""The step batch of :mod:`chat.models.decoder.model` and its attention kernels, called by name (:data:`KERNELS`).
 
 A step's sequences lie end to end in one row of ``T`` tokens (:class:`StepBatch`; the layout and a decode step walked
-through are in :mod:`chat.models.decoder`'s docstring). A kernel takes one layer's ``q`` ``[T, H, D]`` (already
+through are in :mod:`chat.models.decoder.model`'s docstring). A kernel takes one layer's ``q`` ``[T, H, D]`` (already
 rotated and scaled), ``k`` and ``v`` ``[T, Hk, D]``, appends each sequence's new K/V to that sequence's rows of the
 layer (:class:`chat.models.kv_rows.AttentionRows`, copy-on-write buffers the prefix cache holds views of), and
 returns ``[T, H, D]``: each query token attending to its own sequence's rows up to itself (and, in a sliding layer,
 its window: a query sees itself and ``W - 1`` positions before it).
 
-- ``"native"`` (:func:`native_attention`): one call of turncache's C kernel (:mod:`chat.models.native`) per layer
-  for every sequence. A decode token's row is only reserved; the kernel writes its K/V there. Each query token is
+- ``"native"`` (:func:`native_attention`): one call of turncache's C kernel (:mod:`chat.models.kernels.native`) per
+  layer for every sequence. A decode token's row is only reserved; the kernel writes its K/V there. Each query token is
   computed the same way in any call, so a position's result does not depend on how its prompt was chunked or
   batched. CPU, float32 activations, K/V rows in float32 or float16.
 - ``"torch"`` (:func:`torch_attention`): torch operations per sequence (a grouped matmul for a decode token,
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from chat.models import native
+from chat.models.kernels import native
 from chat.models.kv_rows import AttentionRows
 
 MATMUL_QUERY = 16  # longest query chunk attend() computes as matmuls; longer ones go to SDPA with a mask
@@ -47,7 +47,7 @@ class SeqSlice:
 
 @dataclass(frozen=True, slots=True)
 class StepBatch:
-    """Every sequence's new tokens for one forward, end to end (see :mod:`chat.models.decoder`)."""
+    """Every sequence's new tokens for one forward, end to end (see :mod:`chat.models.decoder.model`)."""
 
     tokens: torch.Tensor  # [T] int64 token ids
     positions: torch.Tensor  # [T] int64: token i of seqs[s] is at position seqs[s].position + i
@@ -103,11 +103,12 @@ def native_attention(
     window: int | None,
     softcap: float | None,
 ) -> torch.Tensor:
-    """The ``"native"`` kernel (see the module docstring): one :meth:`chat.models.native.Kernels.attention` call.
+    """The ``"native"`` kernel (see the module docstring): one :meth:`chat.models.kernels.native.Kernels.attention`
+    call.
 
     Raises:
         RuntimeError: the native kernels cannot be had (the caller picks ``"torch"`` then).
-        chat.models.native.AttentionRowError: a row the kernel must not read (never reaches C).
+        chat.models.kernels.native.AttentionRowError: a row the kernel must not read (never reaches C).
     """
     kernels = native.kernels()
     if kernels is None:
@@ -177,7 +178,7 @@ def attend(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One sequence's attention in torch operations: the one body both forwards use (the own decoder's ``"torch"``
-    kernel, and :func:`chat.models.ragged.ragged_attention` on transformers' forward).
+    kernel, and :func:`chat.models.hf.ragged.ragged_attention` on transformers' forward).
 
     ``queries`` ``[H, n, D]``, already scaled; ``keys`` ``[Hk, kv, D]`` and ``values`` ``[Hk, kv, Dv]`` in the
     queries' dtype (``H`` a multiple of ``Hk``: query head ``h`` reads K/V head ``h // (H / Hk)``); ``mask`` boolean

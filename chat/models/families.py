@@ -12,7 +12,7 @@ from typing import Any
 
 from chat.models.errors import UnsupportedArchitectureError
 
-# transformers layer type -> what the adapter keeps for it (see chat.models.hf_cache)
+# transformers layer type -> what the adapter keeps for it (see chat.models.hf.run_cache)
 LAYER_KINDS = {
     "full_attention": ("kv",),
     "sliding_attention": ("rotating",),
@@ -79,7 +79,7 @@ def check_config(config: Any) -> list[str]:
     if text is not config or any(hasattr(config, k) for k in ("vision_config", "audio_config")):
         raise UnsupportedArchitectureError(
             model_type,
-            "multimodal models are served by chat.models.families_mm, not the text adapter",
+            "multimodal models are served by chat.models.hf.families_mm, not the text adapter",
             supported_families(),
         )
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}

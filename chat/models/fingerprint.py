@@ -49,7 +49,7 @@ def model_fingerprint(
 ) -> str:
     """``<name>@<24 hex digits>`` (``<name>+<format>@...`` when the linear layers run in another weight format
     than float32): readable in logs, unique across weights, their format, config and tokenizer, and the forward
-    that computes the states (``forward``: e.g. :data:`chat.models.decoder.DECODER_VERSION`; None for
+    that computes the states (``forward``: e.g. :data:`chat.models.decoder.model.DECODER_VERSION`; None for
     transformers' forward), whose last bits differ from one forward to another."""
     h = hashlib.sha256(LAYOUT_VERSION.encode())
     h.update(f"weights={weights}".encode())

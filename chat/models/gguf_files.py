@@ -1,5 +1,5 @@
 """Any local GGUF file (llama.cpp, Ollama, LM Studio): what it is and whether it can be served, read before any
-weights are (:mod:`chat.models.gguf_model` then loads it straight from its bytes; nothing is written to disk but the
+weights are (:mod:`chat.models.hf.gguf_model` then loads it straight from its bytes; nothing is written to disk but the
 record of its digest). One file, step by step::
 
     check_magic(path)          4 bytes: refuse a file that is not GGUF before hashing it

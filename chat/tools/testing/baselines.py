@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from chat.models.multimodal import MediaPrompt, MultimodalAdapter
+from chat.models.hf.multimodal import MediaPrompt, MultimodalAdapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ def load_stock(spec: str, dtype: str = "float32") -> StockModel:
         tokenizer, config = registry._tiny_text(spec.removeprefix("tiny-"))
         model = build_tiny_model(config, torch_dtype)
     elif (gguf := registry._gguf_file(spec)) is not None:  # the built-in model too: the file's own dequantization
-        from chat.models import gguf_model
+        from chat.models.hf import gguf_model
 
         model, tokenizer = gguf_model.load_gguf(gguf, "float32")
         model = model.to(torch_dtype).eval()
@@ -150,7 +150,7 @@ def load_stock_media(spec: str) -> Any:
 
         model, _, _ = build_tiny_multimodal(spec.removeprefix("tiny-"), torch.float32)
     else:
-        from chat.models.families_mm import load_multimodal
+        from chat.models.hf.families_mm import load_multimodal
 
         path, _, _ = registry._directory_of(spec)
         model, _, _ = load_multimodal(path, registry._read_config(path), torch.float32)

@@ -8,8 +8,8 @@ found it (or as it was when the turn looked again), with the same chunks.
 In float32 they also give what a run without any cache gives (whole prompt, other chunking). Greedy tokens may part
 only at a near tie (the two best logits within the tolerance: float rounding of another kernel shape may pick either;
 the comparison ends there). int8 on the text families without recurrent layers, with the native kernels
-(chat.models.native), gives exactly what a run without any cache gives: the same tokens and the same logits, bit for
-bit. Other int8 cases are held to the first comparison only: int8 quantizes each token's activations, so last-bit
+(chat.models.kernels.native), gives exactly what a run without any cache gives: the same tokens and the same logits, bit
+for bit. Other int8 cases are held to the first comparison only: int8 quantizes each token's activations, so last-bit
 differences of another chunking (torch's attention kernels differ by shape; recurrent scans by chunk) can move an
 int8 rounding, and a cached prefix then gives logits close to, not within 1e-4 of, a recomputation.
 
@@ -31,7 +31,7 @@ from chat.engine.runtime import Feed
 from chat.engine.sampling import SamplingParams
 from chat.engine.scheduler import BatchSettings, Scheduler
 from chat.engine.turn import Turn
-from chat.models import native
+from chat.models.kernels import native
 from tests.chat.models.mm_helpers import image, mp4, png, user, video
 
 TOLERANCE = 1e-4
@@ -56,7 +56,7 @@ CASES = [
     ("tiny-gemma3", "int8"),
     ("tiny-lfm2", "int8"),
     ("tiny-omni", "int8"),
-    ("tiny-llama", "float32", "torch"),  # torch's operations instead of the native kernels (chat.models.native)
+    ("tiny-llama", "float32", "torch"),  # torch's operations instead of the native kernels (chat.models.kernels.native)
     ("tiny-llama", "int8", "torch"),
     ("tiny-gemma3", "int8", "torch", "float16"),  # float16 K/V rows on torch's path (the kernel's are the default)
     ("tiny-llama", "float32", "native", "float16"),
@@ -302,7 +302,8 @@ def poison_the_last_layer(model, token: int) -> list:
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c))
 def model(request):
-    from chat.models import load_model, native
+    from chat.models import load_model
+    from chat.models.kernels import native
 
     name, weights, *rest = request.param
     kernels, kv_dtype = rest[0] if rest else "native", rest[1] if len(rest) > 1 else None

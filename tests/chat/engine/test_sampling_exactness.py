@@ -17,7 +17,8 @@ from chat.engine.sampling import SamplingParams
 from chat.engine.scheduler import BatchSettings, Scheduler
 from chat.engine.tool_calls import FORMATS, Tool, ToolChoice
 from chat.engine.turn import Turn, run_to_end
-from chat.models import load_model, native
+from chat.models import load_model
+from chat.models.kernels import native
 
 SCHEMA = {
     "type": "object",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from chat.models import native
+from chat.models.kernels import native
 
 
 @pytest.fixture(params=["native", "torch"])
 def kernel_path(request):
-    """The test runs once with turncache's native kernels (chat.models.native; skipped where they cannot be had)
+    """The test runs once with turncache's native kernels (chat.models.kernels.native; skipped where they cannot be had)
     and once on torch's operations (the kernels turned off for the test, int8 matrices built within it included)."""
     if request.param == "torch":
         with native.disabled():

@@ -23,10 +23,11 @@ from chat.engine.engine import Engine
 from chat.engine.events import Done, TurnRequest
 from chat.engine.runtime import Feed
 from chat.engine.sampling import SamplingParams
-from chat.models import gemma3_270m, gguf_files, gguf_model, load_model
-from chat.models.block_matrices import StackedMatrix
-from chat.models.decoder_runtime import DecoderAdapter
-from chat.models.dense_matrices import Float32Matrix
+from chat.models import gemma3_270m, gguf_files, load_model
+from chat.models.decoder.runtime import DecoderAdapter
+from chat.models.hf import gguf_model
+from chat.models.kernels.block_matrices import StackedMatrix
+from chat.models.kernels.dense_matrices import Float32Matrix
 from tests.chat.server.conftest import make_server
 
 pytestmark = pytest.mark.slow

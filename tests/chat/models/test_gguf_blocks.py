@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from chat.engine.runtime import Feed
-from chat.models import InvalidSettingError, ModelFileError, block_matrices, load_model, native
-from chat.models.block_matrices import BlockMatrix, BlockQ8Matrix, BlockQ16Matrix, StackedMatrix
+from chat.models import InvalidSettingError, ModelFileError, load_model
+from chat.models.kernels import block_matrices, native
+from chat.models.kernels.block_matrices import BlockMatrix, BlockQ8Matrix, BlockQ16Matrix, StackedMatrix
 from tests.chat.models.gguf_helpers import dequantized_copy, reference_wide_llama, write_tiny_gguf
 from tests.chat.models.helpers import TOLERANCE, full_logits, random_tokens
 
@@ -47,8 +48,8 @@ def hf_logits(model, tokens):
 
 
 def matrices(model):
-    """Every matrix of the model's own decoder (chat.models.decoder): each layer's fused q/k/v, o, fused gate/up and
-    down, and the LM head."""
+    """Every matrix of the model's own decoder (chat.models.decoder.model): each layer's fused q/k/v, o, fused gate/up
+    and down, and the LM head."""
     decoder = model._model
     found = [decoder.head]
     for block in decoder.layers:
@@ -141,7 +142,7 @@ def test_a_type_without_a_kernel_runs_dequantized_and_is_named(tmp_path, referen
     """TQ2_0 (ternary) has no block kernel: its layers load through gguf-py's dequantization, in float32, with a
     warning naming the type; the logits are still the file's."""
     path = write_tiny_gguf(tmp_path / "wide-tq2_0.gguf", reference, qtype="TQ2_0")
-    with caplog.at_level("WARNING", logger="chat.models.gguf_model"):
+    with caplog.at_level("WARNING", logger="chat.models.hf.gguf_model"):
         model = load_model(str(path), weights="gguf", kv_dtype="float32")
     assert any("TQ2_0" in r.getMessage() and "no block kernel" in r.getMessage() for r in caplog.records)
     layers = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the tied head

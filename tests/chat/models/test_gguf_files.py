@@ -19,7 +19,8 @@ from chat.engine.engine import Engine
 from chat.engine.errors import NoChatTemplateError
 from chat.engine.events import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
-from chat.models import ModelFileError, UnsupportedArchitectureError, gguf_files, gguf_model, load_model, load_renderer
+from chat.models import ModelFileError, UnsupportedArchitectureError, gguf_files, load_model, load_renderer
+from chat.models.hf import gguf_model
 from tests.chat.models.gguf_helpers import (
     dequantized_copy,
     reference_lfm2,
@@ -277,7 +278,7 @@ def test_a_tensor_transformers_skips_is_named_at_every_load(reference, tmp_path,
     path = write_tiny_gguf(tmp_path / "llama31.gguf", reference, extra_tensors=rope_freqs)
     for _ in range(2):  # said at every load
         caplog.clear()
-        with caplog.at_level("WARNING", logger="chat.models.gguf_model"):
+        with caplog.at_level("WARNING", logger="chat.models.hf.gguf_model"):
             load_model(str(path))
         assert any("rope_freqs.weight" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
 

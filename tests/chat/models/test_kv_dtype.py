@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from cache import PrefixCache
-from chat.models import load_model, native
+from chat.models import load_model
+from chat.models.kernels import native
 from tests.chat.models.helpers import forward_pieces, full_logits, max_diff, random_tokens, restored_logits, store
 
 needs_kernels = pytest.mark.skipif(native.kernels() is None, reason="no native kernels on this machine")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cache import NormalKV, RotatingKV
-from chat.models import native
+from chat.models.kernels import native
 from chat.models.kv_rows import AttentionRows, locate
 
 

@@ -1,5 +1,5 @@
-"""LoRA adapters on the own decoder (chat.models.lora, lora_files): a turn under an adapter computes what the model
-with the adapter merged into its weights computes (float32, 1e-4), alone and in one forward beside other adapters
+"""LoRA adapters on the own decoder (chat.models.decoder.lora, lora_files): a turn under an adapter computes what the
+model with the adapter merged into its weights computes (float32, 1e-4), alone and in one forward beside other adapters
 and the base; PEFT's scaling rules; llama.cpp's GGUF LoRA files; residency; refusals at load."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from chat.engine.runtime import Feed
 from chat.models import load_model
+from chat.models.decoder.lora import STACKED_ROWS, adapter_identity
 from chat.models.errors import AdapterFileError, AdapterMismatchError, UnknownAdapterError
-from chat.models.lora import STACKED_ROWS, adapter_identity
 from tests.chat.models.lora_helpers import logits_of, make_peft_adapter, tiny_hf, write_gguf_lora
 
 pytest.importorskip("peft")
@@ -330,7 +330,7 @@ def _copy_adapter(src, dst):
 @pytest.fixture(scope="module")
 def gguf_base(tmp_path_factory):
     """A tiny wide llama written as a Q8_0 GGUF file, a PEFT adapter of it and the same adapter as a GGUF LoRA."""
-    from chat.models import block_matrices
+    from chat.models.kernels import block_matrices
     from tests.chat.models.gguf_helpers import reference_wide_llama, write_tiny_gguf
 
     if block_matrices.kernels() is None:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from chat.models import block_matrices, native
+from chat.models.kernels import block_matrices, native
 from chat.tools.bench.weights_bench import meets_rule, rule_choice
 from tests.chat.models.gguf_helpers import reference_llama, write_tiny_gguf
 
