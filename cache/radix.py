@@ -60,7 +60,12 @@ class _Record:
 def shared_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens two token sequences share (what a cache keyed by one serves of the other)."""
     n = min(len(a), len(b))
-    return _common_prefix(array("q", a[:n]), array("q", b[:n]), 0, n) if n else 0
+    return _common_prefix(_keys(a), _keys(b), 0, n) if n else 0
+
+
+def _keys(tokens: Sequence[int]) -> array:
+    """``tokens`` as the index's key array: itself when it is one already (no copy)."""
+    return tokens if isinstance(tokens, array) and tokens.typecode == "q" else array("q", tokens)
 
 
 def _common_prefix(edge: array, keys: array, offset: int, n: int) -> int:

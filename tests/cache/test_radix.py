@@ -24,3 +24,11 @@ def test_shared_prefix_length_is_the_plain_count(a, b):
 def test_a_sequence_extended_shares_all_of_itself(a, tail):
     assert shared_prefix_length(a, a + tail) == len(a)
     assert shared_prefix_length(a, a) == len(a)
+
+
+@given(TOKENS, TOKENS)
+def test_key_arrays_lists_and_tuples_give_the_same_count(a, b):
+    from array import array
+
+    assert shared_prefix_length(array("q", a), array("q", b)) == shared_prefix_length(tuple(a), b) == reference(a, b)
+    assert shared_prefix_length(array("i", a), b) == reference(a, b)  # another typecode is read, not taken as is

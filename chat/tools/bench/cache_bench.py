@@ -35,8 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cache import DEVICE, Namespace, NormalKV, PrefixCache
-from cache.radix import _common_prefix
+from cache import DEVICE, Namespace, NormalKV, PrefixCache, shared_prefix_length
 from chat.tools.bench.report import emit
 
 NS = Namespace("bench", "float32")
@@ -95,9 +94,7 @@ class LinearScan:
         limit = len(query) - 1
         best = 0
         for tokens in self.entries:
-            n = min(len(tokens), limit)
-            shared = _common_prefix(tokens, query, 0, n)
-            best = max(best, shared)
+            best = max(best, min(shared_prefix_length(tokens, query), limit))
         return best
 
 
