@@ -28,6 +28,17 @@ def test_a_hit_at_or_past_the_pinned_length_renews_the_pin_and_a_shorter_one_doe
     assert cache.expire_pins() == 1
 
 
+def test_a_hit_of_exactly_the_pinned_length_renews_the_pin():
+    clock = Clock()
+    cache = PrefixCache(device_budget_bytes=8 * E, host_budget_bytes=0, clock=clock)
+    tokens = fresh(8)
+    put(cache, A, tokens)
+    assert cache.pin(A, tokens, 6, 300).expires_at == 400.0
+    clock.t = 350.0
+    assert cache.lookup(A, [*tokens[:6], 9]).length == 6  # the pinned prefix itself, nothing past it
+    assert [p.expires_at for p in cache.pins()] == [650.0]
+
+
 def test_pinning_again_renews_and_takes_the_longer_ttl():
     clock = Clock()
     cache = PrefixCache(device_budget_bytes=8 * E, host_budget_bytes=0, clock=clock)
