@@ -6,19 +6,17 @@ import json
 
 import pytest
 
-from cache import Namespace, PrefixCache
 from chat.engine.errors import NoChatTemplateError
 from chat.models import (
     InvalidSettingError,
     ModelError,
     ModelLoadError,
-    RunStateError,
     UnknownModelError,
     UnsupportedArchitectureError,
     load_model,
 )
 from chat.tools.testing.baselines import save_stock
-from tests.chat.models.helpers import random_tokens, store, tiny
+from tests.chat.models.helpers import tiny
 
 
 @pytest.mark.parametrize("spec", ["gpt-17", "tiny-nope", "", "/no/such/dir"])
@@ -90,15 +88,3 @@ def test_a_bad_kv_dtype_names_the_field(dtype, kv_dtype, why):
     with pytest.raises(InvalidSettingError) as info:
         load_model("tiny-llama", dtype, kv_dtype=kv_dtype)
     assert info.value.field == "kv_dtype" and why in str(info.value)
-
-
-def test_a_lease_of_another_layout_is_refused():
-    llama, hybrid = tiny("tiny-llama"), tiny("tiny-lfm2")
-    cache = PrefixCache()
-    tokens = random_tokens(llama, 20, seed=1)
-    store(llama, cache, tokens)
-    ns = Namespace(llama.fingerprint, llama.dtype)
-    lease = cache.acquire(cache.lookup(ns, [*tokens, 3]), ns)
-    with pytest.raises(RunStateError):
-        hybrid.new_run(lease)
-    cache.release(lease)
