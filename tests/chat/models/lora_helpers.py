@@ -92,3 +92,32 @@ def write_gguf_lora(peft_dir: Path, out: Path, config: Any) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+IDS = [3, 17, 25, 9, 40, 41, 7, 99, 12, 5, 60, 61, 2, 33]  # the prompt the LoRA tests compute
+TOLERANCE = 1e-4  # max abs logit difference from the merged model (float32)
+
+
+def loaded(runtime: Any, name: str, path: Path, scale: float = 1.0) -> Any:
+    """The adapter at ``path`` read and added to ``runtime``'s bank under ``name`` (replacing one of that name)."""
+    adapter = runtime.adapters.read(name, str(path), scale)
+    runtime.adapters.add(adapter, replace=True)
+    return adapter
+
+
+def forward(runtime: Any, runs_ids: list[tuple[Any, list[int]]]) -> list[torch.Tensor]:
+    """One ``forward_batch`` of every ``(run, ids)`` with all their logits; fails on a feed's error."""
+    from chat.engine.runtime import Feed
+
+    feeds = [Feed(run, ids, len(ids)) for run, ids in runs_ids]
+    out = runtime.forward_batch(feeds)
+    for o in out:
+        assert not isinstance(o, Exception), o
+    return out
+
+
+def copy_adapter(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst

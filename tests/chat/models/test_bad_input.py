@@ -6,19 +6,17 @@ import json
 
 import pytest
 
-from cache import Namespace, PrefixCache
 from chat.engine.errors import NoChatTemplateError
 from chat.models import (
     InvalidSettingError,
     ModelError,
     ModelLoadError,
-    RunStateError,
     UnknownModelError,
     UnsupportedArchitectureError,
     load_model,
 )
 from chat.tools.testing.baselines import save_stock
-from tests.chat.models.helpers import random_tokens, store, tiny
+from tests.chat.models.helpers import tiny
 
 
 @pytest.mark.parametrize("spec", ["gpt-17", "tiny-nope", "", "/no/such/dir"])
@@ -90,54 +88,3 @@ def test_a_bad_kv_dtype_names_the_field(dtype, kv_dtype, why):
     with pytest.raises(InvalidSettingError) as info:
         load_model("tiny-llama", dtype, kv_dtype=kv_dtype)
     assert info.value.field == "kv_dtype" and why in str(info.value)
-
-
-def test_runs_refuse_misuse():
-    model = tiny("tiny-llama")
-    run = model.new_run()
-    with pytest.raises(InvalidSettingError, match="token_ids"):
-        model.forward(run, [model.vocab_size])
-    with pytest.raises(InvalidSettingError, match="token_ids"):
-        model.forward(run, [])
-    with pytest.raises(RunStateError, match="no tokens"):
-        model.export(run)
-    model.forward(run, [5, 6])
-    model.close_run(run)
-    with pytest.raises(RunStateError, match="closed"):
-        model.forward(run, [5])
-    with pytest.raises(RunStateError, match="not made by"):
-        tiny("tiny-mistral").forward(model.new_run(), [5])
-    with pytest.raises(InvalidSettingError, match=r"messages\[0\]\.content"):
-        model.render([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
-
-
-def test_a_lease_of_another_layout_is_refused():
-    llama, hybrid = tiny("tiny-llama"), tiny("tiny-lfm2")
-    cache = PrefixCache()
-    tokens = random_tokens(llama, 20, seed=1)
-    store(llama, cache, tokens)
-    ns = Namespace(llama.fingerprint, llama.dtype)
-    lease = cache.acquire(cache.lookup(ns, [*tokens, 3]), ns)
-    with pytest.raises(RunStateError):
-        hybrid.new_run(lease)
-    cache.release(lease)
-
-
-def test_a_forward_past_the_context_window_is_refused():
-    model = tiny("tiny-llama")
-    run = model.new_run()
-    with pytest.raises(RunStateError, match="context window"):
-        model.forward(run, [5] * (model.context_window + 1))
-
-
-def test_every_supported_family_has_its_tiny_model():
-    from chat.models.families import SUPPORTED
-    from chat.models.tiny.text import TINY, tiny_names
-
-    families = [  # not the template variants (nor tiny-base: tiny-llama without one)
-        f"tiny-{name}" for name, spec in TINY.items() if spec.chat_template is None and not spec.base
-    ]
-    assert sorted(name for name, _ in SUPPORTED.values()) == sorted(families)
-    assert set(families) < set(tiny_names())
-    for model_type, (name, _) in SUPPORTED.items():
-        assert tiny(name)._model.config.model_type == model_type  # the config the forward was built from
