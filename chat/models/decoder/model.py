@@ -7,9 +7,11 @@ the config into :class:`DecoderArgs`; a checkpoint's or a GGUF file's weight nam
 (:func:`fused_weights`). Every linear layer is a
 weight matrix of :mod:`chat.models.kernels.matrices` (any object with its interface: ``m(x)``, ``m.rows(lo, hi)``,
 ``m.fuse_rows``), and attention is a kernel called by name (:mod:`chat.models.attention`: ``"native"`` or
-``"torch"``). Transformers stays for tokenizers, chat templates, reading weights and configs, and as the oracle in
-tests; hybrid recurrent and multimodal models keep its forward (:class:`chat.models.adapter.TransformersAdapter`:
-their mixers, encoders and 3-D positions are its code, not ported here).
+``"torch"``). Transformers stays for tokenizers, chat templates, configs (a GGUF file's too, from its metadata),
+reading a model directory's weights (a GGUF file's are read without it: :mod:`chat.models.decoder.gguf_weights`),
+and as the oracle in tests; hybrid recurrent and multimodal models keep its forward
+(:class:`chat.models.adapter.TransformersAdapter`: their mixers, encoders and 3-D positions are its code, not ported
+here).
 
 The step batch (:class:`chat.models.attention.StepBatch`) is every sequence's new tokens laid end to end in one row
 of ``T`` tokens, no padding::
