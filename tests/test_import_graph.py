@@ -178,18 +178,13 @@ TRANSFORMERS_OUTSIDE_HF = {
         "transformers.modeling_gguf_pytorch_utils.GGUF_SUPPORTED_ARCHITECTURES",
         "transformers.integrations.gguf.dequant.GGML_BLOCK",  # which block types it dequantizes
     },
-    "chat.models.lora_files": {
-        # a GGUF LoRA file's q/k rows as llama.cpp permuted them, undone by transformers' own processors (issue 38,
-        # part 4: the one name map of the decoder should own this layout; until then it stays named here)
-        "transformers.modeling_gguf_pytorch_utils.TENSOR_PROCESSORS",
-        "transformers.modeling_gguf_pytorch_utils.TensorProcessor",
-    },
     "chat.models.registry": {
         "transformers.AutoConfig",  # a directory's config, read before any weights to refuse a family early
         "transformers.AutoTokenizer",  # a directory's (or the tiny models') tokenizer
         "transformers.utils.logging",  # the progress bar off while weights load
-        # a directory's weights: both paths start from transformers' model (the decoder packs its state dict;
-        # issue 38, part 4: one name map straight from the checkpoint would drop this)
+        # a directory's weights: both paths start from transformers' model (the decoder takes its state dict
+        # through chat.models.decoder.names' checkpoint map; a GGUF file of a family the decoder reads is read
+        # without it: chat.models.decoder.gguf_weights)
         "transformers.AutoModelForCausalLM",
     },
     "chat.models.tiny.text": {  # the tiny seeded test models are built as transformers models from their configs

@@ -29,9 +29,12 @@ import mmap
 import os
 import struct
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from chat.models.errors import ModelFileError, UnsupportedArchitectureError
 
@@ -372,6 +375,43 @@ def _parse(path: Path, cur: _Cursor) -> GgufHeader:
         if end > cur.size:
             raise _Truncated(f"tensor {tensor.name} ends at byte {end:,} but the file has {cur.size:,}")
     return GgufHeader(path, version, architecture, metadata, tuple(entries), data_start)
+
+
+@dataclass(frozen=True, slots=True)
+class FileTensor:
+    """One tensor of the file, its bytes a view of a read-only memory map (what gguf.GGUFReader gives, without
+    parsing the metadata again)."""
+
+    name: str  # llama.cpp's name
+    shape: tuple[int, ...]  # in ggml order (fastest-moving dimension first)
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    data: np.ndarray  # plain types: their values; block types: uint8 [..., bytes per row]
+
+
+_PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16, "I32": np.int32}
+
+
+def tensors(path: Path, header: Any) -> Iterator[FileTensor]:
+    """The file's tensors from the table :func:`chat.models.gguf_files.read_header` checked (every tensor's bytes
+    lie inside the file)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    blob = np.memmap(path, dtype=np.uint8, mode="r")
+    for t in header.tensors:
+        qtype = GGMLQuantizationType(t.ggml_type)
+        start = header.data_start + t.offset
+        raw, dims = blob[start : start + t.nbytes], tuple(reversed(t.shape)) or (1,)
+        if qtype.name in _PLAIN:
+            data = raw.view(_PLAIN[qtype.name]).reshape(dims)
+        else:
+            per_block, block_bytes = GGML_QUANT_SIZES[qtype]
+            data = raw.reshape(*dims[:-1], dims[-1] // per_block * block_bytes)
+        yield FileTensor(t.name, t.shape, qtype, data)
+
+
+def raw_bytes(data: np.ndarray) -> np.ndarray:
+    """A tensor's bytes as uint8 ``[rows, bytes per row]`` (16-bit float tensors come as their values)."""
+    return data if data.dtype == np.uint8 else data.view(np.uint8)
 
 
 def _check_family(header: GgufHeader) -> Any:

@@ -14,7 +14,7 @@ Two sources:
   / ``.lora_b`` (``attn_k``, ``attn_v``, ``attn_output``, ``ffn_gate``, ``ffn_up``, ``ffn_down``), ``scaling =
   adapter.lora.alpha / r`` (llama.cpp's rule; an alpha of 0 means 1). Architectures whose GGUF rows are stored in
   another order (llama's q/k) have ``B``'s rows put back in the order of the model's own weights (the same fix the
-  base model's weights get when a GGUF file loads).
+  base model's weights get when a GGUF file loads: :mod:`chat.models.decoder.names`).
 
 ``read_adapter(path, scale)`` reads either; ``scale`` (``--lora NAME=PATH:SCALE``) multiplies every module's
 scaling. Every problem is an :class:`~chat.models.errors.AdapterFileError` naming the file and what is wrong.
@@ -285,20 +285,14 @@ def _gguf_matrix(path: Path, tensor: Any) -> torch.Tensor:
 
 
 def _row_order(b: torch.Tensor, base: str, architecture: str, config: Any) -> torch.Tensor:
-    """``b`` with its rows in the order of the model's own weight: the architecture's GGUF fix (transformers'
-    tensor processor, which un-permutes llama's q/k rows) applied to the row numbers."""
-    import numpy as np
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+    """``b`` with its rows in the order of the model's own weight: the row order the decoder's name map undoes for
+    the base model's tensor of that name (:data:`chat.models.decoder.names.GGUF_LAYOUTS`: llama's q/k rows)."""
+    from chat.models.decoder import names
 
-    if config is None or architecture not in TENSOR_PROCESSORS:
+    found = names.gguf_target(base, architecture) if architecture in names.GGUF_LAYOUTS else None
+    if config is None or found is None:
         return b
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-    rows = b.shape[0]
-    try:
-        result = processor.process(weights=np.arange(rows, dtype=np.float64).reshape(rows, 1), name=base)
-        order = np.asarray(result.weights).reshape(rows).astype(np.int64)
-    except (ValueError, TypeError, KeyError, RuntimeError):
-        return b
-    if not np.array_equal(np.sort(order), np.arange(rows)) or np.array_equal(order, np.arange(rows)):
-        return b
-    return b[torch.from_numpy(order)]
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    order = names.row_order(found[1], b.shape[0], {"heads": heads, "kv_heads": kv_heads})
+    return b if order is None else b[torch.from_numpy(order)]

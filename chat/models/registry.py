@@ -11,9 +11,9 @@ Specs::
                        chat.models.tiny.media), for tests; tiny-base has no chat template
     "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer
     "/path/to/x.gguf"  a local GGUF file (llama.cpp, Ollama, LM Studio) of a served family, loaded straight from
-                       its bytes (chat.models.hf.gguf_model): by default its weights stay in their own block formats
-                       (weight format ``gguf-q16``: GGUF_DEFAULT_WEIGHTS); nothing is written to
-                       disk
+                       its bytes (the own decoder's families: chat.models.decoder.gguf_weights; the others:
+                       chat.models.hf.gguf_model): by default its weights stay in their own block formats
+                       (weight format ``gguf-q16``: GGUF_DEFAULT_WEIGHTS); nothing is written to disk
 
 A model without a chat template (in its tokenizer files or GGUF metadata) is a base model: it loads, serves
 completions, and refuses chat turns (``chat.engine.errors.NoChatTemplateError``) unless ``chat_template`` (the
@@ -449,28 +449,47 @@ def load_gguf_file(
     device: Any = None,
     chat_template: str | None = None,
 ) -> Any:
-    """A GGUF file -> adapter, read straight from the file (:mod:`chat.models.hf.gguf_model`); the sha256 of its bytes
-    stands for its weights in the fingerprint. Unless ``kv_asked``, a block format's float16 K/V default becomes
-    float32 when some linear layer runs in float32 (a type without a kernel, an architecture dequantized whole):
-    float16 rows are exact per token only when every product is (see :func:`parse_kv_dtype`).
+    """A GGUF file -> adapter; the sha256 of its bytes stands for its weights in the fingerprint. A file of a family
+    the own decoder computes, of an architecture whose layouts its name map holds, is read straight into it
+    (:mod:`chat.models.decoder.gguf_weights`); any other through transformers' model
+    (:mod:`chat.models.hf.gguf_model`). Both take the config and tokenizer transformers builds from the metadata.
+    Unless ``kv_asked``, a block format's float16 K/V default becomes float32 when some linear layer runs in float32
+    (a type without a kernel, an architecture dequantized whole): float16 rows are exact per token only when every
+    product is (see :func:`parse_kv_dtype`).
 
     Raises:
         ModelFileError, UnsupportedArchitectureError, ModelLoadError: a file that cannot be served.
     """
-    # deferred: only a GGUF file needs chat.models.hf (decoder/test_model.py)
+    # deferred: only a GGUF file needs chat.models.hf's metadata reader (decoder/test_model.py)
     from chat.models.hf import gguf_model
 
     _quiet()
     gguf_files.check_magic(path)
     identity = gguf_files.identify(path)
-    model, tokenizer = gguf_model.load_gguf(path, weights, identity.sha256)
+    header = gguf_files.read_header(path)
+    config, tokenizer = gguf_model.metadata(path, header, identity.sha256)
+    for ignored in (t.name for t in header.tensors if t.name in gguf_files.IGNORED_TENSORS):
+        _log.warning("%s: its tensor %s is not read: %s", path, ignored, gguf_files.IGNORED_TENSORS[ignored])
     tokenizer = _with_template(tokenizer, chat_template)
+    blocks = weights in BLOCK_FORMATS
+    digest = f"gguf-sha256:{identity.sha256}"
+    # deferred: the GGUF reader of the own decoder imports gguf-py
+    from chat.models.decoder import gguf_weights
+
+    own = gguf_weights.build_from_file(path, header, config, tokenizer, weights, dtype=torch_dtype, device=device)
+    if own is not None:
+        decoder, in_float32 = own
+        if blocks and not kv_asked and kv_dtype == "float16" and in_float32:
+            kv_dtype = "float32"
+        generation = gguf_model.generation_config(config)
+        return _decoder_adapter(
+            decoder, tokenizer, generation, name=name, weights=weights, digest=digest, kv_dtype=kv_dtype
+        )
+    model, _ = gguf_model.load_gguf(path, weights, identity.sha256)
     if torch_dtype != torch.float32:
         model.to(torch_dtype)
-    blocks = weights in gguf_model.block_matrices.BLOCK_FORMATS
     if blocks and not kv_asked and kv_dtype == "float16" and not gguf_model.all_in_blocks(model):
         kv_dtype = "float32"
-    digest = f"gguf-sha256:{identity.sha256}"
     return _adapter(
         model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype, device=device
     )
@@ -551,7 +570,7 @@ def _adapter(
         "name": name,
         "kv_dtype": kv_dtype,
         "context_window": _context_window(model.config, tokenizer),
-        "eos_token_ids": _eos_ids(model, tokenizer),
+        "eos_token_ids": _eos_ids(getattr(model, "generation_config", None), tokenizer),
         "weights": weights,
     }
     if family is not None:
@@ -570,14 +589,34 @@ def _adapter(
         _cpu_only(device, f"{model.config.model_type} models (transformers' forward)")
         fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights)
         return TransformersAdapter(model, tokenizer, dtype=dtype, fingerprint=fingerprint, **common)
+    generation_config = getattr(model, "generation_config", None)
+    del model  # the decoder holds what it needs of the weights (float32: the same tensors)
+    return _decoder_adapter(
+        decoder, tokenizer, generation_config, name=name, weights=weights, digest=digest, kv_dtype=kv_dtype
+    )
+
+
+def _decoder_adapter(
+    decoder: Any, tokenizer: Any, generation_config: Any, *, name: str, weights: str, digest: str, kv_dtype: str
+) -> Any:
+    """A :class:`chat.models.decoder.runtime.DecoderAdapter` over a built decoder (its ``config`` is the model's)."""
     # deferred: the runtime's ModelAdapter imports the engine's grammar machinery (llguidance.torch, torch._dynamo:
     # ~2.7 s), which a cluster's ingress (load_renderer only) never needs
     from chat.models.decoder.runtime import DecoderAdapter
 
-    fingerprint = model_fingerprint(name, model.config, tokenizer, digest, weights, forward=DECODER_VERSION)
-    generation_config = getattr(model, "generation_config", None)
-    del model  # the decoder holds what it needs of the weights (float32: the same tensors)
-    return DecoderAdapter(decoder, tokenizer, generation_config=generation_config, fingerprint=fingerprint, **common)
+    config = decoder.config
+    fingerprint = model_fingerprint(name, config, tokenizer, digest, weights, forward=DECODER_VERSION)
+    return DecoderAdapter(
+        decoder,
+        tokenizer,
+        generation_config=generation_config,
+        fingerprint=fingerprint,
+        name=name,
+        kv_dtype=kv_dtype,
+        context_window=_context_window(config, tokenizer),
+        eos_token_ids=_eos_ids(generation_config, tokenizer),
+        weights=weights,
+    )
 
 
 def _own_decoder(model: Any, tokenizer: Any, weights: str) -> Any:
@@ -625,9 +664,9 @@ def _context_window(config: Any, tokenizer: Any) -> int:
     return DEFAULT_CONTEXT
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+def _eos_ids(generation_config: Any, tokenizer: Any) -> set[int]:
     ids: set[int] = set()
-    for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+    for value in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
         if isinstance(value, int):
             ids.add(value)
         elif isinstance(value, list | tuple):

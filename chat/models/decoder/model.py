@@ -2,13 +2,16 @@
 Qwen3, Mistral, Gemma 2 and Gemma 3 (text), full and sliding-window attention.
 
 Model differences are data: one :class:`Family` row per ``model_type`` (:data:`FAMILIES`) and the sizes read from
-the config into :class:`DecoderArgs`; foreign weight names are mapped in one place (:data:`HF_NAMES`), and q/k/v and
-gate/up are fused into one matrix each as the weights load (:func:`canonical_weights`). Every linear layer is a
+the config into :class:`DecoderArgs`; a checkpoint's or a GGUF file's weight names are mapped in one place
+(:mod:`chat.models.decoder.names`), and q/k/v and gate/up are fused into one matrix each as the weights load
+(:func:`fused_weights`). Every linear layer is a
 weight matrix of :mod:`chat.models.kernels.matrices` (any object with its interface: ``m(x)``, ``m.rows(lo, hi)``,
 ``m.fuse_rows``), and attention is a kernel called by name (:mod:`chat.models.attention`: ``"native"`` or
-``"torch"``). Transformers stays for tokenizers, chat templates, reading weights and configs, and as the oracle in
-tests; hybrid recurrent and multimodal models keep its forward (:class:`chat.models.adapter.TransformersAdapter`:
-their mixers, encoders and 3-D positions are its code, not ported here).
+``"torch"``). Transformers stays for tokenizers, chat templates, configs (a GGUF file's too, from its metadata),
+reading a model directory's weights (a GGUF file's are read without it: :mod:`chat.models.decoder.gguf_weights`),
+and as the oracle in tests; hybrid recurrent and multimodal models keep its forward
+(:class:`chat.models.adapter.TransformersAdapter`: their mixers, encoders and 3-D positions are its code, not ported
+here).
 
 The step batch (:class:`chat.models.attention.StepBatch`) is every sequence's new tokens laid end to end in one row
 of ``T`` tokens, no padding::
@@ -48,7 +51,6 @@ the turn computed without it.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +61,8 @@ from torch import nn
 
 from chat.engine.runtime import StepInterrupted
 from chat.models import attention
+from chat.models.decoder import names
+from chat.models.decoder.names import FUSED
 from chat.models.kernels.dense_matrices import Float32Matrix, calibrate
 from chat.models.kernels.matrices import MATRICES
 
@@ -254,66 +258,36 @@ def _cap(config: Any, name: str) -> float | None:
     return float(value) if value else None
 
 
-# ==================================================================== weights: foreign names, fusion
-
-# transformers' checkpoint names -> ours; "{i}" is the layer. q/k/v and gate/up land as parts of one fused matrix.
-HF_NAMES = {
-    "model.embed_tokens.weight": "embed",
-    "model.norm.weight": "norm",
-    "lm_head.weight": "head.weight",
-    "model.layers.{i}.input_layernorm.weight": "layers.{i}.attn_norm",
-    "model.layers.{i}.self_attn.q_proj.weight": "layers.{i}.q.weight",
-    "model.layers.{i}.self_attn.q_proj.bias": "layers.{i}.q.bias",
-    "model.layers.{i}.self_attn.k_proj.weight": "layers.{i}.k.weight",
-    "model.layers.{i}.self_attn.k_proj.bias": "layers.{i}.k.bias",
-    "model.layers.{i}.self_attn.v_proj.weight": "layers.{i}.v.weight",
-    "model.layers.{i}.self_attn.v_proj.bias": "layers.{i}.v.bias",
-    "model.layers.{i}.self_attn.o_proj.weight": "layers.{i}.o.weight",
-    "model.layers.{i}.self_attn.o_proj.bias": "layers.{i}.o.bias",
-    "model.layers.{i}.self_attn.q_norm.weight": "layers.{i}.q_norm",
-    "model.layers.{i}.self_attn.k_norm.weight": "layers.{i}.k_norm",
-    "model.layers.{i}.post_attention_layernorm.weight": "layers.{i}.post_attention_layernorm",  # see _norm_roles
-    "model.layers.{i}.pre_feedforward_layernorm.weight": "layers.{i}.mlp_norm",
-    "model.layers.{i}.post_feedforward_layernorm.weight": "layers.{i}.post_mlp_norm",
-    "model.layers.{i}.mlp.gate_proj.weight": "layers.{i}.gate.weight",
-    "model.layers.{i}.mlp.gate_proj.bias": "layers.{i}.gate.bias",
-    "model.layers.{i}.mlp.up_proj.weight": "layers.{i}.up.weight",
-    "model.layers.{i}.mlp.up_proj.bias": "layers.{i}.up.bias",
-    "model.layers.{i}.mlp.down_proj.weight": "layers.{i}.down.weight",
-    "model.layers.{i}.mlp.down_proj.bias": "layers.{i}.down.bias",
-}
-FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}  # fused matrix -> its parts, in output order
-_IGNORED = re.compile(r".*(rotary_emb|embed_scale).*")  # buffers some checkpoints carry; recomputed here
-_PATTERNS = [
-    (re.compile("^" + re.escape(theirs).replace(r"\{i\}", r"(\d+)") + "$"), ours) for theirs, ours in HF_NAMES.items()
-]
+# ==================================================================== weights: fusion
 
 
 def canonical_weights(state: Mapping[str, Any], args: DecoderArgs) -> dict[str, Any]:
-    """Our names for a transformers state dict's tensors (:data:`HF_NAMES`), the parts of each fused matrix
-    (:data:`FUSED`) concatenated along the output rows (``layers.{i}.qkv.weight`` = q, k, v; biases likewise; a
-    part without a bias gets zeros when a sibling has one). Concatenating rows works for any format whose data is
-    laid out per output row, so block-quantized data fuses the same way. The LM head falls back to the embedding
-    (tied weights).
+    """Our names for a checkpoint's tensors (:func:`chat.models.decoder.names.from_checkpoint`), fused
+    (:func:`fused_weights`).
 
     Raises:
         NotPackable: a tensor this forward would not use (a name it does not know), or one it needs is missing.
     """
-    named: dict[str, Any] = {}
-    for name, tensor in state.items():
-        for pattern, ours in _PATTERNS:
-            found = pattern.match(name)
-            if found:
-                named[ours.replace("{i}", found.group(1)) if found.groups() else ours] = tensor
-                break
-        else:
-            if not _IGNORED.match(name):
-                raise NotPackable(f"unexpected weight {name!r}")
+    named, unknown = names.from_checkpoint(state, sandwich=args.spec.sandwich)
+    if unknown:
+        raise NotPackable(f"unexpected weight {unknown[0]!r}")
+    return fused_weights(named, args)
+
+
+def fused_weights(parts: Mapping[str, Any], args: DecoderArgs) -> dict[str, Any]:
+    """Tensors under our names with the parts of each fused matrix (:data:`FUSED`) concatenated along the output
+    rows (``layers.{i}.qkv.weight`` = q, k, v; biases likewise; a part without a bias gets zeros when a sibling has
+    one). Concatenating rows works for any format whose data is laid out per output row, so block-quantized data
+    fuses the same way. The LM head falls back to the embedding (tied weights).
+
+    Raises:
+        NotPackable: a tensor it needs is missing.
+    """
+    named = dict(parts)
     for i in range(args.layers):
-        _norm_roles(named, i, args)
-        for fused, parts in FUSED.items():
-            weights = [named.pop(f"layers.{i}.{p}.weight", None) for p in parts]
-            biases = [named.pop(f"layers.{i}.{p}.bias", None) for p in parts]
+        for fused, members in FUSED.items():
+            weights = [named.pop(f"layers.{i}.{p}.weight", None) for p in members]
+            biases = [named.pop(f"layers.{i}.{p}.bias", None) for p in members]
             if any(w is None for w in weights):
                 raise NotPackable(f"layer {i} lacks a part of {fused}")
             named[f"layers.{i}.{fused}.weight"] = _concat_rows(weights)
@@ -344,14 +318,6 @@ def _concat_rows(parts: list[Any]) -> Any:
         rows = sum(int(p.shape[0]) for p in parts)
         return torch.empty((rows, *parts[0].shape[1:]), dtype=parts[0].dtype, device="meta")
     return torch.cat(parts)
-
-
-def _norm_roles(named: dict[str, Any], i: int, args: DecoderArgs) -> None:
-    """``post_attention_layernorm`` is the norm before the MLP in Llama-style layers, and the norm after attention
-    in Gemma's (which have a ``pre_feedforward_layernorm`` before the MLP)."""
-    norm = named.pop(f"layers.{i}.post_attention_layernorm", None)
-    if norm is not None:
-        named[f"layers.{i}.post_attn_norm" if args.spec.sandwich else f"layers.{i}.mlp_norm"] = norm
 
 
 # ==================================================================== the forward
@@ -552,6 +518,7 @@ def build_decoder(
     layers: Mapping[str, Sequence[Any]] | None = None,
     time_blas: bool = True,
     embedding: Any = None,
+    names_of: str = "checkpoint",
 ) -> Decoder:
     """A :class:`Decoder` for a transformers config and state dict, its linear layers in the weight format
     ``weights`` (a key of :data:`chat.models.kernels.matrices.MATRICES`). A format is a class built from a float weight
@@ -563,7 +530,9 @@ def build_decoder(
     shape (:func:`chat.models.kernels.matrices.calibrate`), else keep their defaults. ``embedding``: the input
     embedding's file blocks (a :class:`chat.models.kernels.block_matrices.BlockWeight`, from a GGUF file): in every
     format but float32 (whose tied head shares the float32 table) the lookups read those (:class:`BlockEmbedding`: the
-    same values) and the float32 table is not kept.
+    same values) and the float32 table is not kept. ``names_of``: ``"checkpoint"`` (``state`` is a checkpoint's
+    state dict, named as :data:`chat.models.decoder.names.CHECKPOINT_NAMES` names it) or ``"decoder"`` (``state`` is
+    under our names already, its matrices not yet fused: a GGUF file's, :mod:`chat.models.decoder.gguf_weights`).
 
     Raises:
         NotPackable: the config or the weights are not what this forward computes.
@@ -573,7 +542,7 @@ def build_decoder(
         raise ValueError(f"weight format {weights!r} is not one of {', '.join(MATRICES)}")
     fmt = MATRICES[weights]
     args = decoder_args(config)
-    named = canonical_weights(state, args)
+    named = canonical_weights(state, args) if names_of == "checkpoint" else fused_weights(state, args)
     named["embed"] = named["embed"].float()  # activations are float32 whatever the weights (a copy if bfloat16)
     smoothing: dict[str, torch.Tensor] = {}
     if hasattr(fmt, "from_layers"):
@@ -604,21 +573,17 @@ def build_decoder(
 
 def linear_modules(model: nn.Module, args: DecoderArgs) -> dict[str, list[nn.Module]]:
     """The linear modules of a transformers model behind each of our matrices (``layers.{i}.qkv`` -> its q, k and v
-    projections, ...; ``head`` -> the LM head), found through :data:`HF_NAMES`.
+    projections, ...; ``head`` -> the LM head), found through :data:`chat.models.decoder.names.CHECKPOINT_NAMES`.
 
     Raises:
         NotPackable: a module is missing.
     """
     modules = dict(model.named_modules())
-    ours_to_theirs: dict[str, str] = {}
-    for theirs, ours in HF_NAMES.items():
-        if theirs.endswith(".weight") and ours.endswith(".weight"):
-            ours_to_theirs[ours.removesuffix(".weight")] = theirs.removesuffix(".weight")
     out: dict[str, list[nn.Module]] = {}
     for i in range(args.layers):
         for name in MATRIX_NAMES:
             parts = FUSED.get(name, (name,))
-            found = [modules.get(ours_to_theirs[f"layers.{{i}}.{p}"].replace("{i}", str(i))) for p in parts]
+            found = [modules.get(names.checkpoint_module(f"layers.{i}.{p}")) for p in parts]
             if any(m is None for m in found):
                 raise NotPackable(f"layer {i} lacks a module of {name}")
             out[f"layers.{i}.{name}"] = found

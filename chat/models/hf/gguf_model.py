@@ -1,4 +1,8 @@
-"""A GGUF file loaded straight from its bytes: no copy written to disk.
+"""A GGUF file loaded straight from its bytes as a transformers model: no copy written to disk. The config and
+tokenizer of every GGUF file come from here (:func:`metadata`); the tensors of a file the own decoder reads itself
+(its families, the architectures of ``chat.models.decoder.names.GGUF_LAYOUTS``) do not: it reads them through its
+own name map (``chat.models.decoder.gguf_weights``). This loader serves the rest (hybrid recurrent families, files
+the decoder's map does not cover) and stays the oracle the decoder's reading is tested against.
 
 One load, step by step::
 
@@ -37,7 +41,6 @@ import copy
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +66,7 @@ def load_gguf(path: Path, weights: str, digest: str | None = None) -> tuple[Any,
         ModelLoadError: the tensors do not fill the model, or transformers failed to read the file.
     """
     header = gguf_files.read_header(path)
-    config, tokenizer = _metadata(path, header, digest)
-    ignored = [t.name for t in header.tensors if t.name in gguf_files.IGNORED_TENSORS]
-    for name in ignored:
-        _log.warning("%s: its tensor %s is not read: %s", path, name, gguf_files.IGNORED_TENSORS[name])
+    config, tokenizer = metadata(path, header, digest)
     blocks = weights in block_matrices.BLOCK_FORMATS
     if not _own_loader(header.architecture, config):
         if blocks:
@@ -90,9 +90,14 @@ def load_gguf(path: Path, weights: str, digest: str | None = None) -> tuple[Any,
 _parsed: dict[tuple[str, str], tuple[Any, Any]] = {}  # (path, sha256) -> (config, tokenizer): the last file parsed
 
 
-def _metadata(path: Path, header: Any, digest: str | None) -> tuple[Any, Any]:
-    """The file's config (once its header passed every check) and tokenizer; copies of those parsed before when the
-    digest is known."""
+def metadata(path: Path, header: Any, digest: str | None) -> tuple[Any, Any]:
+    """The file's config (once its header passed every check) and tokenizer, built by transformers from the
+    metadata (the own decoder's GGUF path reads its tensors itself: chat.models.decoder.gguf_weights); copies of
+    those parsed before when the digest is known.
+
+    Raises:
+        ModelFileError, UnsupportedArchitectureError: see :func:`chat.models.gguf_files.check_header`.
+    """
     key = (str(path.resolve()), digest or "")
     if digest is None or key not in _parsed:
         with one_metadata_parse():
@@ -133,6 +138,14 @@ def one_metadata_parse() -> Iterator[None]:
         yield
     finally:
         reader.load_gguf_checkpoint = original
+
+
+def generation_config(config: Any) -> Any:
+    """The generation settings transformers' model of ``config`` would carry (its defaults from the config):
+    what a model read without transformers' model (the own decoder's GGUF path) is served with."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_model_config(config)
 
 
 def all_in_blocks(model: nn.Module) -> bool:
@@ -205,7 +218,7 @@ def _fill(model: nn.Module, path: Path, header: Any, config: Any, blocks: bool) 
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config.to_dict())
-    tensors = list(_tensors(path, header))
+    tensors = list(gguf_files.tensors(path, header))
     mapping = _name_map(model, processor, [t.name for t in tensors])  # file name -> model parameter name
     linear = {f"{n}.weight": m for n, m in model.named_modules() if type(m) is nn.Linear}
     state: dict[str, torch.Tensor] = {}
@@ -255,38 +268,6 @@ def _fill(model: nn.Module, path: Path, header: Any, config: Any, blocks: bool) 
         raise ModelLoadError(f"the tensors of {path} do not fill the model: {left[:5]} have no values")
 
 
-@dataclass(frozen=True, slots=True)
-class _FileTensor:
-    """One tensor of the file, its bytes a view of a read-only memory map (what gguf.GGUFReader gives, without
-    parsing the metadata again)."""
-
-    name: str  # llama.cpp's name
-    shape: tuple[int, ...]  # in ggml order (fastest-moving dimension first)
-    tensor_type: Any  # gguf.GGMLQuantizationType
-    data: np.ndarray  # plain types: their values; block types: uint8 [..., bytes per row]
-
-
-_PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16, "I32": np.int32}
-
-
-def _tensors(path: Path, header: Any) -> Iterator[_FileTensor]:
-    """The file's tensors from the table :func:`chat.models.gguf_files.read_header` checked (every tensor's bytes
-    lie inside the file)."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    blob = np.memmap(path, dtype=np.uint8, mode="r")
-    for t in header.tensors:
-        qtype = GGMLQuantizationType(t.ggml_type)
-        start = header.data_start + t.offset
-        raw, dims = blob[start : start + t.nbytes], tuple(reversed(t.shape)) or (1,)
-        if qtype.name in _PLAIN:
-            data = raw.view(_PLAIN[qtype.name]).reshape(dims)
-        else:
-            per_block, block_bytes = GGML_QUANT_SIZES[qtype]
-            data = raw.reshape(*dims[:-1], dims[-1] // per_block * block_bytes)
-        yield _FileTensor(t.name, t.shape, qtype, data)
-
-
 class _Flat:
     """A model seen through its parameter names only: transformers' name map then builds gguf-py's table once
     instead of once per submodule (397 times for SmolLM2: ~20 s on a busy machine)."""
@@ -329,7 +310,7 @@ def _blocks(tensor: Any, processor: Any, layer: nn.Linear, path: Path) -> block_
     order = np.asarray(result.weights).reshape(rows).astype(np.int64)
     if not np.array_equal(np.sort(order), np.arange(rows)):
         return None
-    data = _raw_bytes(tensor.data)
+    data = gguf_files.raw_bytes(tensor.data)
     raw = data if np.array_equal(order, np.arange(rows)) else np.ascontiguousarray(data[order])
     weight = block_matrices.BlockWeight(tensor.tensor_type.name, shape, raw)
     try:
@@ -349,7 +330,7 @@ def _embedding_blocks(model: nn.Module, tensors: list[Any], mapping: dict[str, s
         if mapping.get(tensor.name) in names and tensor.tensor_type.name in block_matrices.KERNEL_TYPES:
             rows = tensor.data.shape[0]
             shape = (rows, embedding.embedding_dim)
-            return block_matrices.BlockWeight(tensor.tensor_type.name, shape, _raw_bytes(tensor.data))
+            return block_matrices.BlockWeight(tensor.tensor_type.name, shape, gguf_files.raw_bytes(tensor.data))
     return None
 
 
@@ -367,18 +348,15 @@ def _embedding_table(
         if target not in names or target not in state or tensor.tensor_type.name in ("F32", "F64"):
             continue
         table = state[target]
-        weight = block_matrices.BlockWeight(tensor.tensor_type.name, tuple(table.shape), _raw_bytes(tensor.data))
+        weight = block_matrices.BlockWeight(
+            tensor.tensor_type.name, tuple(table.shape), gguf_files.raw_bytes(tensor.data)
+        )
         if weight.raw.shape[0] != table.shape[0]:
             return None
         rows = np.unique(np.linspace(0, table.shape[0] - 1, 16).astype(np.int64))
         sample = gguf.quants.dequantize(weight.raw[rows], tensor.tensor_type)
         return weight if torch.equal(torch.from_numpy(np.ascontiguousarray(sample)), table[rows]) else None
     return None
-
-
-def _raw_bytes(data: np.ndarray) -> np.ndarray:
-    """A tensor's bytes as uint8 ``[rows, bytes per row]`` (16-bit float tensors come as their values)."""
-    return data if data.dtype == np.uint8 else data.view(np.uint8)
 
 
 def _check_shapes(model: nn.Module, state: dict[str, torch.Tensor], kept: dict[str, Any], path: Path) -> None:

@@ -58,7 +58,7 @@ def load_stock(spec: str, dtype: str = "float32") -> StockModel:
         path, _, _ = registry._directory_of(spec)
         tokenizer = registry._text_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True).eval()
-    return StockModel(model, tokenizer, frozenset(registry._eos_ids(model, tokenizer)))
+    return StockModel(model, tokenizer, frozenset(registry._eos_ids(model.generation_config, tokenizer)))
 
 
 def save_stock(spec: str, path: Path) -> None:

@@ -142,7 +142,7 @@ def test_a_type_without_a_kernel_runs_dequantized_and_is_named(tmp_path, referen
     """TQ2_0 (ternary) has no block kernel: its layers load through gguf-py's dequantization, in float32, with a
     warning naming the type; the logits are still the file's."""
     path = write_tiny_gguf(tmp_path / "wide-tq2_0.gguf", reference, qtype="TQ2_0")
-    with caplog.at_level("WARNING", logger="chat.models.hf.gguf_model"):
+    with caplog.at_level("WARNING", logger="chat.models.decoder.gguf_weights"):
         model = load_model(str(path), weights="gguf", kv_dtype="float32")
     assert any("TQ2_0" in r.getMessage() and "no block kernel" in r.getMessage() for r in caplog.records)
     layers = 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the tied head

@@ -20,6 +20,7 @@ from chat.engine.errors import NoChatTemplateError
 from chat.engine.events import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.models import ModelFileError, UnsupportedArchitectureError, gguf_files, load_model, load_renderer
+from chat.models.decoder import gguf_weights
 from chat.models.hf import gguf_model
 from tests.chat.models.gguf_helpers import (
     dequantized_copy,
@@ -80,6 +81,7 @@ def no_weights_read(monkeypatch):
 
     monkeypatch.setattr(gguf_model, "_fill", refuse)
     monkeypatch.setattr(gguf_model, "_dequantized_by_transformers", refuse)
+    monkeypatch.setattr(gguf_weights, "read_weights", refuse)
 
 
 def written(home) -> list[str]:
@@ -278,7 +280,7 @@ def test_a_tensor_transformers_skips_is_named_at_every_load(reference, tmp_path,
     path = write_tiny_gguf(tmp_path / "llama31.gguf", reference, extra_tensors=rope_freqs)
     for _ in range(2):  # said at every load
         caplog.clear()
-        with caplog.at_level("WARNING", logger="chat.models.hf.gguf_model"):
+        with caplog.at_level("WARNING", logger="chat.models.registry"):
             load_model(str(path))
         assert any("rope_freqs.weight" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
 

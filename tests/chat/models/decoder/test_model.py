@@ -16,7 +16,8 @@ from torch import nn
 from cache import Namespace, PrefixCache
 from chat.engine.runtime import Feed, StepInterrupted
 from chat.models import load_model
-from chat.models.decoder.model import FAMILIES, HF_NAMES, NotPackable, canonical_weights, decoder_args
+from chat.models.decoder.model import FAMILIES, NotPackable, canonical_weights, decoder_args
+from chat.models.decoder.names import CHECKPOINT_NAMES
 from chat.models.kernels import native
 from chat.models.tiny.text import WINDOW
 from chat.tools.testing.baselines import load_stock
@@ -273,7 +274,7 @@ def test_weights_are_mapped_in_one_place_and_fused_in_order():
     assert torch.equal(
         named["layers.1.gate_up.weight"], torch.cat([state[mlp + "gate_proj.weight"], state[mlp + "up_proj.weight"]])
     )
-    assert all("{i}" in k or "layers" not in k for k in HF_NAMES)
+    assert all("{i}" in k or "layers" not in k for k in CHECKPOINT_NAMES)
     with pytest.raises(NotPackable, match="unexpected weight"):
         canonical_weights({**state, "model.layers.0.mlp.experts.0.weight": state[mlp + "up_proj.weight"]}, args)
 
