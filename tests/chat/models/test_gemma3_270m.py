@@ -28,6 +28,7 @@ from chat.models.decoder.runtime import DecoderAdapter
 from chat.models.hf import gguf_model
 from chat.models.kernels.block_matrices import StackedMatrix
 from chat.models.kernels.dense_matrices import Float32Matrix
+from tests.chat.models.decoder.gguf_checks import assert_same_adapters, through_transformers
 from tests.chat.server.conftest import make_server
 
 pytestmark = pytest.mark.slow
@@ -55,6 +56,13 @@ def gemma():
 @pytest.fixture(scope="module")
 def gemma_chat(gemma):
     return load_model(gemma3_270m.NAME, weights="gguf", kv_dtype="float32", chat_template=str(TEMPLATE))
+
+
+def test_the_file_read_through_the_name_map_gives_the_path_through_transformers_bit_for_bit(gemma):
+    """The own decoder read straight from the file (chat.models.decoder.names: norms stored as 1 + w, sandwich and
+    q/k norms) against the file loaded into transformers' model and mapped by the checkpoint names."""
+    old = through_transformers(gemma3_270m.NAME, weights="gguf", kv_dtype="float32")
+    assert_same_adapters(gemma, old, list(range(1000, 1030)))
 
 
 def float32_layers(adapter: DecoderAdapter) -> list[str]:
