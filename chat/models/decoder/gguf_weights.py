@@ -144,14 +144,7 @@ def read_weights(path: Path, header: Any, args: DecoderArgs, tied: bool, blocks:
             raw = gguf_files.raw_bytes(tensor.data)
             if raw.shape[0] == shape[0]:
                 embedding = block_matrices.BlockWeight(qtype, shape, raw)  # its dequantization is the table
-    for qtype, count in sorted(no_kernel.items()):
-        _log.warning(
-            "%s: %d linear weights in %s, which has no block kernel, run dequantized in float32 (kernels: %s)",
-            path,
-            count,
-            qtype,
-            ", ".join(block_matrices.KERNEL_TYPES),
-        )
+    block_matrices.warn_float32_layers(_log, path, no_kernel)
     if tied and "embed" in state:
         state["head.weight"] = state["embed"]
         if blocks and embedding is not None and embedding.qtype in block_matrices.KERNEL_TYPES:
@@ -163,7 +156,6 @@ def read_weights(path: Path, header: Any, args: DecoderArgs, tied: bool, blocks:
 
 def expected_shapes(args: DecoderArgs) -> Any:
     """Our name -> the shape the config gives it (``[out, in]`` for a matrix)."""
-    q, kv, _ = args.qkv_sizes
     per_layer = {
         "attn_norm": (args.hidden,),
         "mlp_norm": (args.hidden,),
@@ -171,13 +163,7 @@ def expected_shapes(args: DecoderArgs) -> Any:
         "post_mlp_norm": (args.hidden,),
         "q_norm": (args.head_dim,),
         "k_norm": (args.head_dim,),
-        "q": (q, args.hidden),
-        "k": (kv, args.hidden),
-        "v": (kv, args.hidden),
-        "o": (args.hidden, q),
-        "gate": (args.intermediate, args.hidden),
-        "up": (args.intermediate, args.hidden),
-        "down": (args.hidden, args.intermediate),
+        **args.matrix_shapes,
     }
     top = {"embed": (args.vocab_size, args.hidden), "norm": (args.hidden,), "head": (args.vocab_size, args.hidden)}
 

@@ -102,16 +102,7 @@ def check_fits(modules: dict[str, LoraModule], args: Any) -> None:
     Raises:
         AdapterMismatchError: naming the first module whose layer is not there or whose shapes differ.
     """
-    q, kv, _ = args.qkv_sizes
-    shapes = {  # (out, in) of each target
-        "q": (q, args.hidden),
-        "k": (kv, args.hidden),
-        "v": (kv, args.hidden),
-        "o": (args.hidden, q),
-        "gate": (args.intermediate, args.hidden),
-        "up": (args.intermediate, args.hidden),
-        "down": (args.hidden, args.intermediate),
-    }
+    shapes = args.matrix_shapes  # (out, in) of each target
     for name in sorted(modules):
         m = modules[name]
         _, index, target = name.split(".")

@@ -178,6 +178,20 @@ class DecoderArgs:
     def qkv_sizes(self) -> tuple[int, int, int]:
         return self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim
 
+    @property
+    def matrix_shapes(self) -> dict[str, tuple[int, int]]:
+        """``(out, in)`` of each of a layer's matrices, by its part name."""
+        q, kv, _ = self.qkv_sizes
+        return {
+            "q": (q, self.hidden),
+            "k": (kv, self.hidden),
+            "v": (kv, self.hidden),
+            "o": (self.hidden, q),
+            "gate": (self.intermediate, self.hidden),
+            "up": (self.intermediate, self.hidden),
+            "down": (self.hidden, self.intermediate),
+        }
+
 
 def decoder_args(config: Any) -> DecoderArgs:
     """The args of a transformers text config.

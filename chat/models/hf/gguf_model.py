@@ -240,14 +240,7 @@ def _fill(model: nn.Module, path: Path, header: Any, config: Any, blocks: bool) 
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         result = processor.process(weights=values, name=tensor.name)
         state[target] = torch.from_numpy(np.array(result.weights, dtype=np.float32))  # a copy: the map is read-only
-    for qtype, count in sorted(dequantized.items()):
-        _log.warning(
-            "%s: %d linear weights in %s, which has no block kernel, run dequantized in float32 (kernels: %s)",
-            path,
-            count,
-            qtype,
-            ", ".join(block_matrices.KERNEL_TYPES),
-        )
+    block_matrices.warn_float32_layers(_log, path, dequantized)
     _check_shapes(model, state, kept, path)
     model.load_state_dict(state, strict=False, assign=True)
     for target, weight in kept.items():

@@ -60,6 +60,7 @@ dequantized to float32 by the loader (:mod:`chat.models.hf.gguf_model`, which wa
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,19 @@ class Halves:
     @property
     def shape(self) -> tuple[int, int]:
         return self.values.shape  # type: ignore[return-value]
+
+
+def warn_float32_layers(log: logging.Logger, path: object, counts: dict[str, int]) -> None:
+    """Say on ``log``, per tensor type without a block kernel, how many linear weights of the file ``path`` run
+    dequantized in float32 (``counts``: type -> weights)."""
+    for qtype, count in sorted(counts.items()):
+        log.warning(
+            "%s: %d linear weights in %s, which has no block kernel, run dequantized in float32 (kernels: %s)",
+            path,
+            count,
+            qtype,
+            ", ".join(KERNEL_TYPES),
+        )
 
 
 def unpack(weight: BlockWeight) -> Unpacked | Halves:
