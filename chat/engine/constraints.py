@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import llguidance
-import llguidance.torch as llg_torch
+import llguidance.numpy as llg_numpy
 import torch
 
 from chat.engine.errors import EngineError
@@ -213,11 +213,11 @@ class Constraint:
             ConstraintError: the parser is in an error state (a limit was hit mid-reply).
         """
         if self._bitmask is None:
-            self._bitmask = llg_torch.allocate_token_bitmask(1, self.vocab_size)
-            llg_torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
+            self._bitmask = torch.from_numpy(llg_numpy.allocate_token_bitmask(1, self.vocab_size))
+            llg_numpy.fill_next_token_bitmask(self._matcher, self._bitmask.numpy(), 0)
         if self._matcher.is_error():
             raise ConstraintError(_clean(self._matcher.get_error()))
-        llg_torch.apply_token_bitmask_inplace(scores.view(1, -1), self._bitmask)
+        apply_bitmask(scores.view(1, -1), self._bitmask)
         return scores
 
     @property
@@ -238,6 +238,22 @@ class Constraint:
         self._bitmask = None
         if not self._matcher.consume_token(token):
             raise ConstraintError(_clean(self._matcher.get_error()))
+
+
+_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)  # bit k of a mask word is token 32 * word + k
+
+
+def apply_bitmask(scores: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set to -inf, in place, every score of ``scores`` [batch, vocab] whose bit in ``bitmask`` [batch, words] is 0
+    (int32 words, llguidance's layout: token t is bit t % 32 of word t // 32); tokens past the mask's 32 * words are
+    forbidden too. Written here rather than taken from ``llguidance.torch``, whose version is a ``torch.compile``d
+    kernel: importing it loads torch's compiler (~1.9 s in every serving process) and its first call compiles
+    (~1.5 s on a server's first constrained turn), for these few vector operations."""
+    batch, vocab = scores.shape
+    allowed = ((bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1).view(batch, -1)  # [batch, 32 * words]
+    covered = min(vocab, allowed.shape[1])
+    scores[:, :covered].masked_fill_(allowed[:, :covered] == 0, float("-inf"))
+    scores[:, covered:] = float("-inf")
 
 
 class MaskBatch:
@@ -270,10 +286,10 @@ class MaskBatch:
             _log.warning("grammar masks could not be filled ahead; they are computed when used", exc_info=True)
 
     def _fill(self, constraints: list[Constraint]) -> None:
-        words = llg_torch.get_bitmask_shape(1, constraints[0].vocab_size)[1]
+        words = llg_numpy.get_bitmask_shape(1, constraints[0].vocab_size)[1]
         bitmask = torch.empty((len(constraints), words), dtype=torch.int32)
         parsers = [(c.parser(), i) for i, c in enumerate(constraints)]
-        llg_torch.fill_next_token_bitmask_par(self._executor, parsers, bitmask)
+        llg_numpy.fill_next_token_bitmask_par(self._executor, parsers, bitmask.numpy())
         for i, c in enumerate(constraints):
             c.use_mask(bitmask[i : i + 1])
 

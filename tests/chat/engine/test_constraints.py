@@ -230,3 +230,20 @@ def test_each_turn_says_why_its_reuse_stopped_where_it_did():
     assert run_to_end(empty_cache)[1].usage.cache_miss_reason == "cold"
     no_cache = Turn(FakeRuntime(), None, TurnRequest(first, SamplingParams(max_tokens=1)))
     assert run_to_end(no_cache)[1].usage.cache_miss_reason == "cache_off"
+
+
+@pytest.mark.parametrize("vocab,words", [(70, 3), (64, 2), (96, 2), (5, 1)])
+def test_a_bitmask_forbids_exactly_the_tokens_whose_bit_is_zero(vocab, words):
+    from chat.engine.constraints import apply_bitmask
+
+    generator = torch.Generator().manual_seed(vocab)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (2, words), dtype=torch.int32, generator=generator)
+    scores = torch.randn(2, vocab, generator=generator)
+    masked = scores.clone()
+    apply_bitmask(masked, bitmask)
+    for row in range(2):
+        for token in range(vocab):  # token t is bit t % 32 of word t // 32; past the words' bits: forbidden
+            word = token // 32
+            allowed = word < words and (int(bitmask[row, word]) >> (token % 32)) & 1 == 1
+            expected = scores[row, token].item() if allowed else float("-inf")
+            assert masked[row, token].item() == expected, (row, token)
