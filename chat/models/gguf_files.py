@@ -1,6 +1,7 @@
 """Any local GGUF file (llama.cpp, Ollama, LM Studio): what it is and whether it can be served, read before any
 weights are (:mod:`chat.models.hf.gguf_model` then loads it straight from its bytes; nothing is written to disk but the
-record of its digest). One file, step by step::
+record of its digest and the config and tokenizer built from its metadata: :mod:`chat.models.hf.metadata_store`).
+One file, step by step::
 
     check_magic(path)          4 bytes: refuse a file that is not GGUF before hashing it
     identify(path)             size, mtime and sha256 of its bytes (the cache namespace's weights digest); the sha256
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from chat.models.errors import ModelFileError, UnsupportedArchitectureError
+from chat.models.families import check_config
 
 _log = logging.getLogger(__name__)
 
@@ -234,8 +236,6 @@ def served_architectures() -> tuple[str, ...]:
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
-    from chat.models.families import check_config
-
     served = []
     to_file = {v: k for k, v in _TRANSFORMERS_ARCH.items()}
     verbosity = hf_logging.get_verbosity()
@@ -419,18 +419,26 @@ def _check_family(header: GgufHeader) -> Any:
     parses the whole metadata: about a second for SmolLM2's 49k-token vocabulary, more on a busy machine)."""
     from transformers import AutoConfig
 
-    from chat.models.families import check_config
-
     path = header.path
     try:
         config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
     except Exception as exc:  # transformers raises what it likes on metadata it does not expect
         raise ModelFileError(path, f"transformers cannot build a model config from its metadata ({exc})") from exc
+    check_family(config, path)
+    return config
+
+
+def check_family(config: Any, path: Path) -> None:
+    """Raise unless turncache serves the family of ``config``, the config built from the GGUF file ``path``.
+
+    Raises:
+        UnsupportedArchitectureError: the family is refused (naming the file; ``.supported`` lists the GGUF
+            architectures served).
+    """
     try:
         check_config(config)
     except UnsupportedArchitectureError as exc:
         raise UnsupportedArchitectureError(exc.architecture, f"{exc.reason} ({path})", served_architectures()) from exc
-    return config
 
 
 def _type_name(type_id: int) -> str:

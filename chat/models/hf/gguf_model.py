@@ -10,7 +10,8 @@ One load, step by step::
                                  truncated file, an unknown tensor type, an architecture not served, or tensor
                                  shapes that disagree with the metadata (chat.models.gguf_files)
     config, tokenizer            built by transformers from the metadata (nothing executed: GGUF holds no code);
-                                 reused, as copies, by a later load of the same bytes in the process
+                                 kept by the file's sha256 for later loads of the same bytes, in this process or
+                                 another (chat.models.hf.metadata_store)
     model on the meta device     the family's transformers model, without memory for its weights (its
                                  buffers, e.g. rope frequencies, computed as usual)
     tensors                      read from a memory map of the file (the table read_header checked) through
@@ -50,6 +51,7 @@ from torch import nn
 
 from chat.models import gguf_files
 from chat.models.errors import ModelFileError, ModelLoadError
+from chat.models.hf import metadata_store
 from chat.models.kernels import block_matrices
 
 _log = logging.getLogger(__name__)
@@ -58,8 +60,8 @@ _log = logging.getLogger(__name__)
 def load_gguf(path: Path, weights: str, digest: str | None = None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of the GGUF file ``path`` (checked first), the model in float32 eval mode with the
     linear layers that keep their blocks marked for ``weights`` (see the module docstring). With the file's
-    ``digest`` (sha256), the config and tokenizer transformers built for the same bytes earlier in this process are
-    reused (copies): parsing the metadata takes seconds (SmolLM2's 49k-token vocabulary, several passes).
+    ``digest`` (sha256), the config and tokenizer transformers built for the same bytes before are recalled
+    (:func:`metadata`): parsing the metadata takes seconds (SmolLM2's 49k-token vocabulary, several passes).
 
     Raises:
         ModelFileError, UnsupportedArchitectureError: see :func:`chat.models.gguf_files.check_header`.
@@ -87,30 +89,28 @@ def load_gguf(path: Path, weights: str, digest: str | None = None) -> tuple[Any,
     return model, tokenizer
 
 
-_parsed: dict[tuple[str, str], tuple[Any, Any]] = {}  # (path, sha256) -> (config, tokenizer): the last file parsed
-
-
 def metadata(path: Path, header: Any, digest: str | None) -> tuple[Any, Any]:
     """The file's config (once its header passed every check) and tokenizer, built by transformers from the
-    metadata (the own decoder's GGUF path reads its tensors itself: chat.models.decoder.gguf_weights); copies of
-    those parsed before when the digest is known.
+    metadata (the own decoder's GGUF path reads its tensors itself: chat.models.decoder.gguf_weights). With the
+    file's ``digest`` (sha256), a pair built before for the same bytes, in this process or an earlier one, is
+    recalled (:mod:`chat.models.hf.metadata_store`: a parse of Gemma 3 270M's metadata takes ~15 s) and its family
+    checked again; a pair built here is kept for the next load.
 
     Raises:
         ModelFileError, UnsupportedArchitectureError: see :func:`chat.models.gguf_files.check_header`.
     """
-    key = (str(path.resolve()), digest or "")
-    if digest is None or key not in _parsed:
-        with one_metadata_parse():
-            config = gguf_files.check_header(header)
-            tokenizer = load_tokenizer(path)
-        if digest is None:
-            return config, tokenizer
-        _parsed.clear()
-        _parsed[key] = (config, tokenizer)
-    else:
-        gguf_files.check_header(header, family=False)  # the family was checked on this config already
-    config, tokenizer = _parsed[key]
-    return copy.deepcopy(config), copy.deepcopy(tokenizer)
+    known = metadata_store.recall(digest) if digest is not None else None
+    if known is not None:
+        gguf_files.check_header(header, family=False)
+        config, tokenizer = known
+        gguf_files.check_family(config, path)
+        return config, tokenizer
+    with one_metadata_parse():
+        config = gguf_files.check_header(header)
+        tokenizer = load_tokenizer(path)
+    if digest is not None:
+        metadata_store.remember(digest, config, tokenizer)
+    return config, tokenizer
 
 
 @contextmanager
@@ -161,9 +161,8 @@ def checked_tokenizer(path: Path) -> Any:
         ModelFileError, UnsupportedArchitectureError: see :func:`chat.models.gguf_files.check_header`.
     """
     gguf_files.check_magic(path)
-    with one_metadata_parse():
-        gguf_files.check_header(gguf_files.read_header(path))
-        return load_tokenizer(path)
+    _, tokenizer = metadata(path, gguf_files.read_header(path), gguf_files.identify(path).sha256)
+    return tokenizer
 
 
 def load_tokenizer(path: Path) -> Any:

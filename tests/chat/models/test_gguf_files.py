@@ -21,7 +21,7 @@ from chat.engine.events import Done, TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.models import ModelFileError, UnsupportedArchitectureError, gguf_files, load_model, load_renderer
 from chat.models.decoder import gguf_weights
-from chat.models.hf import gguf_model
+from chat.models.hf import gguf_model, metadata_store
 from tests.chat.models.gguf_helpers import (
     dequantized_copy,
     reference_lfm2,
@@ -85,8 +85,9 @@ def no_weights_read(monkeypatch):
 
 
 def written(home) -> list[str]:
-    """Files under $TURNCACHE_HOME/models, but the records of file digests."""
-    return sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file() and ".identities" not in p.parts)
+    """Files under $TURNCACHE_HOME/models, but the records of file digests and the kept metadata."""
+    kept = (gguf_files.IDENTITY_DIR, metadata_store.STORE_DIR)
+    return sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file() and not set(kept) & set(p.parts))
 
 
 # ==================================================================== files that load
@@ -160,6 +161,8 @@ def test_different_files_have_different_namespaces_and_nothing_is_written_but_di
     assert written(home) == []  # no converted copy: the weights come from the file itself
     records = list((home / gguf_files.GGUF_DIR / gguf_files.IDENTITY_DIR).iterdir())
     assert len(records) >= 2 and all(r.stat().st_size < 1000 for r in records)
+    for path in (files["f32"], files["q8_0"]):  # each file's config and tokenizer, kept by its digest
+        assert metadata_store.entry_path(gguf_files.identify(path).sha256).is_file()
 
 
 def test_a_turn_through_the_engine_and_a_second_turn_from_the_cache(f32_model):
@@ -222,7 +225,7 @@ def test_a_second_load_of_the_same_bytes_reuses_the_parsed_metadata(files, monke
     assert again._tokenizer is not first._tokenizer and again._model.config is not first._model.config  # copies
 
 
-def test_a_load_parses_the_metadata_once(files, monkeypatch):
+def test_a_load_parses_the_metadata_once(files, monkeypatch, tmp_path):
     """transformers reads the whole metadata for the config and again for the tokenizer's class: one read serves
     both (gguf_model.one_metadata_parse)."""
     from transformers import modeling_gguf_pytorch_utils as reader
@@ -234,7 +237,8 @@ def test_a_load_parses_the_metadata_once(files, monkeypatch):
         return original(path, return_tensors, **kwargs)
 
     monkeypatch.setattr(reader, "load_gguf_checkpoint", counted)
-    monkeypatch.setattr(gguf_model, "_parsed", {})  # nothing parsed earlier in the process
+    monkeypatch.setenv("TURNCACHE_HOME", str(tmp_path))  # nothing kept from an earlier parse
+    metadata_store.forget_in_memory()
     model = load_model(str(files["q8_0"]), weights="float32")
     assert reads == [False] and model.render(MESSAGES)  # one metadata read; the tokenizer works
     assert reader.load_gguf_checkpoint is counted  # restored after the load

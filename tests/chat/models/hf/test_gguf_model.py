@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from chat.models.errors import ModelFileError
-from chat.models.hf import gguf_model
+from chat.models.hf import gguf_model, metadata_store
 from chat.models.tiny.tokenizer import CHAT_TEMPLATE
 from tests.chat.models.gguf_helpers import dequantized_copy, reference_llama, write_tiny_gguf
 
@@ -20,6 +20,14 @@ TOKENS = [5, 17, 99, 3, 250, 42, 7, 8]
 def logits(model: torch.nn.Module) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([TOKENS])).logits[0].float()
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    """Digests and kept metadata of each test go to a fresh $TURNCACHE_HOME (one test keys a file by a made-up
+    digest)."""
+    monkeypatch.setenv("TURNCACHE_HOME", str(tmp_path))
+    metadata_store.forget_in_memory()
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +65,7 @@ def test_a_block_format_keeps_every_linear_layers_blocks(files):
     assert gguf_model.all_in_blocks(model)
 
 
-def test_the_same_bytes_reuse_copies_of_their_metadata(files, monkeypatch):
+def test_the_same_bytes_reuse_fresh_copies_of_their_metadata(files, monkeypatch):
     digest = "0" * 64  # any stable key for these bytes
     first, tokenizer = gguf_model.load_gguf(files["f32"], "float32", digest)
     parses = []
