@@ -181,10 +181,11 @@ TRANSFORMERS_OUTSIDE_HF = {
     },
     "chat.models.registry": {
         "transformers.utils.logging",  # the progress bar off while weights load
-        # a directory's weights: both paths start from transformers' model (the decoder takes its state dict
-        # through chat.models.decoder.names' checkpoint map; a GGUF file of a family the decoder reads is read
-        # without it: chat.models.decoder.gguf_weights)
+        # a directory the own decoder does not read itself (chat.models.decoder.checkpoint_weights reads a
+        # safetensors checkpoint of its families, as gguf_weights a GGUF file): transformers' model, whose state
+        # dict the decoder then takes (or whose forward serves it)
         "transformers.AutoModelForCausalLM",
+        "transformers.GenerationConfig",  # a directory's generation settings, as transformers' model reads them
     },
     "chat.models.renderer_loading": {
         "transformers.AutoConfig",  # a directory's config, read before any weights to refuse a family early

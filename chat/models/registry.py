@@ -11,7 +11,11 @@ Specs::
                        (chat.models.gemma3_270m)
     "tiny-<name>"      a tiny seeded random model (chat.models.tiny.text.TINY; tiny-omni / tiny-llava in
                        chat.models.tiny.media), for tests; tiny-base has no chat template
-    "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer
+    "/path/to/dir"     a local Hugging Face model directory: config.json, weights, tokenizer. A safetensors
+                       checkpoint of a family the own decoder computes is read straight into it
+                       (chat.models.decoder.checkpoint_weights); transformers' model (AutoModelForCausalLM) is
+                       only the fallback: a .bin checkpoint, tensor names the decoder's map does not know, a
+                       family it does not compute (whose forward is then transformers'), a multimodal model
     "/path/to/x.gguf"  a local GGUF file (llama.cpp, Ollama, LM Studio) of a served family, loaded straight from
                        its bytes (the own decoder's families: chat.models.decoder.gguf_weights; the others:
                        chat.models.hf.gguf_model): by default its weights stay in their own block formats
@@ -37,12 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.utils import logging as hf_logging
 
 from chat.models import gguf_files, hf
 from chat.models.chat_template import read_template, template_of
-from chat.models.decoder import gguf_weights
+from chat.models.decoder import checkpoint_weights, gguf_weights
 from chat.models.decoder.model import DECODER_VERSION, NotPackable, build_decoder, decoder_args, linear_modules
 from chat.models.decoder.runtime import DecoderAdapter
 from chat.models.errors import InvalidSettingError, ModelLoadError
@@ -180,15 +184,32 @@ def load_directory(
         )
     check_config(config)
     tokenizer = with_template(text_tokenizer(path), chat_template)
-    try:
+    digest = weights_digest or weight_files_digest(path)
+    own = checkpoint_weights.build_from_directory(path, config, tokenizer, weights, dtype=torch_dtype, device=device)
+    if own is not None:
+        generation = _generation_config(path)
+        return _decoder_adapter(
+            own, tokenizer, generation, name=name, weights=weights, digest=digest, kv_dtype=kv_dtype
+        )
+    try:  # what the decoder does not read (a .bin checkpoint, names its map does not know, another family)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
     model.eval()
-    digest = weights_digest or weight_files_digest(path)
     return _adapter(
         model, tokenizer, name=name, dtype=dtype, weights=weights, digest=digest, kv_dtype=kv_dtype, device=device
     )
+
+
+def _generation_config(path: Path) -> Any:
+    """The generation settings transformers' model of the directory ``path`` would carry: its
+    ``generation_config.json``, else those its ``config.json`` gives (as ``from_pretrained`` reads them)."""
+    try:
+        return GenerationConfig.from_pretrained(str(path), local_files_only=True)
+    except OSError:
+        return GenerationConfig.from_pretrained(
+            str(path), config_file_name="config.json", _from_model_config=True, local_files_only=True
+        )
 
 
 def load_multimodal_directory(
