@@ -5,8 +5,9 @@ above its own: ``FLOORS`` lists the floors, lowest first (docs/architecture.md d
 ``from pkg import sub`` is an edge to ``pkg.sub`` alone.
 
 Inside ``chat/models`` (issue 38): the own decoder (``chat.models.decoder``) and transformers' forward
-(``chat.models.hf``) never import each other, and outside ``chat.models.hf`` a module imports of transformers only
-what ``TRANSFORMERS_OUTSIDE_HF`` lists for it, each with its reason."""
+(``chat.models.hf``) never import each other, outside ``chat.models.hf`` a module imports of transformers only
+what ``TRANSFORMERS_OUTSIDE_HF`` lists for it, each with its reason, and the modules that load a model or its renderer
+(``IMPORTS_AT_THE_TOP``) import at their top, never inside a function."""
 
 from __future__ import annotations
 
@@ -179,13 +180,16 @@ TRANSFORMERS_OUTSIDE_HF = {
         "transformers.integrations.gguf.dequant.GGML_BLOCK",  # which block types it dequantizes
     },
     "chat.models.registry": {
+        "transformers.utils.logging",  # the progress bar off while weights load
+        # a directory the own decoder does not read itself (chat.models.decoder.checkpoint_weights reads a
+        # safetensors checkpoint of its families, as gguf_weights a GGUF file): transformers' model, whose state
+        # dict the decoder then takes (or whose forward serves it)
+        "transformers.AutoModelForCausalLM",
+        "transformers.GenerationConfig",  # a directory's generation settings, as transformers' model reads them
+    },
+    "chat.models.renderer_loading": {
         "transformers.AutoConfig",  # a directory's config, read before any weights to refuse a family early
         "transformers.AutoTokenizer",  # a directory's (or the tiny models') tokenizer
-        "transformers.utils.logging",  # the progress bar off while weights load
-        # a directory's weights: both paths start from transformers' model (the decoder takes its state dict
-        # through chat.models.decoder.names' checkpoint map; a GGUF file of a family the decoder reads is read
-        # without it: chat.models.decoder.gguf_weights)
-        "transformers.AutoModelForCausalLM",
     },
     "chat.models.tiny.text": {  # the tiny seeded test models are built as transformers models from their configs
         "transformers",
@@ -227,3 +231,50 @@ def test_the_transformers_check_sees_an_import_in_a_function(tmp_path):
     path = tmp_path / "probe.py"
     path.write_text("import torch\n\n\ndef load():\n    from transformers import AutoModelForCausalLM, AutoConfig\n")
     assert transformers_imports(path) == {"transformers.AutoModelForCausalLM", "transformers.AutoConfig"}
+
+
+# ---------------------------------------------------------------- the loader's imports, at its top
+
+# The modules that resolve a spec and load a model or its renderer import everything at their top, so that what they
+# depend on reads at a glance (issue 38): what costs import time is placed where it is needed (the settings need no
+# transformers: specs; an ingress needs no runtime: renderer_loading; transformers' forward loads on first use:
+# chat.models.hf.FORWARD), never deferred into a function. Only an optional dependency (an extra of pyproject.toml,
+# absent from a plain install) may be imported inside a function, listed here for its module with the reason.
+IMPORTS_AT_THE_TOP = ("chat/models/registry.py", "chat/models/specs.py", "chat/models/renderer_loading.py")
+OPTIONAL_IMPORTS: dict[str, set[str]] = {}  # module -> the top-level packages it may import in a function (none)
+
+
+def function_local_imports(path: Path) -> list[str]:
+    """``line: module`` of every import inside a function or method of ``path`` (nested ones included)."""
+    found = set()
+    for function in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Import):
+                found |= {(node.lineno, alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                found.add((node.lineno, "." * node.level + (node.module or "")))
+    return [f"{line}: {module}" for line, module in sorted(found)]
+
+
+def test_the_loading_modules_import_nothing_inside_a_function():
+    deferred = []
+    for name in IMPORTS_AT_THE_TOP:
+        optional = OPTIONAL_IMPORTS.get(name, set())
+        deferred += [
+            f"{name}:{found}"
+            for found in function_local_imports(ROOT / name)
+            if found.split(": ")[1].split(".")[0] not in optional
+        ]
+    assert deferred == []
+
+
+def test_the_function_import_check_sees_nested_and_method_imports(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text(
+        "import torch\n\n\ndef load():\n    def inner():\n        from transformers import AutoConfig\n"
+        "    return inner\n\n\nclass Loader:\n    async def load(self):\n        import json, os.path\n"
+        "        from . import sibling\n"
+    )
+    assert function_local_imports(path) == ["6: transformers", "12: json", "12: os.path", "13: ."]

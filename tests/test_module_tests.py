@@ -29,6 +29,7 @@ WITHOUT_OWN_BEHAVIOUR = {
 PACKAGE_TESTS = {  # a package __init__ with code of its own -> its test module
     "chat/cli/__init__.py": "tests/chat/cli/test_help.py",
     "chat/models/__init__.py": "tests/chat/models/test_exports.py",
+    "chat/models/hf/__init__.py": "tests/chat/models/hf/test_forward_on_demand.py",
     "modalities/__init__.py": "tests/modalities/test_exports.py",
 }
 

@@ -15,23 +15,32 @@ Public surface::
     RunState       one generation's live state (``.length``)
     errors         ModelError and its subclasses (chat.models.errors)
 
-Module map, shared by both paths: ``registry`` (specs -> loaders), ``renderer`` (the chat template alone, for a
-cluster's ingress), ``chat_template`` (``--chat-template``: read, compiled, rendered sandboxed with typed errors; its
-digest), ``gguf_files`` (any GGUF file -> model directory, once per file), ``smollm2`` (the built-in GGUF),
-``gemma3_270m`` (Gemma 3 270M assembled once from its chunk packages), ``families`` (what is served or refused),
-``adapter`` (what every runtime shares), ``attention`` (the step batch and the attention kernels by name: the one
-torch attention), ``kv_rows`` (copy-on-write K/V buffers), ``smoothing`` (activation outliers into the weights before
-int8), ``lora_files`` (LoRA adapter files), ``detokenizer``, ``fingerprint``, ``prompt_tokens``, ``vocabulary``,
-``memory``, ``tiny`` (the seeded test models). Then the two paths, which never import each other
-(tests/test_import_graph.py): ``decoder`` (turncache's own forward for the families whose every layer is attention:
-``decoder.model``, ``decoder.runtime`` with ``DecoderAdapter``, ``decoder.lora``) and ``hf`` (transformers' forward,
-for hybrid recurrent and multimodal models: ``hf.runtime`` with ``TransformersAdapter``, ``hf.run_cache``,
-``hf.ragged``, ``hf.fast_paths``, ``hf.multimodal`` / ``hf.families_mm`` / ``hf.media_prep`` / ``hf.mrope``,
-``hf.gguf_model``); and ``kernels`` (the weight formats and the C kernels both compute with).
+Module map, shared by both paths: ``registry`` (specs -> loaders: ``load_model``), ``specs`` (a spec resolved and
+the load's settings checked, no transformers), ``renderer_loading`` (``load_renderer``: a model's tokenizer, config
+and template, no weights: a cluster's ingress), ``renderer`` (the chat template alone), ``chat_template``
+(``--chat-template``: read, compiled, rendered sandboxed with typed errors; its digest), ``gguf_files`` (any GGUF file
+-> model directory, once per file), ``smollm2`` (the built-in GGUF), ``gemma3_270m`` (Gemma 3 270M assembled once
+from its chunk packages), ``families`` (what is served or refused), ``adapter`` (what every runtime shares),
+``attention`` (the step batch and the attention kernels by name: the one torch attention), ``kv_rows``
+(copy-on-write K/V buffers), ``smoothing`` (activation outliers into the weights before int8), ``lora_files`` (LoRA
+adapter files), ``detokenizer``, ``fingerprint``, ``prompt_tokens``, ``vocabulary``, ``memory``, ``tiny`` (the seeded
+test models). Then the two paths, which never import each other (tests/test_import_graph.py): ``decoder``
+(turncache's own forward for the families whose every layer is attention: ``decoder.model``, ``decoder.runtime``
+with ``DecoderAdapter``, ``decoder.lora``) and ``hf`` (transformers' forward, for hybrid recurrent and multimodal
+models: ``hf.runtime`` with ``TransformersAdapter``, ``hf.run_cache``, ``hf.ragged``, ``hf.fast_paths``,
+``hf.multimodal`` / ``hf.families_mm`` / ``hf.media_prep`` / ``hf.mrope``, ``hf.gguf_model``); and ``kernels`` (the
+weight formats and the C kernels both compute with).
+
+Importing the package loads neither transformers nor torch: ``load_model``, ``load_renderer``, ``ModelAdapter`` and
+``RunState`` come from their modules on first use (PEP 562). It sets ``HF_HUB_OFFLINE=1`` (nothing is ever
+downloaded): huggingface_hub reads it once, when first imported, which the loading modules do at their top, after
+this package.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from chat.models.errors import (
@@ -43,10 +52,13 @@ from chat.models.errors import (
     UnknownModelError,
     UnsupportedArchitectureError,
 )
-from chat.models.registry import load_model, load_renderer
 
 if TYPE_CHECKING:
     from chat.models.adapter import ModelAdapter, RunState
+    from chat.models.registry import load_model
+    from chat.models.renderer_loading import load_renderer
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # before any module of the package imports transformers (and huggingface_hub)
 
 __all__ = [
     "InvalidSettingError",
@@ -61,11 +73,15 @@ __all__ = [
     "load_model",
     "load_renderer",
 ]
+_ON_DEMAND = {  # name -> its module: torch, transformers and the runtimes load only when one is used
+    "ModelAdapter": "chat.models.adapter",
+    "RunState": "chat.models.adapter",
+    "load_model": "chat.models.registry",
+    "load_renderer": "chat.models.renderer_loading",
+}
 
 
-def __getattr__(name: str) -> Any:  # ModelAdapter / RunState pull in torch and transformers: only on demand
-    if name in ("ModelAdapter", "RunState"):
-        from chat.models import adapter
-
-        return getattr(adapter, name)
+def __getattr__(name: str) -> Any:
+    if name in _ON_DEMAND:
+        return getattr(importlib.import_module(_ON_DEMAND[name]), name)
     raise AttributeError(f"module 'chat.models' has no attribute {name!r}")

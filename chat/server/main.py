@@ -12,6 +12,7 @@ from cache import PrefixCache
 from chat.engine.engine import Engine
 from chat.engine.scheduler import BatchSettings
 from chat.engine.volatile_lines import VolatileLines
+from chat.models.specs import parse_kv_dtype, parse_weights
 from chat.server.app import create_app, key_store
 from chat.server.settings import MiB, ServerSettings
 from chat.server.transport.backpressure import uvicorn_http_options
@@ -95,7 +96,6 @@ def serve(settings: ServerSettings) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = key_store(settings)  # a malformed keys file is refused before the model loads
     from chat.models.chat_template import read_template
-    from chat.models.registry import parse_kv_dtype, parse_weights
 
     if settings.chat_template is not None:
         read_template(settings.chat_template)  # a template that does not compile is refused before the model loads

@@ -11,6 +11,8 @@ SERVING_PATH = (
     "chat.server.surfaces.openai_api",
     "chat.engine.engine",
     "chat.models.registry",
+    "chat.models.specs",
+    "chat.models.renderer_loading",
     "chat.models.adapter",
     "chat.models.decoder.runtime",
     "chat.models.hf.runtime",

@@ -8,7 +8,8 @@ the config into :class:`DecoderArgs`; a checkpoint's or a GGUF file's weight nam
 weight matrix of :mod:`chat.models.kernels.matrices` (any object with its interface: ``m(x)``, ``m.rows(lo, hi)``,
 ``m.fuse_rows``), and attention is a kernel called by name (:mod:`chat.models.attention`: ``"native"`` or
 ``"torch"``). Transformers stays for tokenizers, chat templates, configs (a GGUF file's too, from its metadata),
-reading a model directory's weights (a GGUF file's are read without it: :mod:`chat.models.decoder.gguf_weights`),
+reading the weights of what the decoder does not read itself (a model directory's safetensors checkpoint and a GGUF
+file are read without it: :mod:`chat.models.decoder.checkpoint_weights`, :mod:`chat.models.decoder.gguf_weights`),
 and as the oracle in tests; hybrid recurrent and multimodal models keep its forward
 (:class:`chat.models.adapter.TransformersAdapter`: their mixers, encoders and 3-D positions are its code, not ported
 here).

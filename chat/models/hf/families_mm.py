@@ -13,19 +13,29 @@ positions). Every other multimodal family is refused with a reason.
 Gemma 3's image tokens attend to each other both ways; it is served by computing each item whole: the
 adapter marks the item's tokens as a block of the packed forward (:attr:`chat.models.hf.ragged.PackedRun.blocks`), and
 the engine never cuts an item between prefill chunks (``ModelRuntime.whole_media_spans``).
+
+A family (:class:`MultimodalFamily`) and its encoders (each tower's call, prepared inputs -> embedding rows) are
+defined here, not beside the adapter that runs them (:mod:`chat.models.hf.multimodal`): a model's renderer (a
+cluster's ingress, :mod:`chat.models.renderer_loading`) reads its family without importing transformers' forward.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from chat.models.errors import ModelLoadError, UnsupportedArchitectureError
 from chat.models.hf.media_prep import (
     ClipImagePreparer,
     FrameMarkers,
     PixtralImagePreparer,
+    PreparedMedia,
+    Preparer,
     QwenImagePreparer,
     QwenVideoPreparer,
     RowMarkers,
@@ -34,20 +44,109 @@ from chat.models.hf.media_prep import (
     TimestampedVideoPreparer,
     WhisperAudioPreparer,
 )
-from chat.models.hf.multimodal import (
-    AUDIO_IN_VIDEO_MARKERS,
-    MultimodalFamily,
-    gemma3_image_rows,
-    llava_image_rows,
-    omni_audio_rows,
-    pixtral_image_rows,
-    qwen3_image_rows,
-    qwen3_video_rows,
-    qwen_image_rows,
-    qwen_video_rows,
-    tiled_image_rows,
-)
 from modalities.video import VideoOptions
+
+AUDIO_IN_VIDEO_MARKERS = ("vision_start", "audio_start", "audio_end", "vision_end")  # MultimodalFamily.markers' keys,
+# in span order (and the configs' `<name>_token_id` attributes)
+
+Encoder = Callable[[Any, PreparedMedia], Any]  # (full HF model, prepared item) -> rows [tokens, hidden], or for
+# families with deepstack features (rows, deepstack [layers, tokens, hidden])
+
+
+@dataclass(frozen=True, slots=True)
+class MultimodalFamily:
+    """How one model family takes media."""
+
+    name: str  # e.g. "qwen2_5_omni_thinker", "llava"
+    placeholders: Mapping[str, int]  # kind -> the placeholder token its chat template emits (expanded per item)
+    preparers: Mapping[str, Preparer]  # kind -> bytes to encoder inputs
+    encoders: Mapping[str, Encoder]  # kind -> encoder inputs to embedding rows
+    mrope: Any = None  # chat.models.hf.mrope.MropeSpec for 3-D positions, None for 1-D
+    markers: Mapping[str, int] = field(default_factory=dict)  # Omni videos with audio: "vision_start", "audio_start",
+    # "audio_end", "vision_end" -> token ids (the four markers framing an interleaved item); empty otherwise
+    template_text: Mapping[str, str] = field(default_factory=dict)  # text the chat template writes -> what the
+    # model's processor writes instead, before tokenizing (Gemma 3: the newlines and markers around an image)
+    bidirectional: bool = False  # an item's tokens attend to each other both ways (Gemma 3): computed whole
+    deepstack: int = 0  # decoder layers whose outputs take the items' deepstack features (Qwen3-VL); 0: none
+
+
+# ==================================================================== encoders
+
+
+def _rows(out: Any) -> torch.Tensor:
+    pooled = getattr(out, "pooler_output", None)
+    value = pooled if pooled is not None else getattr(out, "last_hidden_state", out)
+    if isinstance(value, list | tuple):
+        value = torch.cat([v.reshape(-1, v.shape[-1]) for v in value])
+    return value.reshape(-1, value.shape[-1])
+
+
+def qwen_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    return _rows(model.model.get_image_features(p.inputs["pixel_values"], p.inputs["image_grid_thw"]))
+
+
+def qwen_video_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    return _rows(model.model.get_video_features(p.inputs["pixel_values_videos"], p.inputs["video_grid_thw"]))
+
+
+def omni_audio_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    features = p.inputs["input_features"]  # [mels, frames]
+    mask = torch.ones((1, features.shape[1]), dtype=torch.long)
+    out = model.model.get_audio_features(features.unsqueeze(0), feature_attention_mask=mask)
+    return out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
+
+
+def llava_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    config = model.config
+    out = model.model.get_image_features(
+        pixel_values=p.inputs["pixel_values"],
+        vision_feature_layer=config.vision_feature_layer,
+        vision_feature_select_strategy=config.vision_feature_select_strategy,
+    )
+    return _rows(out)
+
+
+def tiled_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    """SmolVLM / Idefics3: every tile and the global image through the tower and the pixel-shuffle connector."""
+    out = model.model.get_image_features(
+        pixel_values=p.inputs["pixel_values"], pixel_attention_mask=p.inputs["pixel_attention_mask"]
+    )
+    return _rows(out)
+
+
+def pixtral_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    """Mistral 3: the Pixtral tower's chosen layer, through the patch-merging projector."""
+    out = model.model.get_image_features(
+        pixel_values=p.inputs["pixel_values"],
+        image_sizes=p.inputs["image_sizes"],
+        vision_feature_layer=model.config.vision_feature_layer,
+    )
+    return _rows(out)
+
+
+def gemma3_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
+    """Gemma 3: the SigLIP tower, pooled and projected to ``mm_tokens_per_image`` rows."""
+    return _rows(model.model.get_image_features(pixel_values=p.inputs["pixel_values"]))
+
+
+def _deepstack_rows(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows [tokens, hidden], deepstack [layers, tokens, hidden])`` of a Qwen3-VL vision output."""
+    layers = [torch.cat(list(per_layer)) for per_layer in out.deepstack_features]
+    return _rows(out), torch.stack(layers)
+
+
+def qwen3_image_rows(model: Any, p: PreparedMedia) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-VL: the merger's rows and the deepstack mergers' rows of one image."""
+    return _deepstack_rows(model.model.get_image_features(p.inputs["pixel_values"], p.inputs["image_grid_thw"]))
+
+
+def qwen3_video_rows(model: Any, p: PreparedMedia) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-VL: the merger's rows and the deepstack mergers' rows of one video's frame groups, in order."""
+    out = model.model.get_video_features(p.inputs["pixel_values_videos"], p.inputs["video_grid_thw"])
+    return _deepstack_rows(out)
+
+
+# ==================================================================== families
 
 QWEN_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen2_5_omni_thinker", "qwen2_5_omni")
 SERVED = {

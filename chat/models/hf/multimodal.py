@@ -33,7 +33,7 @@ group placed like an image (:attr:`PreparedMedia.frame_starts`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -44,7 +44,8 @@ from cache import Lease, MediaSpan
 from chat.models.adapter import RunState
 from chat.models.chat_template import render_text
 from chat.models.errors import RunStateError
-from chat.models.hf.media_prep import PreparedMedia, Preparer
+from chat.models.hf.families_mm import AUDIO_IN_VIDEO_MARKERS, MultimodalFamily
+from chat.models.hf.media_prep import PreparedMedia
 from chat.models.hf.runtime import TransformersAdapter
 from modalities.errors import MediaError
 from modalities.identity import content_hash
@@ -53,8 +54,6 @@ from modalities.store import MediaStore
 
 MEDIA_STORE_BYTES = 512 * 1024 * 1024  # prepared inputs and encoder outputs kept for repeats
 PREPARED = "prepared"  # media store stage of a PreparedMedia
-AUDIO_IN_VIDEO_MARKERS = ("vision_start", "audio_start", "audio_end", "vision_end")  # MultimodalFamily.markers' keys,
-# in span order (and the configs' `<name>_token_id` attributes)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -72,10 +71,6 @@ class MediaPrompt:
     @property
     def spans(self) -> tuple[MediaSpan, ...]:
         return tuple(it.span for it in self.items)
-
-
-Encoder = Callable[[Any, PreparedMedia], Any]  # (full HF model, prepared item) -> rows [tokens, hidden], or for
-# families with deepstack features (rows, deepstack [layers, tokens, hidden])
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -102,23 +97,6 @@ class HeldMedia:
     kind: str  # "image" | "audio" | "video"
     encoded_bytes: int  # EncodedItem.nbytes: its rows plus its deepstack rows (Qwen3-VL), if any
     prepared_bytes: int  # its encoder inputs (PreparedMedia.nbytes) if still held too, else 0
-
-
-@dataclass(frozen=True, slots=True)
-class MultimodalFamily:
-    """How one model family takes media."""
-
-    name: str  # e.g. "qwen2_5_omni_thinker", "llava"
-    placeholders: Mapping[str, int]  # kind -> the placeholder token its chat template emits (expanded per item)
-    preparers: Mapping[str, Preparer]  # kind -> bytes to encoder inputs
-    encoders: Mapping[str, Encoder]  # kind -> encoder inputs to embedding rows
-    mrope: Any = None  # chat.models.hf.mrope.MropeSpec for 3-D positions, None for 1-D
-    markers: Mapping[str, int] = field(default_factory=dict)  # Omni videos with audio: "vision_start", "audio_start",
-    # "audio_end", "vision_end" -> token ids (the four markers framing an interleaved item); empty otherwise
-    template_text: Mapping[str, str] = field(default_factory=dict)  # text the chat template writes -> what the
-    # model's processor writes instead, before tokenizing (Gemma 3: the newlines and markers around an image)
-    bidirectional: bool = False  # an item's tokens attend to each other both ways (Gemma 3): computed whole
-    deepstack: int = 0  # decoder layers whose outputs take the items' deepstack features (Qwen3-VL); 0: none
 
 
 @dataclass(slots=True, eq=False)
@@ -547,79 +525,3 @@ def _grids(it: PromptItem) -> list[Any]:
             audio_length=prep.audio_tokens,
         )
     ]
-
-
-# ==================================================================== encoders
-
-
-def _rows(out: Any) -> torch.Tensor:
-    pooled = getattr(out, "pooler_output", None)
-    value = pooled if pooled is not None else getattr(out, "last_hidden_state", out)
-    if isinstance(value, list | tuple):
-        value = torch.cat([v.reshape(-1, v.shape[-1]) for v in value])
-    return value.reshape(-1, value.shape[-1])
-
-
-def qwen_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
-    return _rows(model.model.get_image_features(p.inputs["pixel_values"], p.inputs["image_grid_thw"]))
-
-
-def qwen_video_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
-    return _rows(model.model.get_video_features(p.inputs["pixel_values_videos"], p.inputs["video_grid_thw"]))
-
-
-def omni_audio_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
-    features = p.inputs["input_features"]  # [mels, frames]
-    mask = torch.ones((1, features.shape[1]), dtype=torch.long)
-    out = model.model.get_audio_features(features.unsqueeze(0), feature_attention_mask=mask)
-    return out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
-
-
-def llava_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
-    config = model.config
-    out = model.model.get_image_features(
-        pixel_values=p.inputs["pixel_values"],
-        vision_feature_layer=config.vision_feature_layer,
-        vision_feature_select_strategy=config.vision_feature_select_strategy,
-    )
-    return _rows(out)
-
-
-def tiled_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
-    """SmolVLM / Idefics3: every tile and the global image through the tower and the pixel-shuffle connector."""
-    out = model.model.get_image_features(
-        pixel_values=p.inputs["pixel_values"], pixel_attention_mask=p.inputs["pixel_attention_mask"]
-    )
-    return _rows(out)
-
-
-def pixtral_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
-    """Mistral 3: the Pixtral tower's chosen layer, through the patch-merging projector."""
-    out = model.model.get_image_features(
-        pixel_values=p.inputs["pixel_values"],
-        image_sizes=p.inputs["image_sizes"],
-        vision_feature_layer=model.config.vision_feature_layer,
-    )
-    return _rows(out)
-
-
-def gemma3_image_rows(model: Any, p: PreparedMedia) -> torch.Tensor:
-    """Gemma 3: the SigLIP tower, pooled and projected to ``mm_tokens_per_image`` rows."""
-    return _rows(model.model.get_image_features(pixel_values=p.inputs["pixel_values"]))
-
-
-def _deepstack_rows(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rows [tokens, hidden], deepstack [layers, tokens, hidden])`` of a Qwen3-VL vision output."""
-    layers = [torch.cat(list(per_layer)) for per_layer in out.deepstack_features]
-    return _rows(out), torch.stack(layers)
-
-
-def qwen3_image_rows(model: Any, p: PreparedMedia) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3-VL: the merger's rows and the deepstack mergers' rows of one image."""
-    return _deepstack_rows(model.model.get_image_features(p.inputs["pixel_values"], p.inputs["image_grid_thw"]))
-
-
-def qwen3_video_rows(model: Any, p: PreparedMedia) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3-VL: the merger's rows and the deepstack mergers' rows of one video's frame groups, in order."""
-    out = model.model.get_video_features(p.inputs["pixel_values_videos"], p.inputs["video_grid_thw"])
-    return _deepstack_rows(out)

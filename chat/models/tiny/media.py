@@ -374,7 +374,7 @@ def tiny_multimodal_text(name: str) -> tuple[Any, Any]:
 
 
 def tiny_family(name: str, config: Any, tokenizer: Any = None) -> Any:
-    """How ``tiny-<name>`` takes media (a ``chat.models.hf.multimodal.MultimodalFamily``): its processors, no weights
+    """How ``tiny-<name>`` takes media (a ``chat.models.hf.families_mm.MultimodalFamily``): its processors, no weights
     (``tokenizer``: tiny-smolvlm's, whose markers its images are written with; made anew if None)."""
     from chat.models.hf.families_mm import (
         gemma3_family,

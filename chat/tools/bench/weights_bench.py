@@ -20,7 +20,7 @@ float32 activations times the exact weights), ``gguf-q16`` and ``gguf-q8`` (acti
 - ``meets_default_rule``: whether the format's answers meet the rule a default must meet (issue 35: next-token
   agreement >= 0.99 and perplexity ratio <= 1.005); ``default_rule_format``: the fastest of those in this run
   (highest ``batch8_tokens_per_s``); ``default_format``: the model's default as the code fixes it
-  (:data:`chat.models.registry.GGUF_DEFAULT_WEIGHTS`; a benchmark never runs at start), which should be that one;
+  (:data:`chat.models.specs.GGUF_DEFAULT_WEIGHTS`; a benchmark never runs at start), which should be that one;
 - ``float32_fallback_layers``: linear layers the ``gguf`` format computes from float32 weights (a tensor type
   without a block kernel, a float32 tensor; :func:`chat.models.kernels.block_matrices.float32_layers`), None for a model
   that is no GGUF file;
@@ -154,9 +154,9 @@ def batch_speed(runtime, sessions: int = BATCH, steps: int = BATCH_STEPS) -> flo
 
 def formats_of(model: str) -> tuple[str, ...]:
     """The formats measured for ``model``: the block formats too for a GGUF file."""
-    from chat.models.registry import _is_gguf_spec
+    from chat.models.specs import is_gguf_spec
 
-    return FORMATS + BLOCK_FORMATS if _is_gguf_spec(model) else FORMATS
+    return FORMATS + BLOCK_FORMATS if is_gguf_spec(model) else FORMATS
 
 
 def meets_rule(figures: dict[str, float]) -> bool:
@@ -214,7 +214,7 @@ def run(model: str = "smollm2", rounds: int = ROUNDS) -> dict:
     rounds (each format in turn, the best of its rounds kept), so that a change of the machine's load during the run
     falls on every format alike."""
     from chat.models import load_model
-    from chat.models.registry import parse_weights
+    from chat.models.specs import parse_weights
 
     formats = formats_of(model)
     runtimes = {}

@@ -41,24 +41,24 @@ def load_stock(spec: str, dtype: str = "float32") -> StockModel:
     file), loaded on its own: what a baseline runs, whatever the serving runtime computes with."""
     from transformers import AutoModelForCausalLM
 
-    from chat.models import registry
+    from chat.models import registry, renderer_loading, specs
 
-    torch_dtype = registry.parse_dtype(dtype)
+    torch_dtype = specs.parse_dtype(dtype)
     if spec.startswith("tiny-"):
         from chat.models.tiny.text import build_tiny_model
 
-        tokenizer, config = registry._tiny_text(spec.removeprefix("tiny-"))
+        tokenizer, config = renderer_loading.tiny_text(spec.removeprefix("tiny-"))
         model = build_tiny_model(config, torch_dtype)
-    elif (gguf := registry._gguf_file(spec)) is not None:  # the built-in model too: the file's own dequantization
+    elif (gguf := specs.gguf_file(spec)) is not None:  # the built-in model too: the file's own dequantization
         from chat.models.hf import gguf_model
 
         model, tokenizer = gguf_model.load_gguf(gguf, "float32")
         model = model.to(torch_dtype).eval()
     else:
-        path, _, _ = registry._directory_of(spec)
-        tokenizer = registry._text_tokenizer(path)
+        path, _, _ = specs.directory_of(spec)
+        tokenizer = renderer_loading.text_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True).eval()
-    return StockModel(model, tokenizer, frozenset(registry._eos_ids(model.generation_config, tokenizer)))
+    return StockModel(model, tokenizer, frozenset(registry.eos_ids(model.generation_config, tokenizer)))
 
 
 def save_stock(spec: str, path: Path) -> None:
@@ -143,7 +143,7 @@ def hf_inputs(adapter: MultimodalAdapter, prompt: MediaPrompt) -> dict[str, torc
 def load_stock_media(spec: str) -> Any:
     """The stock transformers model of a multimodal ``spec`` (``tiny-<name>`` or a model directory): the whole
     model (encoders and all), float32, exactly as loaded, a copy of its own."""
-    from chat.models import registry
+    from chat.models import renderer_loading, specs
 
     if spec.startswith("tiny-"):
         from chat.models.tiny.media import build_tiny_multimodal
@@ -152,8 +152,8 @@ def load_stock_media(spec: str) -> Any:
     else:
         from chat.models.hf.families_mm import load_multimodal
 
-        path, _, _ = registry._directory_of(spec)
-        model, _, _ = load_multimodal(path, registry._read_config(path), torch.float32)
+        path, _, _ = specs.directory_of(spec)
+        model, _, _ = load_multimodal(path, renderer_loading.read_config(path), torch.float32)
     return model.eval()
 
 

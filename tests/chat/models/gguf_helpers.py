@@ -60,19 +60,19 @@ LFM2_TOP_NAMES = {**TOP_NAMES, "model.embedding_norm.weight": "token_embd_norm.w
 
 def reference_llama() -> torch.nn.Module:
     """The plain transformers model of tiny-llama (seeded weights, no turncache patches), float32, eval mode."""
-    from chat.models.registry import _tiny_text
+    from chat.models.renderer_loading import tiny_text
     from chat.models.tiny.text import build_tiny_model
 
-    _, config = _tiny_text("llama")
+    _, config = tiny_text("llama")
     return build_tiny_model(config, torch.float32)
 
 
 def reference_lfm2() -> torch.nn.Module:
     """The plain transformers model of tiny-lfm2 (short convolutions + attention), float32, eval mode."""
-    from chat.models.registry import _tiny_text
+    from chat.models.renderer_loading import tiny_text
     from chat.models.tiny.text import build_tiny_model
 
-    _, config = _tiny_text("lfm2")
+    _, config = tiny_text("lfm2")
     return build_tiny_model(config, torch.float32)
 
 
@@ -82,10 +82,10 @@ def reference_qwen3() -> torch.nn.Module:
     have 128)."""
     import transformers
 
-    from chat.models.registry import _tiny_text
+    from chat.models.renderer_loading import tiny_text
     from chat.models.tiny.text import build_tiny_model
 
-    _, llama = _tiny_text("llama")
+    _, llama = tiny_text("llama")
     config = transformers.Qwen3Config(
         vocab_size=llama.vocab_size,
         hidden_size=64,
@@ -108,10 +108,10 @@ def reference_wide_llama() -> torch.nn.Module:
     size 64), float32, eval mode: what K-quant files need."""
     import transformers
 
-    from chat.models.registry import _tiny_text
+    from chat.models.renderer_loading import tiny_text
     from chat.models.tiny.text import build_tiny_model
 
-    _, llama = _tiny_text("llama")
+    _, llama = tiny_text("llama")
     config = transformers.LlamaConfig(
         vocab_size=llama.vocab_size,
         hidden_size=256,

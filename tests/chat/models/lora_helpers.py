@@ -14,10 +14,10 @@ ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 def tiny_hf(name: str) -> Any:
     """The transformers model of ``tiny-<name>`` (the weights turncache's ``tiny-<name>`` loads), float32."""
-    from chat.models.registry import _tiny_text
+    from chat.models.renderer_loading import tiny_text
     from chat.models.tiny.text import build_tiny_model
 
-    _, config = _tiny_text(name)
+    _, config = tiny_text(name)
     return build_tiny_model(config, torch.float32).eval()
 
 

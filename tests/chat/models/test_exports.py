@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -31,8 +32,19 @@ def test_public_names():
 
 
 def test_importing_the_package_loads_no_transformers():
-    code = "import sys, chat.models; sys.exit('transformers' in sys.modules)"
+    code = "import sys, chat.models; sys.exit('transformers' in sys.modules or 'torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_nothing_is_downloaded():
+    """The package sets HF_HUB_OFFLINE before its modules import transformers: huggingface_hub reads it once, when it
+    is first imported (by the renderer's module here, at its top)."""
+    code = (
+        "import sys\nfrom chat.models import load_renderer\n"
+        "import huggingface_hub.constants as c\nsys.exit(not c.HF_HUB_OFFLINE)"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, timeout=120).returncode == 0
 
 
 def test_no_other_package_imports_transformers():

@@ -1,84 +1,19 @@
-"""``load_renderer``: a model's name, media kinds and chat template without its weights, rendering text messages to
-exactly the token ids of the full adapter (the cluster's routing keys must be what the replicas render)."""
+"""chat.models.renderer: a TemplateRenderer holds a tokenizer and its template, never weights, and refuses messages
+that are not text as the adapter refuses them (it is built by ``load_renderer``: test_renderer_loading.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from chat.models import (
-    InvalidSettingError,
-    UnknownModelError,
-    UnsupportedArchitectureError,
-    load_model,
-    load_renderer,
-)
-from chat.models.tiny.text import TINY_REFUSED
-from chat.tools.testing.baselines import save_stock
-from tests.chat.models.helpers import ALL_TINY, tiny
-from tests.chat.models.mm_helpers import save_tiny
-
-MULTIMODAL = [
-    "tiny-omni",
-    "tiny-llava",
-    "tiny-smolvlm",
-    "tiny-qwen35vl",
-    "tiny-mistral3",
-    "tiny-gemma3mm",
-    "tiny-qwen3vl",
-]
-CONVERSATIONS = [
-    [{"role": "user", "content": "Hi"}],
-    [
-        {"role": "system", "content": "You are brief. Voilà: 漢字 and 𝄞, ñ, Привет 🙂."},
-        {"role": "user", "content": "What is the sea?\n\nAnswer in  two   words."},
-        {"role": "assistant", "content": "Salt water."},
-        {"role": "user", "content": "<|im_start|> and <image> typed by a user"},
-    ],
-    [{"role": "system", "content": ""}, {"role": "user", "content": " leading and trailing spaces "}],
-]
-
-
-def same_renderings(renderer, adapter) -> None:
-    assert renderer.name == adapter.name
-    assert renderer.modalities == adapter.modalities
-    for messages in CONVERSATIONS:
-        assert renderer.render(messages) == adapter.render(messages)
-        assert renderer.render(messages, add_generation_prompt=False) == adapter.render(
-            messages, add_generation_prompt=False
-        )
-
-
-@pytest.mark.parametrize("spec", ALL_TINY + MULTIMODAL)
-def test_a_tiny_models_renderer_renders_as_its_adapter(spec):
-    same_renderings(load_renderer(spec), tiny(spec))
-
-
-def test_a_renderer_makes_no_weights(monkeypatch):
-    def refuse(*_args, **_kwargs):
-        raise AssertionError("a weight (torch.nn.Parameter) was made")
-
-    monkeypatch.setattr(torch.nn.Parameter, "__new__", staticmethod(refuse))  # what every weight is made as
-    renderers = [load_renderer(spec) for spec in ["tiny-llama", "tiny-qwen3next", *MULTIMODAL]]
-    assert [r.name for r in renderers] == ["tiny-llama", "tiny-qwen3next", *MULTIMODAL]
-    assert renderers[2].modalities == {"image", "audio", "video"} and renderers[3].modalities == {"image"}
-    with pytest.raises(AssertionError, match="Parameter"):  # the check itself sees a model being built
-        load_model("tiny-llama")
+from chat.models import InvalidSettingError, load_renderer
+from tests.chat.models.helpers import tiny
 
 
 def test_a_renderer_holds_no_weights():
     renderer = load_renderer("tiny-omni")
     held = vars(renderer).values()
     assert not any(isinstance(v, torch.nn.Module | torch.Tensor) for v in held)
-
-
-def test_a_renderer_refuses_what_load_model_refuses():
-    for name in TINY_REFUSED:
-        with pytest.raises(UnsupportedArchitectureError):
-            load_renderer(f"tiny-{name}")
-    for spec in ["tiny-nothing", "no-such-model", "", "  "]:
-        with pytest.raises(UnknownModelError):
-            load_renderer(spec)
 
 
 def test_messages_that_are_not_text_are_refused_as_the_adapter_refuses_them():
@@ -91,31 +26,3 @@ def test_messages_that_are_not_text_are_refused_as_the_adapter_refuses_them():
             with pytest.raises(InvalidSettingError) as info:
                 model.render(bad)
             assert info.value.field == field
-
-
-def _weight_files(path) -> list:
-    return [f for f in path.iterdir() if f.suffix in (".safetensors", ".bin")]
-
-
-def test_a_text_directory_renders_as_its_adapter_without_its_weight_files(tmp_path):
-    save_stock("tiny-llama", tmp_path)
-    adapter = load_model(str(tmp_path))
-    for f in _weight_files(tmp_path):
-        f.unlink()
-    same_renderings(load_renderer(str(tmp_path)), adapter)
-
-
-@pytest.mark.parametrize("name", ["omni", "llava"])
-def test_a_multimodal_directory_renders_as_its_adapter_without_its_weight_files(tmp_path, name):
-    save_tiny(name, tmp_path)
-    adapter = load_model(str(tmp_path))
-    for f in _weight_files(tmp_path):
-        f.unlink()
-    renderer = load_renderer(str(tmp_path))
-    same_renderings(renderer, adapter)
-    assert renderer.modalities == tiny(f"tiny-{name}").modalities
-
-
-@pytest.mark.slow
-def test_the_built_in_models_renderer_renders_as_its_adapter():
-    same_renderings(load_renderer("smollm2"), load_model("smollm2", weights="float32"))

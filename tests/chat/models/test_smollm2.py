@@ -56,7 +56,7 @@ def test_the_default_model_restores_a_prefix_exactly(smollm2):
 
 
 def test_the_default_load_uses_the_default_weight_format_in_its_own_namespace(smollm2):
-    from chat.models.registry import GGUF_DEFAULT_WEIGHTS
+    from chat.models.specs import GGUF_DEFAULT_WEIGHTS
 
     default = load_model("smollm2")
     assert default.weights == GGUF_DEFAULT_WEIGHTS == "gguf-q16"  # the rule's choice (float32's answers)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from chat.models.registry import _tiny_text
+from chat.models.renderer_loading import tiny_text
 from chat.models.smoothing import CALIBRATION_TEXT, smooth
 from chat.models.tiny.text import build_tiny_model
 
@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 
 
 def tiny_llama():
-    tokenizer, config = _tiny_text("llama")
+    tokenizer, config = tiny_text("llama")
     return tokenizer, build_tiny_model(config, torch.float32).eval()
 
 

@@ -20,9 +20,9 @@ from chat.models.hf.families_mm import (
     is_multimodal,
     llava_family,
     pixtral_family,
+    qwen3_image_rows,
     tiled_family,
 )
-from chat.models.hf.multimodal import qwen3_image_rows
 from chat.models.tiny.media import tiny_family, tiny_multimodal_text, tiny_tokenizer
 
 

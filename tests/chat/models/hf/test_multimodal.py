@@ -13,7 +13,7 @@ from chat.engine.events import TurnRequest
 from chat.engine.sampling import SamplingParams
 from chat.engine.turn import Turn, run_to_end
 from chat.models import load_model
-from chat.models.hf.multimodal import AUDIO_IN_VIDEO_MARKERS
+from chat.models.hf.families_mm import AUDIO_IN_VIDEO_MARKERS
 from tests.chat.engine.recording import run_recorded
 from tests.chat.models.mm_helpers import (
     audio,
