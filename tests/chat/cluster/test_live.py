@@ -103,12 +103,9 @@ def live(tmp_path_factory):
         engines = serve.get_deployment_handle("EngineReplica", "affine")
         ws = f"ws://127.0.0.1:{port}/v1/ws"
         yield Live(base, base + "/rr", ws, affine, rr, engines, len(ray.nodes()), db)
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
-            nodes.shutdown()
+    finally:  # no serve.shutdown(): its graceful drain of every replica took seconds; the nodes' end kills them all
+        ray.shutdown()
+        nodes.shutdown()
 
 
 # ---------------------------------------------------------------- helpers

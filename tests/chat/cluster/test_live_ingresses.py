@@ -61,11 +61,8 @@ def live(postgres_server):
         deploy(settings, ClusterSettings(replicas=2, replica_cpus=0, ingresses=2))
         engines = serve.get_deployment_handle("EngineReplica", "turncache")
         yield Live(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/ws", url, engines)
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+    finally:  # no serve.shutdown(): its graceful drain of every replica took seconds; Ray's end kills them all
+        ray.shutdown()
 
 
 # ---------------------------------------------------------------- helpers

@@ -16,6 +16,17 @@ from chat.tools.testing.baselines import hf_inputs, load_stock_media
 from modalities.parts import MediaInput
 from tests.modalities.helpers import av_video, sf_audio
 
+# the tiny media models of the media families, one each (tiny-qwen3vlmoe repeats tiny-qwen3vl's media path)
+MULTIMODAL = [
+    "tiny-omni",
+    "tiny-llava",
+    "tiny-smolvlm",
+    "tiny-qwen35vl",
+    "tiny-mistral3",
+    "tiny-gemma3mm",
+    "tiny-qwen3vl",
+]
+
 
 def png(seed: int, width: int = 60, height: int = 50) -> bytes:
     rng = np.random.RandomState(seed)

@@ -18,17 +18,8 @@ from chat.models.prompt_tokens import CutFinder, PromptEncoder
 from chat.models.renderer import render_chat
 from chat.models.tiny.templates import HERMES_TOOLS
 from tests.chat.models.helpers import ALL_TINY, tiny
-from tests.chat.models.mm_helpers import png
+from tests.chat.models.mm_helpers import MULTIMODAL, png
 
-MULTIMODAL = [
-    "tiny-omni",
-    "tiny-llava",
-    "tiny-smolvlm",
-    "tiny-qwen35vl",
-    "tiny-mistral3",
-    "tiny-gemma3mm",
-    "tiny-qwen3vl",
-]
 FRAGMENTS = [
     "Hi",
     "What is the sea?",

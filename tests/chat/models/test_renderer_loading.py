@@ -16,17 +16,8 @@ from chat.models.tiny.text import TINY_REFUSED
 from chat.tools.testing.baselines import save_stock
 from tests.chat.models.gguf_helpers import reference_llama, write_tiny_gguf
 from tests.chat.models.helpers import ALL_TINY, tiny
-from tests.chat.models.mm_helpers import save_tiny
+from tests.chat.models.mm_helpers import MULTIMODAL, save_tiny
 
-MULTIMODAL = [
-    "tiny-omni",
-    "tiny-llava",
-    "tiny-smolvlm",
-    "tiny-qwen35vl",
-    "tiny-mistral3",
-    "tiny-gemma3mm",
-    "tiny-qwen3vl",
-]
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}],
     [

@@ -16,6 +16,7 @@ from chat.models import load_model
 from chat.models.hf.families_mm import AUDIO_IN_VIDEO_MARKERS
 from tests.chat.engine.recording import run_recorded
 from tests.chat.models.mm_helpers import (
+    MULTIMODAL,
     audio,
     image,
     mp4,
@@ -34,15 +35,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=3)
 
 @pytest.fixture(
     scope="module",
-    params=[
-        "tiny-omni",
-        "tiny-llava",
-        "tiny-smolvlm",
-        "tiny-qwen35vl",
-        "tiny-mistral3",
-        "tiny-gemma3mm",
-        "tiny-qwen3vl",
-    ],
+    params=MULTIMODAL,
 )
 def model(request):
     torch.set_num_threads(1)
