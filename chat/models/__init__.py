@@ -28,8 +28,8 @@ test models). Then the two paths, which never import each other (tests/test_impo
 (turncache's own forward for the families whose every layer is attention: ``decoder.model``, ``decoder.runtime``
 with ``DecoderAdapter``, ``decoder.lora``) and ``hf`` (transformers' forward, for hybrid recurrent and multimodal
 models: ``hf.runtime`` with ``TransformersAdapter``, ``hf.run_cache``, ``hf.ragged``, ``hf.fast_paths``,
-``hf.multimodal`` / ``hf.families_mm`` / ``hf.media_prep`` / ``hf.mrope``, ``hf.gguf_model``); and ``kernels`` (the
-weight formats and the C kernels both compute with).
+``hf.multimodal`` / ``hf.families_mm`` / ``hf.media_prep`` / ``hf.mrope``, ``hf.gguf_model`` with
+``hf.metadata_store``); and ``kernels`` (the weight formats and the C kernels both compute with).
 
 Importing the package loads neither transformers nor torch: ``load_model``, ``load_renderer``, ``ModelAdapter`` and
 ``RunState`` come from their modules on first use (PEP 562). It sets ``HF_HUB_OFFLINE=1`` (nothing is ever

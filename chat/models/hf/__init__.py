@@ -6,7 +6,8 @@ models), and the one place of ``chat.models`` that imports transformers' modelin
 (every patch of the transformers model in one ``install``), ``multimodal`` (``MultimodalAdapter``) / ``families_mm``
 (the served media families, each a ``MultimodalFamily`` with its encoders) / ``media_prep`` / ``mrope`` (media
 models), ``gguf_model`` (a GGUF file read straight into a transformers model, its weights left in their block
-formats; the own decoder packs that model when its family is one it computes). It imports nothing of
+formats; the own decoder packs that model when its family is one it computes; every GGUF file's config and
+tokenizer), ``metadata_store`` (those kept by the file's sha256, parsed once per machine). It imports nothing of
 ``chat.models.decoder`` (tests/test_import_graph.py).
 
 The two adapters' modules, :data:`FORWARD`, load when first used (``hf.runtime``, ``hf.multimodal`` after
