@@ -94,23 +94,30 @@ def metadata(path: Path, header: Any, digest: str | None) -> tuple[Any, Any]:
     metadata (the own decoder's GGUF path reads its tensors itself: chat.models.decoder.gguf_weights). With the
     file's ``digest`` (sha256), a pair built before for the same bytes, in this process or an earlier one, is
     recalled (:mod:`chat.models.hf.metadata_store`: a parse of Gemma 3 270M's metadata takes ~15 s) and its family
-    checked again; a pair built here is kept for the next load.
+    checked again; a pair built here is kept for the next load (processes loading the same file at once take turns:
+    one parses).
 
     Raises:
         ModelFileError, UnsupportedArchitectureError: see :func:`chat.models.gguf_files.check_header`.
     """
-    known = metadata_store.recall(digest) if digest is not None else None
-    if known is not None:
-        gguf_files.check_header(header, family=False)
-        config, tokenizer = known
-        gguf_files.check_family(config, path)
-        return config, tokenizer
+    if digest is None:
+        return _parsed_metadata(path, header)
+    with metadata_store.one_at_a_time(digest):  # another process parsing the same file: wait, then recall
+        known = metadata_store.recall(digest)
+        if known is None:
+            config, tokenizer = _parsed_metadata(path, header)
+            metadata_store.remember(digest, config, tokenizer)
+            return config, tokenizer
+    gguf_files.check_header(header, family=False)
+    config, tokenizer = known
+    gguf_files.check_family(config, path)
+    return config, tokenizer
+
+
+def _parsed_metadata(path: Path, header: Any) -> tuple[Any, Any]:
     with one_metadata_parse():
         config = gguf_files.check_header(header)
-        tokenizer = load_tokenizer(path)
-    if digest is not None:
-        metadata_store.remember(digest, config, tokenizer)
-    return config, tokenizer
+        return config, load_tokenizer(path)
 
 
 @contextmanager

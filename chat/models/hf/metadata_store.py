@@ -6,7 +6,9 @@ transformers reads a GGUF file's metadata through gguf-py, one numpy view per el
 server start, cluster replica, ingress and benchmark process paid the parse. Here the pair is pickled after the first
 parse into ``models_home()/gguf/.metadata/<sha256>-<transformers>-<tokenizers>-<FORMAT>.pickle`` (written
 atomically; transformers' and tokenizers' versions in the name, since they decide what is built) and, for the last
-file used, held in memory as the same bytes: each recall is a fresh pair that no other load shares.
+file used, held in memory as the same bytes: each recall is a fresh pair that no other load shares. Processes that
+load the same file at once (a cluster's replicas on one machine, a test suite's workers) take turns
+(:func:`one_at_a_time`, a lock file beside the entry): the first parses, the others recall what it kept.
 
 What is recalled is the pair as transformers built it: no field is rebuilt, so a model loads with the fingerprint,
 template and vocabulary of a parse. The families a config may have are checked on every load by the caller (a
@@ -18,10 +20,13 @@ one costs only a later parse.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import pickle
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +91,25 @@ def remember(digest: str, config: Any, tokenizer: Any) -> None:
             raise
     except OSError as exc:
         _log.info("the metadata of %s... is not kept on disk (%s): a later process parses it again", digest[:12], exc)
+
+
+@contextlib.contextmanager
+def one_at_a_time(digest: str) -> Iterator[None]:
+    """While it is open, no other process (or thread) holds it for the same ``digest``: a recall, and the parse and
+    :func:`remember` where nothing was kept, happen once at a time per file (``flock`` on ``<entry>.lock``; where
+    the lock file cannot be made, e.g. a home that cannot be written, nothing is held)."""
+    path = entry_path(digest).with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock)  # releases the lock
 
 
 def forget_in_memory() -> None:

@@ -6,6 +6,8 @@ home that cannot be written costs only the parse."""
 from __future__ import annotations
 
 import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -135,3 +137,18 @@ def test_the_tokenizer_alone_recalls_the_pair_too(path, parses):
     again = gguf_model.checked_tokenizer(path)
     assert len(parses) == 1 and again.get_vocab() == tokenizer.get_vocab()
     assert again.chat_template == tokenizer.chat_template
+
+
+def test_loads_of_one_file_at_once_take_turns_and_parse_it_once(path, parses, monkeypatch):
+    """Two loads at once (threads here; processes alike: the lock is a file's): the first parses and keeps the pair,
+    the second waits for it and recalls it."""
+    original = gguf_model.load_tokenizer
+
+    def slow(file):  # a long parse (Gemma 3 270M's takes ~15 s): the other load arrives while it runs
+        time.sleep(0.5)
+        return original(file)
+
+    monkeypatch.setattr(gguf_model, "load_tokenizer", slow)
+    with ThreadPoolExecutor(2) as pool:
+        models = list(pool.map(lambda _: load_model(str(path), weights="float32"), range(2)))
+    assert len(parses) == 1 and models[0].fingerprint == models[1].fingerprint
