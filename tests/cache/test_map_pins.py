@@ -11,13 +11,19 @@ from tests.cache.helpers import image, normal
 from tests.cache.pin_helpers import A, B, Clock, E, flood, fresh, put
 
 
-def test_a_hit_at_or_past_the_pinned_length_renews_the_pin_and_a_shorter_one_does_not():
+def pinned_at_350() -> tuple[Clock, PrefixCache, list[int]]:
+    """A cache holding 8 tokens of A whose first 6 were pinned at t=100 for 300 s; the clock at 350."""
     clock = Clock()
     cache = PrefixCache(device_budget_bytes=8 * E, host_budget_bytes=0, clock=clock)
     tokens = fresh(8)
     put(cache, A, tokens)
     assert cache.pin(A, tokens, 6, 300).expires_at == 400.0
     clock.t = 350.0
+    return clock, cache, tokens
+
+
+def test_a_hit_at_or_past_the_pinned_length_renews_the_pin_and_a_shorter_one_does_not():
+    clock, cache, tokens = pinned_at_350()
     assert cache.lookup(A, [*tokens[:5], 9]).length == 5  # short of the pin: not a use of it
     assert [p.expires_at for p in cache.pins()] == [400.0]
     assert cache.lookup(A, [*tokens, 9]).length == 8  # restores the pinned prefix: a use
@@ -29,12 +35,7 @@ def test_a_hit_at_or_past_the_pinned_length_renews_the_pin_and_a_shorter_one_doe
 
 
 def test_a_hit_of_exactly_the_pinned_length_renews_the_pin():
-    clock = Clock()
-    cache = PrefixCache(device_budget_bytes=8 * E, host_budget_bytes=0, clock=clock)
-    tokens = fresh(8)
-    put(cache, A, tokens)
-    assert cache.pin(A, tokens, 6, 300).expires_at == 400.0
-    clock.t = 350.0
+    _, cache, tokens = pinned_at_350()
     assert cache.lookup(A, [*tokens[:6], 9]).length == 6  # the pinned prefix itself, nothing past it
     assert [p.expires_at for p in cache.pins()] == [650.0]
 
