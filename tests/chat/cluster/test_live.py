@@ -3,8 +3,8 @@ each, one replica per node: ``affine`` (--router prefix) at ``/`` and ``rr`` (--
 Both apps have the keys file of tests/chat/server/test_tenants.py (tenants alice, with two keys, and bob); the tests
 act as alice unless they say otherwise.
 
-The tests run in file order and share the apps; the replica-kill test and then the ingress's shutdown are last. Ray
-is shut down after the module (no raylet is left behind).
+The tests run in file order and share the apps; the replica-kill test and then the ingress's shutdown are last. The
+cluster is shared with test_live_ingresses.py (tests/chat/cluster/conftest.py).
 """
 
 from __future__ import annotations
@@ -70,42 +70,34 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
+def live(tmp_path_factory, ray_nodes):
     from ray import serve
-    from ray.cluster_utils import Cluster
 
-    from chat.cluster.launch import connect, deploy_many, free_port
+    from chat.cluster.launch import deploy_many
     from chat.cluster.settings import ClusterSettings
     from chat.server.settings import ServerSettings
 
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    nodes.add_node(num_cpus=2)
-    try:
-        connect(nodes.address)
-        port = free_port()
-        folder = tmp_path_factory.mktemp("cluster")
-        db, keys = str(folder / "sessions.sqlite3"), folder / "keys"
-        keys.write_text(KEYS)
-        settings = ServerSettings(model="tiny-llama", port=port, sessions_db=db, api_keys_file=str(keys))
-        common = {"replicas": 2, "replica_cpus": 0, "max_replicas_per_node": 1}
-        affine, rr = deploy_many(
-            [
-                ("affine", "/", settings, ClusterSettings(router="prefix", **common)),
-                (
-                    "rr",
-                    "/rr",
-                    settings.model_copy(update={"sessions_db": None}),
-                    ClusterSettings(router="round_robin", **common),
-                ),
-            ]
-        )
-        base = f"http://127.0.0.1:{port}"
-        engines = serve.get_deployment_handle("EngineReplica", "affine")
-        ws = f"ws://127.0.0.1:{port}/v1/ws"
-        yield Live(base, base + "/rr", ws, affine, rr, engines, len(ray.nodes()), db)
-    finally:  # no serve.shutdown(): its graceful drain of every replica took seconds; the nodes' end kills them all
-        ray.shutdown()
-        nodes.shutdown()
+    port = ray_nodes.up().port
+    folder = tmp_path_factory.mktemp("cluster")
+    db, keys = str(folder / "sessions.sqlite3"), folder / "keys"
+    keys.write_text(KEYS)
+    settings = ServerSettings(model="tiny-llama", port=port, sessions_db=db, api_keys_file=str(keys))
+    common = {"replicas": 2, "replica_cpus": 0, "max_replicas_per_node": 1}
+    affine, rr = deploy_many(
+        [
+            ("affine", "/", settings, ClusterSettings(router="prefix", **common)),
+            (
+                "rr",
+                "/rr",
+                settings.model_copy(update={"sessions_db": None}),
+                ClusterSettings(router="round_robin", **common),
+            ),
+        ]
+    )
+    base = f"http://127.0.0.1:{port}"
+    engines = serve.get_deployment_handle("EngineReplica", "affine")
+    ws = f"ws://127.0.0.1:{port}/v1/ws"
+    return Live(base, base + "/rr", ws, affine, rr, engines, len(ray.nodes()), db)
 
 
 # ---------------------------------------------------------------- helpers

@@ -1,6 +1,7 @@
-"""Two ingresses and two replicas on one machine (a local Ray instance), sessions in a real PostgreSQL server: a
-conversation moves between ingresses with its history and its cache, the conflict rule holds across them, and each
-kind of failover keeps conversations whole. One app for the module; the kill tests are last.
+"""Two ingresses and two replicas on one machine (the Ray cluster of conftest.py, shared with test_live.py), sessions in
+a real PostgreSQL server: a conversation moves between ingresses with its history and its cache, the conflict rule
+holds across them, and each kind of failover keeps conversations whole. One app for the module; the kill tests are
+last.
 
 Which ingress answered is read from the ``x-turncache-ingress`` header of each response and handshake.
 """
@@ -42,11 +43,10 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def live(postgres_server):
+def live(postgres_server, ray_nodes):
     from ray import serve
 
-    from chat.cluster.launch import connect as ray_connect
-    from chat.cluster.launch import deploy, free_port
+    from chat.cluster.launch import deploy
     from chat.cluster.settings import ClusterSettings
     from chat.server.settings import ServerSettings
 
@@ -54,15 +54,11 @@ def live(postgres_server):
         db.execute("DROP DATABASE IF EXISTS ingresses")
         db.execute("CREATE DATABASE ingresses")
     url = postgres_server.rsplit("/", 1)[0] + "/ingresses"
-    ray_connect(None, num_cpus=4)
-    try:
-        port = free_port()
-        settings = ServerSettings(model="tiny-llama", port=port, sessions_db=url)
-        deploy(settings, ClusterSettings(replicas=2, replica_cpus=0, ingresses=2))
-        engines = serve.get_deployment_handle("EngineReplica", "turncache")
-        yield Live(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/ws", url, engines)
-    finally:  # no serve.shutdown(): its graceful drain of every replica took seconds; Ray's end kills them all
-        ray.shutdown()
+    port = ray_nodes.up().port
+    settings = ServerSettings(model="tiny-llama", port=port, sessions_db=url)
+    deploy(settings, ClusterSettings(replicas=2, replica_cpus=0, ingresses=2))
+    engines = serve.get_deployment_handle("EngineReplica", "turncache")
+    return Live(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/ws", url, engines)
 
 
 # ---------------------------------------------------------------- helpers
