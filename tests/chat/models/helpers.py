@@ -3,19 +3,33 @@ cut-export-insert-lookup-restore round trip the exactness tests repeat."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 
+import pytest
 import torch
 
 from cache import Namespace, PrefixCache
 from chat.models import load_model
+from chat.models.decoder import model as decoder_model
+from chat.models.kernels.dense_matrices import BlasForms
 
 TOLERANCE = 1e-4  # max abs logit difference between a restored and an uncached run (float32)
 FULL = ["tiny-llama"]
 SLIDING = ["tiny-mistral", "tiny-gemma3"]
 HYBRID = ["tiny-qwen3next", "tiny-lfm2", "tiny-falconh1", "tiny-granitemoehybrid", "tiny-zamba2"]
 ALL_TINY = FULL + SLIDING + HYBRID
+
+
+@contextlib.contextmanager
+def default_blas_forms():
+    """float32 loads in the block keep the default BLAS forms. A load times two forms per weight shape and keeps the
+    faster (:func:`chat.models.kernels.dense_matrices.calibrate`); the forms round differently, so two loads compared
+    bit for bit must not depend on a timing: the weights are compared, not the machine's noise."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decoder_model, "calibrate", lambda weights, rounds=0: BlasForms())
+        yield
 
 
 @functools.cache

@@ -29,7 +29,7 @@ from tests.chat.models.gguf_helpers import (
     reference_qwen3,
     write_tiny_gguf,
 )
-from tests.chat.models.helpers import TOLERANCE, full_logits, random_tokens, tiny
+from tests.chat.models.helpers import TOLERANCE, default_blas_forms, full_logits, random_tokens, tiny
 
 QUANTIZED = ["Q8_0", "Q4_0", "Q4_1", "Q5_1", "F16"]  # written by gguf-py; llama.cpp's common file types
 MESSAGES = [{"role": "user", "content": "What is the capital of France? Tell me about bees and honey."}]
@@ -42,6 +42,14 @@ def home(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TURNCACHE_HOME", str(home))
         yield home / "models"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def same_forms():
+    """Every float32 load of this module keeps the default BLAS forms: its tests compare separate loads bit for bit
+    on a few tokens, where the timed forms round differently (tests.chat.models.helpers.default_blas_forms)."""
+    with default_blas_forms():
+        yield
 
 
 @pytest.fixture(scope="session")

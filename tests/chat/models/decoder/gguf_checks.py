@@ -13,10 +13,9 @@ import torch
 
 from chat.models import gguf_files, load_model
 from chat.models.decoder import gguf_weights, names
-from chat.models.decoder import model as decoder_model
 from chat.models.decoder.model import decoder_args
 from chat.models.hf import gguf_model
-from chat.models.kernels.dense_matrices import BlasForms
+from tests.chat.models.helpers import default_blas_forms
 
 
 def read(path: Path, blocks: bool) -> tuple[gguf_weights.FileWeights, object]:
@@ -71,12 +70,9 @@ def through_transformers(spec: str, **kwargs):
 
 
 def assert_same_model(spec: str, tokens: list[int], **kwargs) -> None:
-    """``spec`` loaded both ways gives the same model. A float32 load times two BLAS forms per weight shape and keeps
-    the faster (:func:`chat.models.kernels.dense_matrices.calibrate`); with more than one thread the forms round
-    differently, so two loads compared bit for bit take the same (the default) forms: the weights are compared, not
-    a timing."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(decoder_model, "calibrate", lambda weights, rounds=0: BlasForms())
+    """``spec`` loaded both ways gives the same model (both loads with the default BLAS forms: a float32 load picks
+    them by timing, and they round differently, :func:`tests.chat.models.helpers.default_blas_forms`)."""
+    with default_blas_forms():
         assert_same_adapters(load_model(spec, **kwargs), through_transformers(spec, **kwargs), tokens)
 
 
