@@ -11,9 +11,10 @@ from PIL import Image
 from chat.tools.bench.media_samples import moving_box_mp4, photo, picture, tone_wav
 
 
-@pytest.mark.parametrize("make", [picture, tone_wav, moving_box_mp4, photo])
-def test_the_same_seed_makes_the_same_bytes_and_another_seed_others(make):
-    assert make(1) == make(1) and make(1) != make(2)
+@pytest.mark.parametrize(("make", "times"), [(picture, 2), (tone_wav, 2), (moving_box_mp4, 20), (photo, 2)])
+def test_the_same_seed_makes_the_same_bytes_and_another_seed_others(make, times):
+    """The video 20 times (3 ms each): an encoder that varies from run to run gave 5-7 distinct files in 30 here."""
+    assert len({make(1) for _ in range(times)}) == 1 and make(1) != make(2)
 
 
 def test_pictures_and_photos_are_png_and_jpeg_of_the_size_asked():
