@@ -8,8 +8,7 @@ costs 10-35 s. Each file's module fixture deploys its apps on it.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -21,6 +20,7 @@ class SharedRay:
 
     nodes: object = None
     port: int = 0
+    environment: pytest.MonkeyPatch = field(default_factory=pytest.MonkeyPatch)
 
     def up(self) -> SharedRay:
         """The cluster, with no Serve app running (an earlier file's apps are deleted: the next deploys at the same
@@ -35,19 +35,25 @@ class SharedRay:
 
             from chat.cluster.launch import connect, free_port, proxy_environment
 
-            # the nodes' processes inherit this process's environment: the proxy's guard (as `ray start` gets it,
-            # docs/cluster.md); a proxy that spreads connections over every ingress (by default Serve's proxy sends
-            # each to an ingress on its own node while one lives there, docs/cluster.md); a longer wait for the GCS's
-            # port than Ray's default 30 s on a busy machine
-            os.environ.update(proxy_environment())
-            os.environ["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
-            os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
-            nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+            # the nodes' processes inherit this process's environment (restored by down()): the proxy's guard (as
+            # `ray start` gets it, docs/cluster.md); a proxy that spreads connections over every ingress (by default
+            # Serve's proxy sends each to an ingress on its own node while one lives there, docs/cluster.md); a
+            # longer wait for the GCS's port than Ray's default 30 s on a busy machine
+            for name, value in {
+                **proxy_environment(),
+                "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
+                "RAY_gcs_server_port_wait_time_s": "120",
+            }.items():
+                self.environment.setenv(name, value)
+            nodes = None
             try:
+                nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
                 nodes.add_node(num_cpus=2)
                 connect(nodes.address)
             except BaseException:
-                nodes.shutdown()
+                if nodes is not None:
+                    nodes.shutdown()
+                self.environment.undo()
                 raise
             self.nodes, self.port = nodes, free_port()
         return self
@@ -60,6 +66,7 @@ class SharedRay:
             ray.shutdown()
             self.nodes.shutdown()
             self.nodes = None
+        self.environment.undo()
 
 
 SHARED = SharedRay()
