@@ -83,9 +83,12 @@ def live(tmp_path_factory, ray_nodes):
     keys.write_text(KEYS)
     settings = ServerSettings(model="tiny-llama", port=port, sessions_db=db, api_keys_file=str(keys))
     common = {"replicas": 2, "replica_cpus": 0, "max_replicas_per_node": 1}
+    # the affine app's turns never leave their home for load (eight conversations at once are the most in flight):
+    # its tests measure the cache that affinity finds, not a busy machine's timing (0.74 once in a fresh-clone run
+    # with the default imbalance 4); moves for load are tested in test_ray_router.py
     affine, rr = deploy_many(
         [
-            ("affine", "/", settings, ClusterSettings(router="prefix", **common)),
+            ("affine", "/", settings, ClusterSettings(router="prefix", route_imbalance=8, **common)),
             (
                 "rr",
                 "/rr",
@@ -248,8 +251,8 @@ def test_a_session_turn_and_a_stateless_turn_run_at_once_on_one_socket(live):
 
 def test_stateless_conversations_hit_the_cache_with_prefix_routing_and_less_with_round_robin(live):
     affine = openai_conversations(live.http, conversations=8, turns=4)
-    # A turn may leave its home replica when that one is far busier (routing's load threshold): one of a turn's
-    # eight conversations elsewhere costs the turn ~0.1 (0.79 seen once under a loaded machine).
+    # No turn leaves its home for load here (route_imbalance=8, the fixture): what misses is a tiny model's random
+    # reply that re-tokenizes otherwise (template drift, from that reply on).
     assert ratio([u for c in affine for u in c[1:]]) >= 0.8
     for t in range(1, 4):
         assert ratio([c[t] for c in affine]) >= 0.65, t
